@@ -1,0 +1,210 @@
+"""Events in: the CloudEvents 1.0 envelope, the four event types, and webhook signatures.
+
+A delivery is one event or a JSON array of events (SPEC section 2). Decoding is strict: every
+problem is reported as ``<where>: <what>``, with ``events[i]`` naming the event in a batch
+(``event`` for a single one), so a KB operator can find the offending field at once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Final, Literal
+
+import msgspec
+from standardwebhooks.webhooks import Webhook
+
+from kbgraph.names import concept_id_problem
+
+MAX_TEXT_BYTES: Final = 1 << 20
+MAX_VERSION: Final = (1 << 63) - 1
+
+Version = Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+Status = Literal["", "draft", "active", "superseded", "disputed", "deprecated"]
+
+
+class UpsertData(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """The full current state of a concept: an omitted field is empty, not "unchanged"."""
+
+    version: Version
+    title: str = ""
+    type: str = ""
+    status: Status = ""
+    tags: list[str] = []
+    text: str = ""
+    links: list[str] = []
+
+
+class DeleteData(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    version: Version
+
+
+class LinkData(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    version: Version
+    target: str
+
+
+class _Envelope(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """CloudEvents 1.0 attributes; unknown extension attributes are ignored, as the spec allows."""
+
+    specversion: Literal["1.0"]
+    id: NonEmpty
+    source: NonEmpty
+    subject: str
+    time: str | None = None
+    datacontenttype: str | None = None
+    dataschema: str | None = None
+
+
+class ConceptUpserted(_Envelope, frozen=True, tag="concept.upserted"):
+    data: UpsertData
+
+
+class ConceptDeleted(_Envelope, frozen=True, tag="concept.deleted"):
+    data: DeleteData
+
+
+class LinkAdded(_Envelope, frozen=True, tag="link.added"):
+    data: LinkData
+
+
+class LinkRemoved(_Envelope, frozen=True, tag="link.removed"):
+    data: LinkData
+
+
+Event = ConceptUpserted | ConceptDeleted | LinkAdded | LinkRemoved
+LinkEvent = LinkAdded | LinkRemoved
+
+_SINGLE_TYPES: Final = frozenset({"application/cloudevents+json"})
+_BATCH_TYPES: Final = frozenset({"application/cloudevents-batch+json"})
+_EITHER_TYPES: Final = frozenset({"application/json"})
+
+_single_decoder = msgspec.json.Decoder(Event)
+_batch_decoder = msgspec.json.Decoder(list[Event])
+_either_decoder = msgspec.json.Decoder(Event | list[Event])
+_log_encoder = msgspec.msgpack.Encoder()
+_log_decoder = msgspec.msgpack.Decoder(Event)
+
+_MSGSPEC_PATH = re.compile(r"^(?P<what>.*) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
+
+
+class DeliveryError(Exception):
+    """A delivery refused as a whole; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def media_type(content_type: str | None) -> str:
+    """The media type of a Content-Type header, lower-cased, without parameters."""
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def decode_delivery(body: bytes, content_type: str | None) -> list[Event]:
+    """Decode and validate a delivery body, or raise DeliveryError (400, 415 or 422)."""
+    kind = media_type(content_type)
+    if kind in _SINGLE_TYPES:
+        decoder: msgspec.json.Decoder = _single_decoder
+    elif kind in _BATCH_TYPES:
+        decoder = _batch_decoder
+    elif kind in _EITHER_TYPES:
+        decoder = _either_decoder
+    else:
+        raise DeliveryError(
+            415,
+            f"unsupported content type {kind or '(none)'!r}: expected application/json, "
+            "application/cloudevents+json or application/cloudevents-batch+json",
+        )
+    try:
+        decoded = decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        _raise_if_malformed(body)
+        root = "events" if body.lstrip()[:1] == b"[" else "event"
+        raise DeliveryError(422, _name_where(str(exc), root)) from None
+    except msgspec.DecodeError as exc:
+        raise DeliveryError(400, f"malformed JSON: {exc}") from None
+    if isinstance(decoded, list):
+        events = decoded
+        for index, event in enumerate(events):
+            _check_event(event, f"events[{index}]")
+    else:
+        events = [decoded]
+        _check_event(decoded, "event")
+    return events
+
+
+def _raise_if_malformed(body: bytes) -> None:
+    try:
+        msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise DeliveryError(400, f"malformed JSON: {exc}") from None
+
+
+def _name_where(message: str, root: str) -> str:
+    """Turn msgspec's "Expected `int`, got `str` - at `$[3].data.version`" into
+    "events[3].data.version: Expected int, got str"."""
+    match = _MSGSPEC_PATH.match(message)
+    if match is None:
+        return f"{root}: {message.replace('`', '')}"
+    return f"{root}{match['path']}: {match['what'].replace('`', '')}"
+
+
+def _check_event(event: Event, where: str) -> None:
+    """The checks a JSON schema cannot express: id syntax and the text size."""
+    problem = concept_id_problem(event.subject)
+    if problem:
+        raise DeliveryError(422, f"{where}.subject: {problem}")
+    data = event.data
+    if isinstance(data, LinkData):
+        problem = concept_id_problem(data.target)
+        if problem:
+            raise DeliveryError(422, f"{where}.data.target: {problem}")
+    elif isinstance(data, UpsertData):
+        for index, link in enumerate(data.links):
+            problem = concept_id_problem(link)
+            if problem:
+                raise DeliveryError(422, f"{where}.data.links[{index}]: {problem}")
+        if len(data.text) > MAX_TEXT_BYTES // 4 and len(data.text.encode()) > MAX_TEXT_BYTES:
+            raise DeliveryError(422, f"{where}.data.text: longer than 1 MiB")
+
+
+def encode_for_log(event: Event) -> bytes:
+    """The event as the log stores it (MessagePack; decoded by ``decode_from_log``)."""
+    return _log_encoder.encode(event)
+
+
+def decode_from_log(payload: bytes) -> Event:
+    return _log_decoder.decode(payload)
+
+
+class SignatureVerifier:
+    """Standard Webhooks signature checks with several secrets accepted at once (rotation).
+
+    The HMAC and timestamp rules (5 minutes either way) are the ``standardwebhooks`` package's;
+    a delivery passes when any configured secret verifies it. Every error the package can raise
+    on hostile headers or bodies (bad base64, malformed entries, non-UTF-8) counts as "not
+    verified": the caller answers 401 and stores nothing.
+    """
+
+    def __init__(self, secrets: list[str]) -> None:
+        self._webhooks = [Webhook(secret) for secret in secrets]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._webhooks)
+
+    def verify(self, body: bytes, headers: Mapping[str, str]) -> bool:
+        wanted = {
+            name: headers.get(name, "")
+            for name in ("webhook-id", "webhook-timestamp", "webhook-signature")
+        }
+        for webhook in self._webhooks:
+            try:
+                webhook.verify(body, wanted, json_parse=False)
+            except Exception:
+                continue
+            return True
+        return False

@@ -1,0 +1,39 @@
+"""The naming rules of SPEC section 1: KB names, concept ids and collections."""
+
+from __future__ import annotations
+
+import re
+
+KB_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+MAX_ID_LENGTH = 512
+
+
+def is_kb_name(name: str) -> bool:
+    return KB_NAME.fullmatch(name) is not None
+
+
+def _is_control(ch: str) -> bool:
+    code = ord(ch)
+    return code < 0x20 or 0x7F <= code <= 0x9F
+
+
+def concept_id_problem(concept_id: str) -> str | None:
+    """Why ``concept_id`` is not a valid concept id, or None when it is.
+
+    An id is 1-512 characters, segments separated by ``/``, none empty, no control characters.
+    """
+    if not concept_id:
+        return "invalid concept id: empty"
+    if len(concept_id) > MAX_ID_LENGTH:
+        return f"invalid concept id: longer than {MAX_ID_LENGTH} characters"
+    if any(_is_control(ch) for ch in concept_id):
+        return "invalid concept id: control character"
+    if "" in concept_id.split("/"):
+        return "invalid concept id: empty segment"
+    return None
+
+
+def collection_of(concept_id: str) -> str:
+    """The first id segment when the id has two or more segments, else the empty string."""
+    head, sep, _ = concept_id.partition("/")
+    return head if sep else ""
