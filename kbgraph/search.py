@@ -1,0 +1,226 @@
+"""Full-text search over a KB's visible concepts: BM25 on title and text, snippets.
+
+Why in memory, beside the store's FTS5 index: SQLite's ``bm25()`` takes its statistics (row
+count, average length, document frequencies) from the whole table, so a narrowed caller's
+ranking would carry the concepts it may not see. Here the statistics are recomputed for the
+visible subset at query time, and the index is patched in the same write-locked step as the
+graph, so the hits that seed ``graph_context`` come from the very snapshot the graph does.
+
+Scoring is FTS5's ``bm25(fts, 10.0, 1.0)`` to the letter (title weighted 10, text 1), with
+N, avgdl and df those of the visible concepts (Robertson & Zaragoza, "The Probabilistic
+Relevance Framework: BM25 and Beyond", 2009)::
+
+    f(t, d)   = 10 * hits of t in d's title + hits of t in d's text
+    idf(t)    = max(1e-6, ln((N - df(t) + 0.5) / (df(t) + 0.5)))
+    score(d)  = sum over terms t of idf(t) * f * (k1 + 1) / (f + k1 * (1 - b + b * |d| / avgdl))
+
+with k1 = 1.2, b = 0.75 and |d| the token count of title and text. The tokenizer mirrors
+FTS5's ``unicode61 remove_diacritics 2``: case folded, diacritics stripped, tokens are runs of
+letters and digits. A query is only ever split into terms, so no character in it is syntax.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+TITLE_WEIGHT = 10
+K1 = 1.2
+B = 0.75
+SNIPPET_WIDTH = 160
+
+_ASCII_TOKEN = re.compile(r"[a-z0-9]+")
+_TOKEN = re.compile(r"[^\W_]+")
+
+
+def _fold(text: str) -> str:
+    """Lower-case and strip diacritics (NFD, then drop the combining marks)."""
+    if text.isascii():
+        return text.lower()
+    decomposed = unicodedata.normalize("NFD", text)
+    stripped = "".join(ch for ch in decomposed if not unicodedata.combining(ch))
+    return stripped.lower()
+
+
+def tokenize(text: str) -> list[str]:
+    """The terms of ``text``, in order, as FTS5's unicode61 tokenizer would produce them."""
+    folded = _fold(text)
+    if folded.isascii():
+        return _ASCII_TOKEN.findall(folded)
+    return _TOKEN.findall(folded)
+
+
+def query_terms(query: str) -> list[str]:
+    """The distinct terms of a query, in order of first appearance."""
+    return list(dict.fromkeys(tokenize(query)))
+
+
+@dataclass(slots=True)
+class _Postings:
+    freq: dict[int, int] = field(default_factory=dict)  # node -> 10 * title hits + text hits
+    arrays: tuple[np.ndarray, np.ndarray] | None = None  # (nodes, freqs), built on demand
+
+
+class SearchIndex:
+    """An inverted index of one KB, patched per concept (``put``/``remove``).
+
+    Not thread-safe by itself: the projection calls ``put``/``remove`` under its write lock
+    and ``search`` under its read lock.
+    """
+
+    def __init__(self) -> None:
+        self._postings: dict[str, _Postings] = {}
+        self._doc_terms: dict[int, tuple[str, ...]] = {}
+        self._doc_len = np.zeros(1024, dtype=np.int64)
+        self.version = 0  # bumped on every change; keys the cached visible statistics
+        self._stats: dict[tuple[int, int], tuple[np.ndarray, int, int]] = {}
+
+    def put(self, node: int, title: str, text: str) -> None:
+        """Index (or re-index) ``node`` with its current title and text."""
+        self.remove(node)
+        title_terms = tokenize(title)
+        text_terms = tokenize(text)
+        freq = Counter(text_terms)
+        for term in title_terms:
+            freq[term] += TITLE_WEIGHT
+        for term, count in freq.items():
+            postings = self._postings.get(term)
+            if postings is None:
+                postings = self._postings[term] = _Postings()
+            postings.freq[node] = count
+            postings.arrays = None
+        self._doc_terms[node] = tuple(freq)
+        if node >= len(self._doc_len):
+            grown = np.zeros(max(node + 1, 2 * len(self._doc_len)), dtype=np.int64)
+            grown[: len(self._doc_len)] = self._doc_len
+            self._doc_len = grown
+        self._doc_len[node] = len(title_terms) + len(text_terms)
+        self._changed()
+
+    def remove(self, node: int) -> None:
+        """Forget ``node`` (a deleted concept). Unknown nodes are ignored."""
+        terms = self._doc_terms.pop(node, None)
+        if terms is None:
+            return
+        for term in terms:
+            postings = self._postings[term]
+            del postings.freq[node]
+            if postings.freq:
+                postings.arrays = None
+            else:
+                del self._postings[term]
+        self._doc_len[node] = 0
+        self._changed()
+
+    def _changed(self) -> None:
+        self.version += 1
+        self._stats.clear()
+
+    def __len__(self) -> int:
+        return len(self._doc_terms)
+
+    def _visible_stats(self, mask: np.ndarray) -> tuple[int, int]:
+        """(N, total length) of the indexed documents with ``mask[node] == 1``."""
+        key = (id(mask), len(mask))
+        cached = self._stats.get(key)
+        if cached is not None and cached[0] is mask:
+            return cached[1], cached[2]
+        size = min(len(mask), len(self._doc_len))
+        nodes = np.fromiter(self._doc_terms, dtype=np.int64, count=len(self._doc_terms))
+        nodes = nodes[nodes < size]
+        visible = nodes[mask[nodes] != 0]
+        count, total = len(visible), int(self._doc_len[visible].sum())
+        self._stats[key] = (mask, count, total)
+        return count, total
+
+    def _arrays(self, postings: _Postings) -> tuple[np.ndarray, np.ndarray]:
+        if postings.arrays is None:
+            nodes = np.fromiter(postings.freq, dtype=np.int64, count=len(postings.freq))
+            freqs = np.fromiter(postings.freq.values(), dtype=np.float64, count=len(nodes))
+            postings.arrays = (nodes, freqs)
+        return postings.arrays
+
+    def search(self, query: str, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """BM25 scores of every visible document matching a term of ``query``.
+
+        Returns (nodes int64[k], scores float64[k]) in no particular order; rank them with
+        ``top``. Statistics are those of the documents with ``mask[node] == 1``.
+        """
+        terms = query_terms(query)
+        empty = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64))
+        if not terms:
+            return empty
+        n_docs, total_len = self._visible_stats(mask)
+        if n_docs == 0:
+            return empty
+        avgdl = total_len / n_docs
+        all_nodes: list[np.ndarray] = []
+        all_parts: list[np.ndarray] = []
+        for term in terms:
+            postings = self._postings.get(term)
+            if postings is None:
+                continue
+            nodes, freqs = self._arrays(postings)
+            keep = mask[nodes] != 0
+            nodes, freqs = nodes[keep], freqs[keep]
+            df = len(nodes)
+            if df == 0:
+                continue
+            idf = math.log((n_docs - df + 0.5) / (df + 0.5))
+            if idf <= 0.0:
+                idf = 1e-6
+            norm = K1 * (1.0 - B + B * self._doc_len[nodes] / avgdl)
+            all_nodes.append(nodes)
+            all_parts.append(idf * (freqs * (K1 + 1.0)) / (freqs + norm))
+        if not all_nodes:
+            return empty
+        nodes = np.concatenate(all_nodes)
+        parts = np.concatenate(all_parts)
+        # Sum each document's parts in query-term order: bincount adds in input order.
+        unique, inverse = np.unique(nodes, return_inverse=True)
+        return unique, np.bincount(inverse, weights=parts, minlength=len(unique))
+
+
+def top(
+    nodes: np.ndarray, scores: np.ndarray, ids: list[str], limit: int
+) -> list[tuple[int, float]]:
+    """The ``limit`` best (node, score) pairs: score descending, then id ascending."""
+    if len(nodes) == 0 or limit <= 0:
+        return []
+    if len(nodes) > limit:
+        # Everything scoring at least the limit-th best score, ties included, then exact order.
+        cut = np.partition(scores, len(scores) - limit)[len(scores) - limit]
+        keep = scores >= cut
+        nodes, scores = nodes[keep], scores[keep]
+    ranked = sorted(
+        zip(nodes.tolist(), scores.tolist(), strict=True), key=lambda h: (-h[1], ids[h[0]])
+    )
+    return ranked[:limit]
+
+
+def snippet(text: str, terms: list[str], width: int = SNIPPET_WIDTH) -> str:
+    """At most ``width`` characters of ``text`` around the first occurrence of a query term.
+
+    The window opens a quarter width before the hit; whitespace runs collapse to one space and
+    an ellipsis (counted in the width) marks each cut. Without an occurrence: the text's start.
+    """
+    wanted = set(terms)
+    hit = 0
+    if wanted:
+        for match in _TOKEN.finditer(text):
+            if _fold(match.group()) in wanted:
+                hit = match.start()
+                break
+    start = max(0, hit - width // 4)
+    end = start + 2 * width  # enough raw text to fill the width after collapsing whitespace
+    prefix = "…" if start > 0 else ""
+    body = " ".join(text[start:end].split())
+    room = width - len(prefix)
+    if len(body) > room or end < len(text):
+        body = body[: room - 1].rstrip() + "…"
+    return prefix + body
