@@ -1,0 +1,302 @@
+"""The agent tools of SPEC section 3, as plain functions over a projection snapshot.
+
+Each tool takes a ``Snapshot`` (read-locked, delivery-whole) and the caller's ``View`` (the
+visible subgraph) and returns a response struct; no HTTP here. Hidden concepts are never
+looked at: ids resolve through the view, search ranks with the view's statistics, and the
+algorithms run on the masked graph, so a narrowed caller gets exactly the bytes an admin gets
+on a KB where the hidden concepts were never written.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+import numpy as np
+from msgspec import UNSET, UnsetType
+
+from kbgraph import graphalgo
+from kbgraph.graphalgo.graph import View
+from kbgraph.projection import Snapshot
+from kbgraph.search import query_terms, snippet, top
+
+MAX_IDS: Final = 10
+SEARCH_SEEDS: Final = 5
+RETIRED: Final = frozenset({"deprecated", "superseded"})
+
+
+class ToolError(Exception):
+    """A refused request: ``status`` and the message of the ``{"error": ...}`` body."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def clamp(value: int, default: int, low: int, high: int) -> int:
+    """SPEC 3: absent or 0 takes the default, anything else is clamped into [low, high]."""
+    return default if value == 0 else min(max(value, low), high)
+
+
+def visible_node(snap: Snapshot, view: View, concept_id: str) -> int:
+    """The node of a concept the caller may see; hidden and missing fail alike."""
+    node = snap.node(concept_id)
+    if node is None or not snap.is_visible(node, view):
+        raise ToolError(404, f"not found: {concept_id}")
+    return node
+
+
+# --- requests ------------------------------------------------------------------------------
+
+
+class GraphContextRequest(msgspec.Struct, forbid_unknown_fields=True):
+    query: str | None = None
+    ids: list[str] | None = None
+    limit: int = 0
+
+
+class LinkSuggestRequest(msgspec.Struct, forbid_unknown_fields=True):
+    id: str
+    limit: int = 0
+
+
+class GraphPathRequest(msgspec.Struct, forbid_unknown_fields=True):
+    source: str
+    target: str
+    direction: str | None = None
+    max_hops: int = 0
+
+
+# --- responses -----------------------------------------------------------------------------
+
+
+class Seed(msgspec.Struct):
+    id: str
+    title: str
+    weight: float
+
+
+class ContextResult(msgspec.Struct):
+    id: str
+    title: str
+    score: float
+    hops: int
+    via: str
+    snippet: str | UnsetType = UNSET
+
+
+class GraphContextResponse(msgspec.Struct, kw_only=True):
+    query: str | UnsetType = UNSET
+    ids: list[str] | UnsetType = UNSET
+    seeds: list[Seed]
+    results: list[ContextResult]
+    count: int
+    note: str | UnsetType = UNSET
+
+
+class Candidate(msgspec.Struct):
+    id: str
+    title: str
+    score: float
+    common: list[str]
+
+
+class LinkSuggestResponse(msgspec.Struct):
+    id: str
+    candidates: list[Candidate]
+    count: int
+
+
+class PathStep(msgspec.Struct):
+    id: str
+    title: str
+
+
+class GraphPathResponse(msgspec.Struct, kw_only=True):
+    source: str
+    target: str
+    hops: int
+    path: list[PathStep]
+    note: str | UnsetType = UNSET
+
+
+class SearchHit(msgspec.Struct):
+    id: str
+    title: str
+    snippet: str
+
+
+class SearchResponse(msgspec.Struct):
+    query: str
+    hits: list[SearchHit]
+    count: int
+
+
+class ConceptResponse(msgspec.Struct):
+    id: str
+    title: str
+    type: str
+    status: str
+    tags: list[str]
+    text: str
+    version: int
+    links: list[str]
+
+
+class StatusResponse(msgspec.Struct):
+    kb: str
+    concepts: int
+    links: int
+
+
+# --- the tools -----------------------------------------------------------------------------
+
+
+def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> GraphContextResponse:
+    """Personalized PageRank seeded from the given ids and the query's top visible hits."""
+    ids = req.ids or []
+    if len(ids) > MAX_IDS:
+        raise ToolError(422, f"'ids' takes at most {MAX_IDS} concepts")
+    if req.query is None and not ids:
+        raise ToolError(422, "'query' or 'ids' is required")
+    limit = clamp(req.limit, 10, 1, 30)
+
+    weights: dict[int, float] = {}
+    for concept_id in ids:
+        node = visible_node(snap, view, concept_id)
+        weights[node] = weights.get(node, 0.0) + 1.0
+    terms: list[str] = []
+    if req.query is not None:
+        terms = query_terms(req.query)
+        nodes, scores = snap.index.search(req.query, view.mask)
+        for rank, (node, _) in enumerate(top(nodes, scores, snap.ids, SEARCH_SEEDS)):
+            weights[node] = weights.get(node, 0.0) + 1.0 / (1 + rank)
+
+    response = GraphContextResponse(
+        query=UNSET if req.query is None else req.query,
+        ids=UNSET if req.ids is None else req.ids,
+        seeds=[],
+        results=[],
+        count=0,
+    )
+    if not weights:
+        response.note = "no seed matched the query"
+        return response
+
+    total = sum(weights.values())
+    seeds = [(node, round(weight / total, 4)) for node, weight in weights.items()]
+    seeds.sort(key=lambda s: (-s[1], snap.ids[s[0]]))
+    response.seeds = [Seed(snap.ids[node], snap.titles[node], weight) for node, weight in seeds]
+
+    nodes, p = graphalgo.personalized_pagerank(view, list(weights.items()))
+    rounded = np.round(p, 4)
+    is_seed = np.isin(nodes, np.fromiter(weights, dtype=nodes.dtype, count=len(weights)))
+    keep = (rounded > 0) & ~is_seed
+    cand_nodes, cand_scores = nodes[keep], rounded[keep]
+    if len(cand_nodes) > limit:
+        # Only the limit-th best rounded score and above can make the cut; hops break its ties.
+        cut = np.partition(cand_scores, len(cand_scores) - limit)[len(cand_scores) - limit]
+        keep = cand_scores >= cut
+        cand_nodes, cand_scores = cand_nodes[keep], cand_scores[keep]
+    targets = cand_nodes.tolist()
+    seed_nodes = sorted(weights, key=snap.ids.__getitem__)
+    hops, via = graphalgo.hops_and_via(view, seed_nodes, targets)
+    rows = sorted(
+        zip(targets, cand_scores.tolist(), hops, via, strict=True),
+        key=lambda row: (-row[1], row[2], snap.ids[row[0]]),
+    )[:limit]
+    response.results = [
+        ContextResult(
+            id=snap.ids[node],
+            title=snap.titles[node],
+            score=score,
+            hops=hop,
+            via=snap.ids[before],
+            snippet=snippet(snap.texts[node], terms) if req.query is not None else UNSET,
+        )
+        for node, score, hop, before in rows
+    ]
+    response.count = len(response.results)
+    return response
+
+
+def link_suggest(snap: Snapshot, view: View, req: LinkSuggestRequest) -> LinkSuggestResponse:
+    """Missing links by resource allocation, retired candidates skipped before the limit."""
+    limit = clamp(req.limit, 5, 1, 20)
+    node = visible_node(snap, view, req.id)
+    wanted = limit * 2
+    while True:
+        ranked = graphalgo.resource_allocation(view, node, min_common=2, limit=wanted)
+        kept = [s for s in ranked if snap.statuses[s.node] not in RETIRED]
+        if len(kept) >= limit or len(ranked) < wanted:
+            break
+        wanted *= 4
+    candidates = [
+        Candidate(
+            id=snap.ids[s.node],
+            title=snap.titles[s.node],
+            score=round(s.score, 4),
+            common=[snap.ids[z] for z in s.common],
+        )
+        for s in kept[:limit]
+    ]
+    return LinkSuggestResponse(id=req.id, candidates=candidates, count=len(candidates))
+
+
+def graph_path(snap: Snapshot, view: View, req: GraphPathRequest) -> GraphPathResponse:
+    """The lexicographically smallest shortest chain between two concepts."""
+    direction = "both" if req.direction is None else req.direction
+    if direction not in ("out", "both"):
+        raise ToolError(422, f'invalid direction "{direction}": expected out or both')
+    max_hops = clamp(req.max_hops, 6, 1, 12)
+    source = visible_node(snap, view, req.source)
+    target = visible_node(snap, view, req.target)
+    path = graphalgo.shortest_path(view, source, target, direction=direction, max_hops=max_hops)
+    if path is None:
+        return GraphPathResponse(
+            source=req.source,
+            target=req.target,
+            hops=0,
+            path=[],
+            note=f"no path within {max_hops} hops",
+        )
+    steps = [PathStep(snap.ids[node], snap.titles[node]) for node in path]
+    return GraphPathResponse(source=req.source, target=req.target, hops=len(path) - 1, path=steps)
+
+
+def search(snap: Snapshot, view: View, query: str, limit: int) -> SearchResponse:
+    """The best visible hits for ``query`` (BM25 over the visible concepts)."""
+    limit = clamp(limit, 10, 1, 50)
+    nodes, scores = snap.index.search(query, view.mask)
+    terms = query_terms(query)
+    hits = [
+        SearchHit(snap.ids[node], snap.titles[node], snippet(snap.texts[node], terms))
+        for node, _ in top(nodes, scores, snap.ids, limit)
+    ]
+    return SearchResponse(query=query, hits=hits, count=len(hits))
+
+
+def concept(snap: Snapshot, view: View, concept_id: str) -> ConceptResponse:
+    """A visible concept with its declared links to concepts the caller may see."""
+    node = visible_node(snap, view, concept_id)
+    links = []
+    for target_id in snap.declared_links(node):
+        target = snap.node(target_id)
+        if target is not None and snap.is_visible(target, view):
+            links.append(target_id)
+    return ConceptResponse(
+        id=concept_id,
+        title=snap.titles[node],
+        type=snap.types[node],
+        status=snap.statuses[node],
+        tags=list(snap.tags[node]),
+        text=snap.texts[node],
+        version=snap.versions[node],
+        links=links,
+    )
+
+
+def status(snap: Snapshot, view: View, kb: str) -> StatusResponse:
+    concepts, links = snap.counts(view)
+    return StatusResponse(kb=kb, concepts=concepts, links=links)
