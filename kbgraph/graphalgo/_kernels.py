@@ -1,0 +1,286 @@
+"""Numba kernels over the flat adjacency arrays of a ``Graph`` seen through a ``View`` mask.
+
+Every kernel is compiled ``nogil`` (readers run in worker threads at once) and cached on disk.
+Kernels never allocate O(n): they work in caller-provided scratch arrays of size >= n whose
+resting state is fixed (zeros, or -1 for ``dist``) and restore exactly the entries they touched
+before returning, so a call costs O(nodes touched).
+
+Loops run in block order, and every block is sorted by concept id, so the sequence of floating
+point operations, hence every result bit, is the same whichever ints the ids were interned as.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def ppr_push(
+    und_off, und_len, und, mask, deg, seeds, weights, alpha, eps, r, p, inq, seen, queue, touched
+):
+    """Forward push (FIFO). ``seeds`` distinct and in ascending id order, ``weights`` sum 1.
+
+    Scratch (resting state): ``r``, ``p`` float64 zeros; ``inq``, ``seen`` uint8 zeros;
+    ``queue`` (ring buffer) and ``touched`` int32, any content, capacity >= n.
+    Returns ``(nodes, p)`` for every node with p > 0, in first-touch order.
+    """
+    cap = queue.shape[0]
+    nt = 0
+    for i in range(seeds.shape[0]):
+        s = seeds[i]
+        r[s] += weights[i]
+        if seen[s] == 0:
+            seen[s] = 1
+            touched[nt] = s
+            nt += 1
+    head = 0
+    tail = 0
+    qn = 0
+    for i in range(seeds.shape[0]):
+        s = seeds[i]
+        if inq[s] == 0 and r[s] >= eps * deg[s]:
+            inq[s] = 1
+            queue[tail] = s
+            tail += 1
+            if tail == cap:
+                tail = 0
+            qn += 1
+    keep = 1.0 - alpha
+    while qn > 0:
+        u = queue[head]
+        head += 1
+        if head == cap:
+            head = 0
+        qn -= 1
+        inq[u] = 0
+        ru = r[u]
+        r[u] = 0.0
+        d = deg[u]
+        if d == 0:  # isolated: the walk stays, the node keeps its whole residual
+            p[u] += ru
+            continue
+        p[u] += alpha * ru
+        share = keep * ru / d
+        start = und_off[u]
+        for j in range(start, start + und_len[u]):
+            v = und[j]
+            if mask[v] == 0:
+                continue
+            r[v] += share
+            if seen[v] == 0:
+                seen[v] = 1
+                touched[nt] = v
+                nt += 1
+            if inq[v] == 0 and r[v] >= eps * deg[v]:
+                inq[v] = 1
+                queue[tail] = v
+                tail += 1
+                if tail == cap:
+                    tail = 0
+                qn += 1
+    k = 0
+    for i in range(nt):
+        if p[touched[i]] > 0.0:
+            k += 1
+    out_nodes = np.empty(k, np.int32)
+    out_p = np.empty(k, np.float64)
+    k = 0
+    for i in range(nt):
+        u = touched[i]
+        if p[u] > 0.0:
+            out_nodes[k] = u
+            out_p[k] = p[u]
+            k += 1
+        p[u] = 0.0
+        r[u] = 0.0
+        seen[u] = 0
+    return out_nodes, out_p
+
+
+@njit(cache=True, nogil=True)
+def bfs_targets(und_off, und_len, und, mask, seeds, targets, dist, parent, queue, tflag):
+    """Multi-source BFS from ``seeds`` (ascending id order), stopping once every target is found.
+
+    Parent is assigned at first discovery: with id-sorted blocks the parent chain is the
+    lexicographically smallest shortest path from the seed set. Scratch: ``dist`` int32 all -1,
+    ``tflag`` uint8 zeros, ``parent``/``queue`` int32 any content. Returns ``(hops, via)``.
+    """
+    remaining = 0
+    for i in range(targets.shape[0]):
+        t = targets[i]
+        if mask[t] != 0 and tflag[t] == 0:
+            tflag[t] = 1
+            remaining += 1
+    tail = 0
+    for i in range(seeds.shape[0]):
+        s = seeds[i]
+        if mask[s] != 0 and dist[s] == -1:
+            dist[s] = 0
+            parent[s] = -1
+            queue[tail] = s
+            tail += 1
+            if tflag[s] != 0:
+                remaining -= 1
+    head = 0
+    while head < tail and remaining > 0:
+        u = queue[head]
+        head += 1
+        du = dist[u] + 1
+        start = und_off[u]
+        for j in range(start, start + und_len[u]):
+            v = und[j]
+            if mask[v] == 0 or dist[v] != -1:
+                continue
+            dist[v] = du
+            parent[v] = u
+            queue[tail] = v
+            tail += 1
+            if tflag[v] != 0:
+                remaining -= 1
+                if remaining == 0:
+                    break
+    m = targets.shape[0]
+    hops = np.full(m, -1, np.int32)
+    via = np.full(m, -1, np.int32)
+    for i in range(m):
+        t = targets[i]
+        if mask[t] != 0 and dist[t] >= 0:
+            hops[i] = dist[t]
+            via[i] = parent[t]
+    for i in range(tail):
+        dist[queue[i]] = -1
+    for i in range(m):
+        tflag[targets[i]] = 0
+    return hops, via
+
+
+@njit(cache=True, nogil=True)
+def bfs_path(off, length, blk, mask, source, target, max_hops, dist, parent, queue):
+    """Lexicographically smallest shortest path ``source`` .. ``target`` within ``max_hops``.
+
+    Works on any id-sorted adjacency (undirected or out-links). Stops when the target is
+    discovered or the frontier reaches ``max_hops``. Returns the path (empty when none).
+    Scratch as in ``bfs_targets``.
+    """
+    if mask[source] == 0 or mask[target] == 0:
+        return np.empty(0, np.int32)
+    if source == target:
+        res = np.empty(1, np.int32)
+        res[0] = source
+        return res
+    dist[source] = 0
+    parent[source] = -1
+    queue[0] = source
+    tail = 1
+    head = 0
+    found = False
+    while head < tail and not found:
+        u = queue[head]
+        head += 1
+        du = dist[u]
+        if du >= max_hops:
+            break
+        start = off[u]
+        for j in range(start, start + length[u]):
+            v = blk[j]
+            if mask[v] == 0 or dist[v] != -1:
+                continue
+            dist[v] = du + 1
+            parent[v] = u
+            queue[tail] = v
+            tail += 1
+            if v == target:
+                found = True
+                break
+    if found:
+        h = dist[target]
+        res = np.empty(h + 1, np.int32)
+        v = target
+        for i in range(h, -1, -1):
+            res[i] = v
+            v = parent[v]
+    else:
+        res = np.empty(0, np.int32)
+    for i in range(tail):
+        dist[queue[i]] = -1
+    return res
+
+
+@njit(cache=True, nogil=True)
+def ra_scores(und_off, und_len, und, mask, deg, x, min_common, score, cnt, adj, touched):
+    """Resource allocation scores of every candidate of ``x``, ranked by score descending.
+
+    Scores add ``1/deg(z)`` over the common neighbours z in block (= id) order. Ties keep
+    first-touch order (stable sort); the caller breaks them by id. Scratch: ``score`` float64
+    zeros, ``cnt`` int32 zeros, ``adj`` uint8 zeros, ``touched`` int32 any content.
+    """
+    sx = und_off[x]
+    ex = sx + und_len[x]
+    for j in range(sx, ex):
+        adj[und[j]] = 1
+    adj[x] = 1
+    nt = 0
+    for j in range(sx, ex):
+        z = und[j]
+        if mask[z] == 0:
+            continue
+        w = 1.0 / deg[z]
+        start = und_off[z]
+        for k in range(start, start + und_len[z]):
+            v = und[k]
+            if mask[v] == 0 or adj[v] != 0:
+                continue
+            if cnt[v] == 0:
+                touched[nt] = v
+                nt += 1
+            cnt[v] += 1
+            score[v] += w
+    m = 0
+    for i in range(nt):
+        if cnt[touched[i]] >= min_common:
+            m += 1
+    cands = np.empty(m, np.int32)
+    scores = np.empty(m, np.float64)
+    m = 0
+    for i in range(nt):
+        v = touched[i]
+        if cnt[v] >= min_common:
+            cands[m] = v
+            scores[m] = score[v]
+            m += 1
+        cnt[v] = 0
+        score[v] = 0.0
+    for j in range(sx, ex):
+        adj[und[j]] = 0
+    adj[x] = 0
+    order = np.argsort(-scores, kind="mergesort")
+    return cands[order], scores[order]
+
+
+@njit(cache=True, nogil=True)
+def ra_common(und_off, und_len, und, mask, x, cands, k, adj):
+    """The (at most) ``k`` smallest-id visible common neighbours of ``x`` and each candidate.
+
+    Row i of the result holds them in ascending id order, padded with -1. Scratch: ``adj``
+    uint8 zeros.
+    """
+    sx = und_off[x]
+    ex = sx + und_len[x]
+    for j in range(sx, ex):
+        adj[und[j]] = 1
+    res = np.full((cands.shape[0], k), -1, np.int32)
+    for i in range(cands.shape[0]):
+        v = cands[i]
+        c = 0
+        start = und_off[v]
+        for j in range(start, start + und_len[v]):
+            z = und[j]
+            if adj[z] != 0 and mask[z] != 0:
+                res[i, c] = z
+                c += 1
+                if c == k:
+                    break
+    for j in range(sx, ex):
+        adj[und[j]] = 0
+    return res
