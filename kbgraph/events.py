@@ -45,7 +45,7 @@ class LinkData(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     target: str
 
 
-class _Envelope(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+class _Envelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
     """CloudEvents 1.0 attributes; unknown extension attributes are ignored, as the spec allows."""
 
     specversion: Literal["1.0"]
