@@ -1,0 +1,88 @@
+"""Shared fixtures: a configured service in-process (Starlette TestClient, real SQLite store)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from kbgraph.api import create_app
+from kbgraph.config import load_config
+from kbgraph.events import Event
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+ADMIN = "admin-token"
+INFRA = "infra-token"  # homelab: collection infra only
+RUNBOOKS = "runbooks-token"  # homelab: type Runbook only
+OTHER = "other-token"  # a rule for another KB only
+
+
+def write_config(folder: Path, extra: str = "") -> Path:
+    runbooks_sha = hashlib.sha256(RUNBOOKS.encode()).hexdigest()
+    path = folder / "kbgraph.toml"
+    path.write_text(
+        f"""
+[store]
+path = "kbgraph.db"
+
+[webhooks]
+secrets = ["{SECRET}"]
+
+[server]
+min_seq_wait_seconds = 1.0
+{extra}
+[[tokens]]
+name = "admin"
+token = "{ADMIN}"
+admin = true
+
+[[tokens]]
+name = "infra"
+token = "{INFRA}"
+rules = [{{ kb = "homelab", collections = ["infra"] }}]
+
+[[tokens]]
+name = "runbooks"
+token_sha256 = "{runbooks_sha}"
+rules = [{{ kb = "homelab", types = ["Runbook"] }}]
+
+[[tokens]]
+name = "other"
+token = "{OTHER}"
+rules = [{{ kb = "elsewhere" }}]
+"""
+    )
+    return path
+
+
+class Service:
+    """A running app with helpers to write events and call the API as a given token."""
+
+    def __init__(self, client: TestClient) -> None:
+        self.client = client
+        self.app = client.app
+
+    def write(self, kb: str, events: list[Event]) -> int:
+        """Append a delivery durably and return the KB's seq after it."""
+        return self.app.state.store.append(kb, events).seq
+
+    def call(self, token: str | None, method: str, path: str, min_seq: int = 0, **kwargs):
+        headers = kwargs.pop("headers", {})
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        if min_seq:
+            headers["X-Min-Seq"] = str(min_seq)
+        return self.client.request(method, path, headers=headers, **kwargs)
+
+    def tool(self, token: str, kb: str, name: str, body: dict, min_seq: int = 0):
+        return self.call(token, "POST", f"/v1/kbs/{kb}/tools/{name}", min_seq, json=body)
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[Service]:
+    app = create_app(load_config(write_config(tmp_path)))
+    with TestClient(app) as client:
+        yield Service(client)

@@ -1,0 +1,305 @@
+"""The agent API over HTTP: statuses and error texts of the contract, and the seed's behaviours."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import ADMIN, INFRA, OTHER, RUNBOOKS, Service
+from tests.kb_events import delete, upsert
+
+KB = "homelab"
+
+
+def homelab(service: Service) -> int:
+    return service.write(
+        KB,
+        [
+            upsert("infra/dns", links=["infra/router", "network/vlan"], type="Service",
+                   title="DNS resolver", text="The resolver answers DNS queries for the lab."),
+            upsert("infra/router", links=["network/vlan"], type="Host", title="Edge router",
+                   text="Routes traffic between the VLANs."),
+            upsert("network/vlan", type="Note", title="VLAN plan", text="VLAN 10 is for DNS."),
+            upsert("ops/restart-dns", links=["infra/dns"], type="Runbook",
+                   title="Restart DNS", text="How to restart the DNS resolver safely."),
+            upsert("journal/2026-01", links=["ops/restart-dns"], type="Note",
+                   title="January", text="Restarted the resolver twice."),
+        ],
+    )  # fmt: skip
+
+
+def error(response) -> str:
+    return response.json()["error"]
+
+
+def test_missing_or_unknown_token_is_401(service: Service) -> None:
+    seq = homelab(service)
+    for token in (None, "nope"):
+        response = service.tool(token, KB, "graph_context", {"ids": ["infra/dns"]}, seq)  # type: ignore[arg-type]
+        assert response.status_code == 401
+        assert error(response) == "missing or unknown bearer token"
+    bad_scheme = service.call(
+        None, "GET", f"/v1/kbs/{KB}/status", headers={"Authorization": f"Basic {ADMIN}"}
+    )
+    assert bad_scheme.status_code == 401
+
+
+def test_kb_without_rule_answers_as_missing_kb(service: Service) -> None:
+    seq = homelab(service)
+    no_rule = service.tool(OTHER, KB, "graph_context", {"ids": ["infra/dns"]}, seq)
+    missing = service.tool(ADMIN, "nosuchkb", "graph_context", {"ids": ["infra/dns"]})
+    assert no_rule.status_code == missing.status_code == 404
+    assert no_rule.content == missing.content.replace(b"nosuchkb", KB.encode())
+    assert service.call(OTHER, "GET", f"/v1/kbs/{KB}/status").status_code == 404
+
+
+def test_hidden_and_missing_concepts_give_the_same_404(service: Service) -> None:
+    seq = homelab(service)
+    hidden = service.tool(INFRA, KB, "link_suggest", {"id": "network/vlan"}, seq)
+    missing = service.tool(INFRA, KB, "link_suggest", {"id": "network/nothing"}, seq)
+    assert hidden.status_code == missing.status_code == 404
+    assert hidden.content == b'{"error":"not found: network/vlan"}'
+    assert missing.content == b'{"error":"not found: network/nothing"}'
+    concept = service.call(INFRA, "GET", f"/v1/kbs/{KB}/concepts/network/vlan", seq)
+    assert concept.status_code == 404
+    assert error(concept) == "not found: network/vlan"
+    first_bad = service.tool(
+        INFRA, KB, "graph_context", {"ids": ["infra/dns", "ops/restart-dns", "x/y"]}, seq
+    )
+    assert first_bad.status_code == 404 and error(first_bad) == "not found: ops/restart-dns"
+
+
+@pytest.mark.parametrize(
+    ("tool", "body", "status", "message"),
+    [
+        ("graph_context", {}, 422, "'query' or 'ids' is required"),
+        ("graph_context", {"ids": [f"a/{i}" for i in range(11)]}, 422,
+         "'ids' takes at most 10 concepts"),
+        ("graph_context", {"query": "dns", "limit": "5"}, 422, "limit: Expected int, got str"),
+        ("graph_context", {"query": 3}, 422, "query: Expected str | null, got int"),
+        ("graph_context", {"query": "dns", "bogus": 1}, 422,
+         "request: Object contains unknown field bogus"),
+        ("link_suggest", {}, 422, "request: Object missing required field id"),
+        ("link_suggest", {"id": "infra/dns", "limit": 1.5}, 422, "limit: Expected int, got float"),
+        ("graph_path", {"source": "infra/dns", "target": "network/vlan", "direction": "in"},
+         422, 'invalid direction "in": expected out or both'),
+        ("graph_path", {"source": "infra/dns", "target": "network/vlan", "max_hops": True},
+         422, "max_hops: Expected int, got bool"),
+    ],
+)  # fmt: skip
+def test_invalid_requests_are_422_naming_the_problem(
+    service: Service, tool: str, body: dict, status: int, message: str
+) -> None:
+    seq = homelab(service)
+    response = service.tool(ADMIN, KB, tool, body, seq)
+    assert (response.status_code, error(response)) == (status, message)
+
+
+def test_malformed_json_is_400(service: Service) -> None:
+    seq = homelab(service)
+    response = service.call(
+        ADMIN, "POST", f"/v1/kbs/{KB}/tools/graph_context", seq, content=b'{"query": '
+    )
+    assert response.status_code == 400
+    assert error(response).startswith("malformed JSON")
+
+
+def test_min_seq_waits_then_503(service: Service) -> None:
+    seq = homelab(service)
+    ok = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/status", seq)
+    assert ok.status_code == 200 and ok.headers["X-KB-Seq"] == str(seq)
+    late = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/status", seq + 1)
+    assert late.status_code == 503
+    assert late.headers["Retry-After"] == "1"
+    assert "not yet at seq" in error(late)
+    junk = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/status", headers={"X-Min-Seq": "soon"})
+    assert junk.status_code == 422
+
+
+def test_every_tool_response_carries_x_kb_seq(service: Service) -> None:
+    seq = homelab(service)
+    for tool, body in [
+        ("graph_context", {"query": "dns"}),
+        ("link_suggest", {"id": "infra/dns"}),
+        ("graph_path", {"source": "infra/dns", "target": "journal/2026-01"}),
+    ]:
+        response = service.tool(ADMIN, KB, tool, body, seq)
+        assert response.status_code == 200, response.text
+        assert response.headers["X-KB-Seq"] == str(seq)
+
+
+def test_graph_context_shape_and_determinism(service: Service) -> None:
+    seq = homelab(service)
+    body = {"query": "restart DNS", "ids": ["network/vlan"]}
+    first = service.tool(ADMIN, KB, "graph_context", body, seq)
+    second = service.tool(ADMIN, KB, "graph_context", body, seq)
+    assert first.content == second.content
+    answer = first.json()
+    assert list(answer) == ["query", "ids", "seeds", "results", "count"]
+    assert answer["query"] == "restart DNS" and answer["ids"] == ["network/vlan"]
+    assert abs(sum(seed["weight"] for seed in answer["seeds"]) - 1.0) < 1e-3
+    weights = [(-s["weight"], s["id"]) for s in answer["seeds"]]
+    assert weights == sorted(weights)
+    seed_ids = {seed["id"] for seed in answer["seeds"]}
+    assert answer["count"] == len(answer["results"]) > 0
+    for result in answer["results"]:
+        assert result["id"] not in seed_ids  # seeds never come back as results
+        assert set(result) == {"id", "title", "score", "hops", "via", "snippet"}
+        assert len(result["snippet"]) <= 160
+        assert result["hops"] >= 1 and result["score"] > 0
+    order = [(-r["score"], r["hops"], r["id"]) for r in answer["results"]]
+    assert order == sorted(order)
+    only_ids = service.tool(ADMIN, KB, "graph_context", {"ids": ["infra/dns"]}, seq).json()
+    assert "query" not in only_ids and all("snippet" not in r for r in only_ids["results"])
+
+
+def test_graph_context_without_seed_has_note(service: Service) -> None:
+    seq = homelab(service)
+    answer = service.tool(ADMIN, KB, "graph_context", {"query": "zebra"}, seq).json()
+    assert answer == {
+        "query": "zebra",
+        "seeds": [],
+        "results": [],
+        "count": 0,
+        "note": "no seed matched the query",
+    }
+
+
+def test_two_hop_chain_outranks_hub_leaves(service: Service) -> None:
+    events = [upsert("s/seed", links=["s/hub", "s/a"]), upsert("s/a", links=["s/b"])]
+    events += [upsert("s/hub", links=[f"s/leaf{i:02d}" for i in range(20)])]
+    events += [upsert(f"s/leaf{i:02d}") for i in range(20)]
+    events += [upsert("s/b")]
+    seq = service.write(KB, events)
+    answer = service.tool(ADMIN, KB, "graph_context", {"ids": ["s/seed"], "limit": 30}, seq)
+    results = {r["id"]: r for r in answer.json()["results"]}
+    assert results["s/b"]["hops"] == 2 and results["s/b"]["via"] == "s/a"
+    assert results["s/leaf00"]["hops"] == 2 and results["s/leaf00"]["via"] == "s/hub"
+    assert all(results["s/b"]["score"] > results[f"s/leaf{i:02d}"]["score"] for i in range(20))
+
+
+def test_limits_default_and_clamp(service: Service) -> None:
+    events = [upsert("h/hub", links=[f"h/n{i:02d}" for i in range(40)])]
+    events += [upsert(f"h/n{i:02d}") for i in range(40)]
+    seq = service.write(KB, events)
+
+    def count(limit: object) -> int:
+        body = {"ids": ["h/hub"]} if limit is None else {"ids": ["h/hub"], "limit": limit}
+        return service.tool(ADMIN, KB, "graph_context", body, seq).json()["count"]
+
+    assert (count(None), count(0), count(100), count(-3), count(7)) == (10, 10, 30, 1, 7)
+    hits = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/search", seq, params={"q": "h"})
+    assert hits.status_code == 200
+
+
+def test_link_suggest_skips_retired_candidates(service: Service) -> None:
+    # x and every c_i share the neighbours z1 and z2; c_i are candidates for x.
+    events = [upsert("l/x", links=["l/z1", "l/z2"])]
+    events += [upsert(f"l/z{k}", links=[f"l/c{i}" for i in range(8)]) for k in (1, 2)]
+    statuses = ["deprecated", "", "superseded", "active", "", "draft", "disputed", ""]
+    events += [upsert(f"l/c{i}", status=statuses[i]) for i in range(8)]
+    seq = service.write(KB, events)
+    answer = service.tool(ADMIN, KB, "link_suggest", {"id": "l/x"}, seq).json()
+    assert answer["id"] == "l/x"
+    assert [c["id"] for c in answer["candidates"]] == ["l/c1", "l/c3", "l/c4", "l/c5", "l/c6"]
+    assert answer["count"] == 5
+    first = answer["candidates"][0]
+    assert first["common"] == ["l/z1", "l/z2"]
+    assert first["score"] == round(1 / 9 + 1 / 9, 4)  # each z has x and 8 c's
+    wide = service.tool(ADMIN, KB, "link_suggest", {"id": "l/x", "limit": 50}, seq).json()
+    assert wide["count"] == 6
+
+
+def test_graph_path_cases(service: Service) -> None:
+    seq = homelab(service)
+    same = service.tool(
+        ADMIN, KB, "graph_path", {"source": "infra/dns", "target": "infra/dns"}, seq
+    )
+    assert same.json() == {
+        "source": "infra/dns",
+        "target": "infra/dns",
+        "hops": 0,
+        "path": [{"id": "infra/dns", "title": "DNS resolver"}],
+    }
+    chain = service.tool(
+        ADMIN, KB, "graph_path", {"source": "journal/2026-01", "target": "network/vlan"}, seq
+    ).json()
+    assert [step["id"] for step in chain["path"]] == [
+        "journal/2026-01", "ops/restart-dns", "infra/dns", "network/vlan"]  # fmt: skip
+    assert chain["hops"] == 3
+    bounded = service.tool(
+        ADMIN, KB, "graph_path",
+        {"source": "journal/2026-01", "target": "network/vlan", "max_hops": 2}, seq,
+    ).json()  # fmt: skip
+    assert bounded == {
+        "source": "journal/2026-01",
+        "target": "network/vlan",
+        "hops": 0,
+        "path": [],
+        "note": "no path within 2 hops",
+    }
+    backwards = service.tool(
+        ADMIN, KB, "graph_path",
+        {"source": "network/vlan", "target": "infra/dns", "direction": "out"}, seq,
+    ).json()  # fmt: skip
+    assert backwards["path"] == [] and backwards["note"] == "no path within 6 hops"
+
+
+def test_narrowed_tokens_see_only_their_subgraph(service: Service) -> None:
+    seq = homelab(service)
+    status = service.call(INFRA, "GET", f"/v1/kbs/{KB}/status", seq).json()
+    assert status == {"kb": KB, "concepts": 2, "links": 1}
+    runbook = service.call(RUNBOOKS, "GET", f"/v1/kbs/{KB}/concepts/ops/restart-dns", seq)
+    assert runbook.json()["links"] == []  # infra/dns is hidden from this token
+    admin = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/concepts/ops/restart-dns", seq)
+    assert admin.json()["links"] == ["infra/dns"]
+    hits = service.call(INFRA, "GET", f"/v1/kbs/{KB}/search", seq, params={"q": "dns"}).json()
+    assert [hit["id"] for hit in hits["hits"]] == ["infra/dns"]
+
+
+def test_search_endpoint(service: Service) -> None:
+    seq = homelab(service)
+    answer = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/search", seq, params={"q": 'dns" AND ('})
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["count"] == len(body["hits"]) >= 3
+    assert set(body["hits"][0]) == {"id", "title", "snippet"}
+    missing_q = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/search", seq)
+    assert missing_q.status_code == 422 and error(missing_q) == "'q' is required"
+    bad_limit = service.call(
+        ADMIN, "GET", f"/v1/kbs/{KB}/search", seq, params={"q": "a", "limit": "x"}
+    )
+    assert bad_limit.status_code == 422
+
+
+def test_concept_read_and_delete(service: Service) -> None:
+    seq = homelab(service)
+    concept = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/concepts/infra/dns", seq).json()
+    assert concept["title"] == "DNS resolver" and concept["type"] == "Service"
+    assert concept["links"] == ["infra/router", "network/vlan"]
+    seq = service.write(KB, [delete("infra/router", 2)])
+    concept = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/concepts/infra/dns", seq).json()
+    assert concept["links"] == ["network/vlan"]
+    seq = service.write(KB, [upsert("infra/router", 3)])
+    concept = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/concepts/infra/dns", seq).json()
+    assert concept["links"] == ["infra/router", "network/vlan"]  # declared links survive
+
+
+def test_service_endpoints(service: Service) -> None:
+    assert service.client.get("/healthz").status_code == 200
+    assert service.client.get("/readyz").json() == {"status": "ready"}
+    homelab(service)
+    service.tool(ADMIN, KB, "graph_context", {"query": "dns"}, 1)
+    metrics = service.client.get("/metrics")
+    assert metrics.status_code == 200
+    assert 'kbgraph_request_seconds_count{route="graph_context",status="200"}' in metrics.text
+    spec = service.client.get("/openapi.json").json()
+    assert spec["openapi"].startswith("3.1")
+    schemas = spec["components"]["schemas"]
+    assert set(schemas["GraphContextRequest"]["properties"]) == {"query", "ids", "limit"}
+    assert "/v1/kbs/{kb}/tools/graph_path" in spec["paths"]
+    listing = {tool["name"]: tool for tool in service.client.get("/v1/tools").json()}
+    assert listing["graph_path"]["advanced"] is True
+    assert listing["graph_context"]["advanced"] is False
+    assert json.dumps(listing["link_suggest"]["input_schema"]).count('"id"') >= 1
