@@ -1,0 +1,287 @@
+"""The command line: ``kbgraph serve`` and the one-command ``kbgraph demo`` (SPEC section 5).
+
+``serve`` checks the config before anything starts (a wrong config exits 2 with a message
+naming the key) and refuses, also with exit 2, to run with authentication off — no webhook
+secret or no token — on an address other than loopback. uvicorn then builds the app in each
+worker from ``kbgraph.api:app_from_env`` (``factory=True``), the config path passed in the
+``KBGRAPH_CONFIG`` environment variable, so ``--workers N`` works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import ipaddress
+import os
+import secrets
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from kbgraph.config import Config, ConfigError, load_config
+
+CONFIG_ENV: Final = "KBGRAPH_CONFIG"  # read by kbgraph.api.app_from_env
+APP_FACTORY: Final = "kbgraph.api:app_from_env"
+EXIT_USAGE: Final = 2
+DEMO_KB: Final = "demo"
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost, 127.0.0.0/8 and ::1; any other address (0.0.0.0 too) is not."""
+    if host.strip().lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def auth_problem(config: Config, host: str) -> str | None:
+    """Why the service must not start on ``host`` with ``config``, or None."""
+    if is_loopback(host):
+        return None
+    missing = []
+    if not config.webhooks.secrets:
+        missing.append("no webhook secret ([webhooks] secrets)")
+    if not config.tokens:
+        missing.append("no bearer token ([[tokens]])")
+    if not missing:
+        return None
+    return (
+        f"refusing to serve on non-loopback address {host!r} with authentication off: "
+        f"{' and '.join(missing)}; configure both, or bind to 127.0.0.1"
+    )
+
+
+def _fail(message: str) -> int:
+    print(f"kbgraph: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _load(path: str) -> Config | None:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"kbgraph: config {path}: {exc}", file=sys.stderr)
+        return None
+
+
+def run_server(
+    config_path: Path,
+    host: str,
+    port: int,
+    workers: int,
+    log_level: str = "info",
+    access_log: bool = False,
+) -> None:
+    """Serve with uvicorn (uvloop + httptools); the app factory reads the config path from env."""
+    import uvicorn
+
+    os.environ[CONFIG_ENV] = str(config_path.resolve())
+    loop = "auto"
+    try:
+        import uvloop  # noqa: F401
+
+        loop = "uvloop"
+    except ImportError:  # pragma: no cover - Windows
+        pass
+    uvicorn.run(
+        APP_FACTORY,
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        loop=loop,
+        http="httptools",
+        log_level=log_level,
+        access_log=access_log,
+        timeout_graceful_shutdown=10,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return EXIT_USAGE
+    problem = auth_problem(config, args.host)
+    if problem:
+        return _fail(problem)
+    if args.workers < 1:
+        return _fail("--workers: expected at least 1")
+    run_server(
+        Path(args.config), args.host, args.port, args.workers, args.log_level, args.access_log
+    )
+    return 0
+
+
+# --- the demo ------------------------------------------------------------------------------
+
+_DEMO_CONFIG: Final = """\
+# Written by `kbgraph demo`: a fresh webhook secret and admin token for this demo only.
+[store]
+path = "kbgraph.db"
+
+[webhooks]
+secrets = ["{secret}"]
+
+[[tokens]]
+name = "admin"
+token = "{token}"
+admin = true
+"""
+
+
+def write_demo_config(path: Path) -> None:
+    secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+    path.write_text(_DEMO_CONFIG.format(secret=secret, token=secrets.token_urlsafe(24)))
+
+
+def demo_concepts(size: int) -> list[dict[str, Any]]:
+    """The synthetic KB of ``loadtest.synthetic`` (or a small stand-in), each with some text."""
+    concepts: list[dict[str, Any]] | None = None
+    root = str(Path(__file__).resolve().parent.parent)
+    for attempt in range(2):
+        try:
+            from loadtest.synthetic import seed_kb
+
+            concepts = seed_kb(size)
+            break
+        except ImportError:
+            if attempt == 0 and root not in sys.path:
+                sys.path.insert(0, root)  # the source checkout: loadtest/ sits beside kbgraph/
+            else:
+                break
+    if concepts is None:
+        concepts = _fallback_concepts(size)
+    for concept in concepts:
+        if not concept.get("text"):
+            collection = concept["id"].split("/", 1)[0] if "/" in concept["id"] else "(none)"
+            related = ", ".join(concept.get("links", [])[:3]) or "nothing yet"
+            concept["text"] = (
+                f"{concept.get('title', concept['id'])}: a {concept.get('type') or 'Note'} "
+                f"in the {collection} collection. Related: {related}."
+            )
+    return concepts
+
+
+def _fallback_concepts(size: int) -> list[dict[str, Any]]:
+    import random
+
+    rng = random.Random(42)
+    words = ("dns", "backup", "router", "vpn", "disk", "proxy", "mail", "firewall", "cluster")
+    collections = ("infra", "apps", "network", "ops")
+    types = ("Runbook", "Service", "Host", "Note")
+    ids = [f"{collections[i % len(collections)]}/c{i:04d}" for i in range(size)]
+    return [
+        {
+            "id": ids[i],
+            "title": f"{rng.choice(words).title()} {rng.choice(words)} {i}",
+            "type": rng.choice(types),
+            "links": rng.sample(ids, min(4, size)),
+        }
+        for i in range(size)
+    ]
+
+
+def seed_demo(store_path: str, size: int) -> int:
+    """Seed the ``demo`` KB through ``Store.append`` when it is empty; its seq after."""
+    from kbgraph.events import ConceptUpserted, UpsertData
+    from kbgraph.store import Store
+
+    with Store(store_path) as store:
+        if store.kb_seq(DEMO_KB) > 0:
+            return store.kb_seq(DEMO_KB)
+        events = [
+            ConceptUpserted(
+                specversion="1.0",
+                id=f"demo-seed-{concept['id']}",
+                source="kbgraph://demo",
+                subject=concept["id"],
+                data=UpsertData(
+                    version=1,
+                    title=concept.get("title", ""),
+                    type=concept.get("type", ""),
+                    text=concept.get("text", ""),
+                    tags=list(concept.get("tags", [])),
+                    links=list(concept.get("links", [])),
+                ),
+            )
+            for concept in demo_concepts(size)
+        ]
+        seq = 0
+        for start in range(0, len(events), 500):
+            seq = store.append(DEMO_KB, events[start : start + 500]).seq
+        return seq
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    folder = Path(args.dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    config_path = folder / "kbgraph.toml"
+    if not config_path.exists():
+        write_demo_config(config_path)
+        print(f"wrote {config_path} (fresh webhook secret and admin token)")
+    config = _load(str(config_path))
+    if config is None:
+        return EXIT_USAGE
+    if args.size < 1:
+        return _fail("--size: expected at least 1")
+    seq = seed_demo(config.store.path, args.size)
+    print(f"KB {DEMO_KB!r} at seq {seq} in {config.store.path}")
+    admin = next((t for t in config.tokens if t.admin and t.token), None)
+    base = f"http://127.0.0.1:{args.port}/v1/kbs/{DEMO_KB}"
+    if admin is not None and admin.token:
+        auth = shlex.quote(f"Authorization: Bearer {admin.token}")
+        print(f"\nadmin token: {admin.token}\n\ntry:\n")
+        print(
+            f"  curl -s -H {auth} -H 'Content-Type: application/json' "
+            f"""-d '{{"query": "dns backup", "limit": 5}}' {base}/tools/graph_context\n"""
+        )
+        print(f"  curl -s -H {auth} '{base}/search?q=router&limit=3'\n")
+    else:
+        print("(no plain admin token in the config: use your own token with the API)")
+    run_server(config_path, "127.0.0.1", args.port, 1, args.log_level, args.access_log)
+    return 0
+
+
+# --- entry point ---------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kbgraph", description="Graph retrieval for knowledge bases."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the service")
+    serve.add_argument("--config", required=True, help="the TOML config file")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--workers", type=int, default=1)
+    serve.set_defaults(func=cmd_serve)
+
+    demo = sub.add_parser("demo", help="write a demo config, seed a demo KB, serve it")
+    demo.add_argument("--dir", default="demo")
+    demo.add_argument("--port", type=int, default=8080)
+    demo.add_argument("--size", type=int, default=1000)
+    demo.set_defaults(func=cmd_demo)
+
+    for command in (serve, demo):
+        command.add_argument(
+            "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+        )
+        command.add_argument(
+            "--access-log", action="store_true", help="log every request (off: it costs throughput)"
+        )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

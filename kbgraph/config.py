@@ -1,0 +1,216 @@
+"""The TOML configuration (SPEC section 5), decoded strictly.
+
+Every problem raises ``ConfigError`` with a message naming the key (``unknown key store.pth``,
+``tokens[1].rules[0]: missing required field kb``), so a wrong config stops start-up with a
+message an operator can act on. Paths in the file are relative to the file's folder.
+
+```toml
+[store]
+path = "kbgraph.db"
+
+[webhooks]
+secrets = ["whsec_..."]
+
+[server]                       # optional
+max_body_bytes = 16777216
+min_seq_wait_seconds = 5.0
+
+[[tokens]]
+name = "ops-agent"
+token_sha256 = "..."           # or token = "..."; exactly one of the two
+admin = false
+rules = [{ kb = "homelab", collections = ["infra"] }, { kb = "homelab", types = ["Runbook"] }]
+```
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Final
+
+import msgspec
+
+from kbgraph.access import Rule, RuleSet, canonical
+from kbgraph.names import is_kb_name
+
+DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
+_HEX64: Final = re.compile(r"[0-9a-f]{64}")
+_MSGSPEC_AT: Final = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_UNKNOWN: Final = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
+_MISSING: Final = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
+
+
+class ConfigError(Exception):
+    """A configuration that must stop start-up; the message names the offending key."""
+
+
+class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    path: str = "kbgraph.db"  # absolute once loaded
+
+
+class WebhooksConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    secrets: list[str] = []
+
+
+class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1)] = DEFAULT_MAX_BODY_BYTES
+    min_seq_wait_seconds: Annotated[float, msgspec.Meta(ge=0)] = 5.0
+
+
+class RuleConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    kb: str
+    collections: list[str] = []
+    types: list[str] = []
+
+
+class TokenConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    name: str
+    token: str | None = None
+    token_sha256: str | None = None
+    admin: bool = False
+    rules: list[RuleConfig] = []
+
+    def sha256(self) -> str:
+        """The hex sha256 of the token, the key it is looked up by."""
+        if self.token_sha256 is not None:
+            return self.token_sha256
+        assert self.token is not None
+        return token_sha256(self.token)
+
+
+class TokenGrant(msgspec.Struct, frozen=True):
+    """What a bearer token may see: everything (admin) or, per KB, its canonical rules."""
+
+    name: str
+    admin: bool
+    rules: dict[str, RuleSet]  # kb -> canonical rules; empty for admin
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    store: StoreConfig = StoreConfig()
+    webhooks: WebhooksConfig = WebhooksConfig()
+    server: ServerConfig = ServerConfig()
+    tokens: list[TokenConfig] = []
+
+    @property
+    def auth_enabled(self) -> bool:
+        """Both doors locked: signed webhooks and bearer tokens."""
+        return bool(self.webhooks.secrets) and bool(self.tokens)
+
+    def token_index(self) -> dict[str, TokenGrant]:
+        """Grants keyed by the sha256 hex of the token (compare hashes, never raw tokens)."""
+        index: dict[str, TokenGrant] = {}
+        for token in self.tokens:
+            per_kb: dict[str, list[Rule]] = {}
+            if not token.admin:
+                for rule in token.rules:
+                    per_kb.setdefault(rule.kb, []).append(
+                        Rule(frozenset(rule.collections), frozenset(rule.types))
+                    )
+            index[token.sha256()] = TokenGrant(
+                name=token.name,
+                admin=token.admin,
+                rules={kb: canonical(rules) for kb, rules in sorted(per_kb.items())},
+            )
+        return index
+
+
+def token_sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def load_config(path: str | Path) -> Config:
+    """Read, decode and check a config file; raise ConfigError naming the key on any problem."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8") from None
+    return parse_config(text, base_dir=path.resolve().parent)
+
+
+def parse_config(text: str, base_dir: str | Path = ".") -> Config:
+    """``load_config`` on a string; relative paths are resolved against ``base_dir``."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML: {exc}") from None
+    try:
+        config = msgspec.convert(data, Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_name_key(str(exc))) from None
+    _check(config)
+    store_path = Path(config.store.path)
+    if not store_path.is_absolute():
+        store_path = Path(base_dir).resolve() / store_path
+    return msgspec.structs.replace(config, store=StoreConfig(path=str(store_path)))
+
+
+def _name_key(message: str) -> str:
+    """msgspec's "Object contains unknown field `pth` - at `$.store`" -> "unknown key store.pth"."""
+    match = _MSGSPEC_AT.match(message)
+    assert match is not None
+    what, where = match["what"], (match["path"] or "").lstrip(".")
+    unknown = _UNKNOWN.match(what)
+    if unknown:
+        return f"unknown key {_join(where, unknown['key'])}"
+    missing = _MISSING.match(what)
+    if missing:
+        return f"{where or 'config'}: missing required field {missing['key']}"
+    return f"{where or 'config'}: {what.replace('`', '')}"
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _check(config: Config) -> None:
+    """What the types cannot say: secret syntax, token form, rule KB names, unique names."""
+    if not config.store.path:
+        raise ConfigError("store.path: empty")
+    for index, secret in enumerate(config.webhooks.secrets):
+        where = f"webhooks.secrets[{index}]"
+        if not secret.startswith("whsec_"):
+            raise ConfigError(f"{where}: expected whsec_<base64>")
+        try:
+            key = base64.b64decode(secret[len("whsec_") :], validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigError(f"{where}: not valid base64 after whsec_") from None
+        if not key:
+            raise ConfigError(f"{where}: empty secret")
+    names: set[str] = set()
+    hashes: set[str] = set()
+    for index, token in enumerate(config.tokens):
+        where = f"tokens[{index}]"
+        if not token.name:
+            raise ConfigError(f"{where}.name: empty")
+        if token.name in names:
+            raise ConfigError(f"{where}.name: duplicate token name {token.name!r}")
+        names.add(token.name)
+        if (token.token is None) == (token.token_sha256 is None):
+            raise ConfigError(f"{where}: exactly one of token or token_sha256 is required")
+        if token.token is not None and not token.token:
+            raise ConfigError(f"{where}.token: empty")
+        if token.token_sha256 is not None and not _HEX64.fullmatch(token.token_sha256):
+            raise ConfigError(f"{where}.token_sha256: expected 64 lower-case hex digits")
+        digest = token.sha256()
+        if digest in hashes:
+            raise ConfigError(f"{where}: same token as an earlier entry")
+        hashes.add(digest)
+        if token.admin and token.rules:
+            raise ConfigError(f"{where}.rules: an admin token sees everything and takes no rules")
+        for rule_index, rule in enumerate(token.rules):
+            if not is_kb_name(rule.kb):
+                raise ConfigError(
+                    f"{where}.rules[{rule_index}].kb: invalid kb name {rule.kb!r}: "
+                    "expected [a-z0-9][a-z0-9_-]{0,63}"
+                )

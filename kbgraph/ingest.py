@@ -1,0 +1,167 @@
+"""Events in over HTTP: ``POST /v1/kbs/{kb}/events`` (SPEC section 2).
+
+Checks, in order, each refusing the whole delivery with nothing stored:
+KB name (422) -> body over the limit (413: Content-Length first, then while streaming) ->
+webhook signature when secrets are configured (401) -> ``decode_delivery`` (415 / 400 / 422).
+A 200 is sent only after the store's commit is durable; then ``app.state.on_commit()`` wakes
+this process's projection follower when the delivery applied at least one event.
+
+The route reads from ``request.app.state``: ``store`` (Store), ``verifier``
+(SignatureVerifier), ``config`` (Config) and ``on_commit`` (zero-argument callable).
+Metrics go to prometheus_client's default registry, which ``/metrics`` exposes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Final
+
+import anyio.to_thread
+import msgspec
+from prometheus_client import Counter, Histogram
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from kbgraph.events import DeliveryError, Event, SignatureVerifier, decode_delivery
+from kbgraph.names import is_kb_name
+from kbgraph.store import DeliveryResult, Store, StoreBusy, StoreClosed
+
+DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
+OFFLOAD_BYTES: Final = 1 << 20  # verify + decode bodies bigger than this off the event loop
+
+log = logging.getLogger("kbgraph.ingest")
+
+DELIVERIES: Final = Counter(
+    "kbgraph_ingest_deliveries",
+    "Webhook deliveries answered, by HTTP status",
+    ["status"],
+)
+EVENTS: Final = Counter(
+    "kbgraph_ingest_events",
+    "Events in acknowledged deliveries, by outcome",
+    ["outcome"],
+)
+ACK_SECONDS: Final = Histogram(
+    "kbgraph_ingest_ack_seconds",
+    "Time from request start to the answer of a delivery (200: after the durable commit)",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+)
+_STATUSES: Final = (200, 400, 401, 413, 415, 422, 500, 503)
+_delivery_counter = {status: DELIVERIES.labels(str(status)) for status in _STATUSES}
+_event_counter = {
+    outcome: EVENTS.labels(outcome) for outcome in ("applied", "duplicate", "stale", "ignored")
+}
+
+_result_encoder = msgspec.json.Encoder()
+_JSON: Final = "application/json"
+KB_NAME_PATTERN: Final = "[a-z0-9][a-z0-9_-]{0,63}"
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        _result_encoder.encode({"error": message}), status, headers=headers, media_type=_JSON
+    )
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refusing it (``_TooLarge``) as soon as it passes ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise _TooLarge
+        except ValueError:
+            pass  # the server rejects malformed framing; streaming below still bounds it
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _verify_and_decode(
+    verifier: SignatureVerifier | None, body: bytes, headers: dict[str, str], content_type: str
+) -> list[Event]:
+    if verifier is not None and verifier.enabled and not verifier.verify(body, headers):
+        raise DeliveryError(401, "invalid webhook signature")
+    return decode_delivery(body, content_type)
+
+
+async def post_events(request: Request) -> Response:
+    """Take one delivery: answer 200 with the DeliveryResult once it is durable."""
+    started = time.perf_counter()
+    response = await _handle(request)
+    _delivery_counter.get(response.status_code, DELIVERIES.labels(str(response.status_code))).inc()
+    ACK_SECONDS.observe(time.perf_counter() - started)
+    return response
+
+
+async def _handle(request: Request) -> Response:
+    kb: str = request.path_params["kb"]
+    if not is_kb_name(kb):
+        return error_response(422, f'invalid kb name "{kb}": expected {KB_NAME_PATTERN}')
+    state = request.app.state
+    config = getattr(state, "config", None)
+    server = getattr(config, "server", None)
+    limit: int = getattr(server, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+    try:
+        body = await _read_body(request, limit)
+    except _TooLarge:
+        return error_response(413, f"body over the limit of {limit} bytes")
+    except ClientDisconnect:
+        return error_response(400, "client disconnected before the body was complete")
+
+    verifier: SignatureVerifier | None = getattr(state, "verifier", None)
+    headers = request.headers
+    wanted = {
+        name: headers.get(name, "")
+        for name in ("webhook-id", "webhook-timestamp", "webhook-signature")
+    }
+    content_type = headers.get("content-type", "")
+    try:
+        if len(body) > OFFLOAD_BYTES:
+            events = await anyio.to_thread.run_sync(
+                _verify_and_decode, verifier, body, wanted, content_type
+            )
+        else:
+            events = _verify_and_decode(verifier, body, wanted, content_type)
+    except DeliveryError as exc:
+        return error_response(exc.status, exc.message)
+
+    store: Store = state.store
+    try:
+        result: DeliveryResult = await store.append_async(kb, events)
+    except (StoreBusy, StoreClosed) as exc:
+        log.warning("delivery to kb %s not stored: %s", kb, exc)
+        return error_response(503, "store unavailable, retry later", {"Retry-After": "1"})
+    except Exception:
+        log.exception("delivery to kb %s failed", kb)
+        return error_response(500, "internal error: delivery not stored")
+
+    if result.applied:
+        _event_counter["applied"].inc(result.applied)
+        on_commit = getattr(state, "on_commit", None)
+        if on_commit is not None:
+            try:
+                on_commit()
+            except Exception:  # the delivery is durable: the follower catches up on its own
+                log.exception("on_commit hook failed")
+    if result.duplicates:
+        _event_counter["duplicate"].inc(result.duplicates)
+    if result.stale:
+        _event_counter["stale"].inc(result.stale)
+    if result.ignored:
+        _event_counter["ignored"].inc(result.ignored)
+    return Response(_result_encoder.encode(result), 200, media_type=_JSON)
+
+
+routes: list[Route] = [Route("/v1/kbs/{kb}/events", post_events, methods=["POST"])]
