@@ -282,6 +282,7 @@ class Store:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._closed = False
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._idle_readers: list[sqlite3.Connection] = []

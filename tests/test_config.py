@@ -1,0 +1,177 @@
+"""The TOML config: strict decoding with messages naming the key; the CLI's refusals."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kbgraph import cli
+from kbgraph.access import Rule
+from kbgraph.config import ConfigError, load_config, parse_config
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+GOOD = f"""
+[store]
+path = "data/kb.db"
+
+[webhooks]
+secrets = ["{SECRET}"]
+
+[server]
+max_body_bytes = 1000
+min_seq_wait_seconds = 2.5
+
+[[tokens]]
+name = "admin"
+token = "secret-admin"
+admin = true
+
+[[tokens]]
+name = "ops-agent"
+token_sha256 = "{hashlib.sha256(b"ops").hexdigest()}"
+rules = [{{ kb = "homelab", collections = ["network", "infra"] }},
+         {{ kb = "homelab", types = ["Runbook"] }},
+         {{ kb = "other" }}]
+"""
+
+
+def test_good_config(tmp_path: Path) -> None:
+    path = tmp_path / "conf" / "kbgraph.toml"
+    path.parent.mkdir()
+    path.write_text(GOOD)
+    config = load_config(path)
+    assert config.store.path == str(tmp_path / "conf" / "data" / "kb.db")
+    assert config.webhooks.secrets == [SECRET]
+    assert config.server.max_body_bytes == 1000
+    assert config.server.min_seq_wait_seconds == 2.5
+    index = config.token_index()
+    admin = index[hashlib.sha256(b"secret-admin").hexdigest()]
+    assert (admin.name, admin.admin, admin.rules) == ("admin", True, {})
+    ops = index[hashlib.sha256(b"ops").hexdigest()]
+    assert ops.admin is False
+    assert ops.rules == {
+        "homelab": (
+            Rule(frozenset(), frozenset({"Runbook"})),
+            Rule(frozenset({"infra", "network"}), frozenset()),
+        ),
+        "other": (Rule(frozenset(), frozenset()),),
+    }
+
+
+def test_defaults() -> None:
+    config = parse_config("", base_dir="/srv")
+    assert config.store.path == "/srv/kbgraph.db"
+    assert config.server.max_body_bytes == 16 * 1024 * 1024
+    assert config.server.min_seq_wait_seconds == 5.0
+    assert config.tokens == [] and config.webhooks.secrets == []
+
+
+TOKEN = 'name = "t"\ntoken = "x"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[store]\npth = "x"', "unknown key store.pth"),
+        ("colour = 1", "unknown key colour"),
+        ("[webhooks]\nsecret = []", "unknown key webhooks.secret"),
+        ("[[tokens]]\n" + TOKEN + "adimn = true", "unknown key tokens[0].adimn"),
+        (
+            "[[tokens]]\n" + TOKEN + "[[tokens]]\nname = 'u'\ntoken = 'y'\nrules = [{types = []}]",
+            "tokens[1].rules[0]: missing required field kb",
+        ),
+        (
+            "[[tokens]]\n" + TOKEN + "rules = [{kb = 'a', colections = []}]",
+            "unknown key tokens[0].rules[0].colections",
+        ),
+        ("[[tokens]]\n" + TOKEN + 'admin = "yes"', "tokens[0].admin: Expected bool, got str"),
+        ("[store]\npath = 3", "store.path: Expected str, got int"),
+        ("[webhooks]\nsecrets = 'whsec_x'", "webhooks.secrets: Expected array, got str"),
+        ("[webhooks]\nsecrets = ['abc']", "webhooks.secrets[0]: expected whsec_<base64>"),
+        ("[webhooks]\nsecrets = ['whsec_!!!']", "webhooks.secrets[0]: not valid base64"),
+        ("[webhooks]\nsecrets = ['whsec_']", "webhooks.secrets[0]: empty secret"),
+        ("[[tokens]]\nname = 't'", "tokens[0]: exactly one of token or token_sha256"),
+        (
+            "[[tokens]]\nname = 't'\ntoken = 'a'\ntoken_sha256 = '" + "0" * 64 + "'",
+            "tokens[0]: exactly one of token or token_sha256",
+        ),
+        ("[[tokens]]\nname = 't'\ntoken_sha256 = 'abc'", "tokens[0].token_sha256: expected 64"),
+        ("[[tokens]]\ntoken = 'a'", "tokens[0]: missing required field name"),
+        (
+            "[[tokens]]\n" + TOKEN + "rules = [{kb = 'Bad Name'}]",
+            "tokens[0].rules[0].kb: invalid kb name",
+        ),
+        (
+            "[[tokens]]\n" + TOKEN + "admin = true\nrules = [{kb = 'a'}]",
+            "tokens[0].rules: an admin token",
+        ),
+        ("[[tokens]]\n" + TOKEN + "[[tokens]]\n" + TOKEN, "tokens[1].name: duplicate"),
+        ("[server]\nmax_body_bytes = 0", "server.max_body_bytes: Expected int >= 1"),
+        ("[store\n", "invalid TOML"),
+    ],
+)
+def test_errors_name_the_key(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.1", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.5", False),
+        ("example.org", False),
+    ],
+)
+def test_is_loopback(host: str, loopback: bool) -> None:
+    assert cli.is_loopback(host) is loopback
+
+
+def test_auth_problem() -> None:
+    full = parse_config(GOOD)
+    no_tokens = parse_config(f"[webhooks]\nsecrets = ['{SECRET}']")
+    no_secrets = parse_config("[[tokens]]\n" + TOKEN)
+    for config in (full, no_tokens, no_secrets):
+        assert cli.auth_problem(config, "127.0.0.1") is None
+    assert cli.auth_problem(full, "0.0.0.0") is None
+    assert "no bearer token" in (cli.auth_problem(no_tokens, "0.0.0.0") or "")
+    assert "no webhook secret" in (cli.auth_problem(no_secrets, "10.1.2.3") or "")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kbgraph", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_serve_refuses_non_loopback_without_auth(tmp_path: Path) -> None:
+    path = tmp_path / "kbgraph.toml"
+    path.write_text(f"[webhooks]\nsecrets = ['{SECRET}']\n")
+    done = run_cli("serve", "--config", str(path), "--host", "0.0.0.0", "--port", "1")
+    assert done.returncode == 2
+    assert "refusing to serve on non-loopback address '0.0.0.0'" in done.stderr
+    assert "no bearer token" in done.stderr
+
+
+def test_serve_exits_2_on_config_error_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "kbgraph.toml"
+    path.write_text('[store]\npth = "x"\n')
+    done = run_cli("serve", "--config", str(path))
+    assert done.returncode == 2
+    assert "unknown key store.pth" in done.stderr
