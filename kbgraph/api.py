@@ -268,7 +268,7 @@ def openapi_document() -> dict[str, Any]:
     """OpenAPI 3.1, generated from the msgspec request and response types."""
     types: list[Any] = [t for row in TOOLS for t in row[1:3]]
     types += [tools.SearchResponse, tools.ConceptResponse, tools.StatusResponse]
-    _, components = msgspec.json.schema_components(types, "#/components/schemas/{name}")
+    _, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
     components["Error"] = {
         "type": "object",
         "properties": {"error": {"type": "string"}},
