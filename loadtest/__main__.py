@@ -1,0 +1,7 @@
+"""``python -m loadtest``: the load-test driver (see ``loadtest.driver``)."""
+
+import sys
+
+from loadtest.driver import main
+
+sys.exit(main())
