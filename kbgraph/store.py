@@ -201,17 +201,15 @@ class SqliteLog:
         self._reader = reader
 
     @classmethod
-    def append(cls, conn: sqlite3.Connection, kb: str, after_seq: int, events: list[Event]) -> int:
-        """Append applied events after ``after_seq`` (in the caller's transaction); new seq."""
-        last = len(events) - 1
+    def append(cls, conn: sqlite3.Connection, entries: list[tuple[str, int, Event, bool]]) -> None:
+        """Append (kb, seq, event, last_in_delivery) rows in the caller's transaction.
+
+        Rows go in in commit order, so ``gid`` order is delivery order.
+        """
         conn.executemany(
             cls._INSERT,
-            [
-                (kb, after_seq + 1 + index, encode_for_log(event), index == last)
-                for index, event in enumerate(events)
-            ],
+            [(kb, seq, encode_for_log(event), last) for kb, seq, event, last in entries],
         )
-        return after_seq + len(events)
 
     def read(self, after_gid: int, limit: int = 10_000) -> list[LogRecord]:
         """Records after ``after_gid``, whole deliveries only (one bigger than limit: whole)."""
@@ -254,6 +252,22 @@ class _Subject:
     links: set[str] = field(default_factory=set)  # full link set when rewrite
     added: set[str] = field(default_factory=set)  # link.added since no rewrite
     removed: set[str] = field(default_factory=set)  # link.removed since no rewrite
+
+
+@dataclass(slots=True)
+class _KBWork:
+    """One KB's part of a group being applied."""
+
+    kid: int
+    seq_before: int
+    seq: int = -1
+    seen: set[tuple[str, str]] = field(default_factory=set)  # accepted (source, id) keys
+    subjects: dict[str, _Subject] = field(default_factory=dict)
+    new_keys: list[tuple[int, str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.seq < 0:
+            self.seq = self.seq_before
 
 
 @dataclass(slots=True)
@@ -453,22 +467,24 @@ class Store:
             conn.close()
 
     def _commit_group(self, conn: sqlite3.Connection, group: list[_Pending]) -> None:
+        """One transaction, one fsync for the group; each caller gets its own outcome.
+
+        Fast path: the whole group applied at once. Should that raise, the transaction is
+        rolled back and the group replayed one delivery per SAVEPOINT, so that only the
+        deliveries that fail are refused.
+        """
         outcomes: list[tuple[DeliveryResult | None, BaseException | None]] = []
         try:
             with self._write_lock():
                 self._begin_immediate(conn)
                 try:
-                    for pending in group:
-                        conn.execute("SAVEPOINT delivery")
-                        try:
-                            result = self._apply(conn, pending.kb, pending.events)
-                        except Exception as exc:
-                            conn.execute("ROLLBACK TO delivery")
-                            conn.execute("RELEASE delivery")
-                            outcomes.append((None, exc))
-                        else:
-                            conn.execute("RELEASE delivery")
-                            outcomes.append((result, None))
+                    try:
+                        results = self._apply_group(conn, [(p.kb, p.events) for p in group])
+                        outcomes = [(result, None) for result in results]
+                    except Exception:
+                        conn.execute("ROLLBACK")
+                        self._begin_immediate(conn)
+                        outcomes = [self._apply_alone(conn, p) for p in group]
                     self._retry_busy(lambda: conn.execute("COMMIT"))
                 except BaseException:
                     if conn.in_transaction:
@@ -481,6 +497,19 @@ class Store:
             # A closed event loop must not stop the writer.
             with contextlib.suppress(Exception):
                 pending.resolve(result, exc)
+
+    def _apply_alone(
+        self, conn: sqlite3.Connection, pending: _Pending
+    ) -> tuple[DeliveryResult | None, BaseException | None]:
+        conn.execute("SAVEPOINT delivery")
+        try:
+            (result,) = self._apply_group(conn, [(pending.kb, pending.events)])
+        except Exception as exc:
+            conn.execute("ROLLBACK TO delivery")
+            conn.execute("RELEASE delivery")
+            return None, exc
+        conn.execute("RELEASE delivery")
+        return result, None
 
     # The statements of one delivery; each one reuses a cached prepared statement.
     _KB_GET: Final = "SELECT kid, seq FROM kb WHERE name = ?"
@@ -529,17 +558,15 @@ class Store:
         )
         return kid, 0
 
-    def _apply(self, conn: sqlite3.Connection, kb: str, events: list[Event]) -> DeliveryResult:
-        """Apply one delivery in the open transaction: decide every event, then write net."""
+    def _load_kb(self, conn: sqlite3.Connection, kb: str, deliveries: list[list[Event]]) -> _KBWork:
+        """What the store already knows about the keys and subjects these deliveries touch."""
         kid, seq = self._kb_row(conn, kb)
-
-        # What the store already knows about these events' keys and subjects.
-        keys = list({(event.source, event.id) for event in events})
-        seen: set[tuple[str, str]] = set()
+        work = _KBWork(kid, seq)
+        keys = list({(event.source, event.id) for events in deliveries for event in events})
         for start in range(0, len(keys), _CHUNK):
             chunk = _json_list(keys[start : start + _CHUNK])
-            seen.update(conn.execute(self._SEEN, (chunk, kid)).fetchall())
-        ids = list({event.subject for event in events})
+            work.seen.update(conn.execute(self._SEEN, (chunk, kid)).fetchall())
+        ids = list({event.subject for events in deliveries for event in events})
         found: dict[str, tuple[int, int, str, str]] = {}
         tombs: dict[str, int] = {}
         for start in range(0, len(ids), _CHUNK):
@@ -548,16 +575,55 @@ class Store:
                 found[cid] = (rid, version, title, text)
             for cid, version in conn.execute(self._TOMBSTONES, (chunk, kid)):
                 tombs[cid] = version
-        subjects: dict[str, _Subject] = {}
+        subjects = work.subjects
         for cid in ids:
             if cid in found:
                 rid, version, title, text = found[cid]
                 subjects[cid] = _Subject(rid, cid in tombs, version, True, (title, text))
             else:
                 subjects[cid] = _Subject(None, cid in tombs, tombs.get(cid), False, ("", ""))
+        return work
 
-        # Decide each event in delivery order, folding its effect into its subject.
-        new_keys: list[tuple[int, str, str]] = []
+    def _apply_group(
+        self, conn: sqlite3.Connection, group: list[tuple[str, list[Event]]]
+    ) -> list[DeliveryResult]:
+        """Apply deliveries in order in the open transaction; few statements for the group.
+
+        Every event is decided in memory against what the store knew plus what the earlier
+        events of the group did; then the net effect per concept is written with one
+        ``executemany`` per statement. (FTS5 flushes its pending index at every savepoint, so
+        one savepoint per delivery would also cost an index segment per delivery.)
+        """
+        per_kb: dict[str, list[list[Event]]] = {}
+        for kb, events in group:
+            per_kb.setdefault(kb, []).append(events)
+        works = {kb: self._load_kb(conn, kb, deliveries) for kb, deliveries in per_kb.items()}
+        entries: list[tuple[str, int, Event, bool]] = []
+        results = []
+        for kb, events in group:
+            work = works[kb]
+            applied, duplicates, stale, ignored = self._decide(work, events)
+            last = len(applied) - 1
+            for index, event in enumerate(applied):
+                entries.append((kb, work.seq + 1 + index, event, index == last))
+            work.seq += len(applied)
+            results.append(
+                DeliveryResult(len(events), len(applied), duplicates, stale, ignored, work.seq)
+            )
+        for work in works.values():
+            if work.new_keys:
+                conn.executemany(self._ACCEPT, work.new_keys)
+            if work.seq != work.seq_before:
+                self._write_subjects(conn, work.kid, work.subjects)
+                conn.execute(self._KB_SET_SEQ, (work.seq, work.kid))
+        if entries:
+            SqliteLog.append(conn, entries)
+        return results
+
+    @staticmethod
+    def _decide(work: _KBWork, events: list[Event]) -> tuple[list[Event], int, int, int]:
+        """Decide each event in delivery order, folding its effect into its subject."""
+        kid, seen, subjects, new_keys = work.kid, work.seen, work.subjects, work.new_keys
         applied: list[Event] = []
         duplicates = stale = ignored = 0
         for event in events:
@@ -605,15 +671,7 @@ class Store:
             subject.version = version
             subject.touched = True
             applied.append(event)
-
-        # Write the net effect per subject.
-        if new_keys:
-            conn.executemany(self._ACCEPT, new_keys)
-        if applied:
-            self._write_subjects(conn, kid, subjects)
-            seq = SqliteLog.append(conn, kb, seq, applied)
-            conn.execute(self._KB_SET_SEQ, (seq, kid))
-        return DeliveryResult(len(events), len(applied), duplicates, stale, ignored, seq)
+        return applied, duplicates, stale, ignored
 
     def _write_subjects(
         self, conn: sqlite3.Connection, kid: int, subjects: dict[str, _Subject]

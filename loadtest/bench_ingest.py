@@ -1,0 +1,254 @@
+"""Webhook ingest throughput over real HTTP, durable (WAL, synchronous=FULL).
+
+Starts a real ``kbgraph serve`` (1 worker, loopback, temp dir) and drives it with concurrent
+keep-alive connections on raw asyncio sockets (signed deliveries, built in this process):
+
+1. single-event deliveries: deliveries/s and p50/p99 acknowledgement latency;
+2. 500-event deliveries: events/s and p50/p99 acknowledgement latency.
+
+Every 200 counted is durable (the store answers after the fsynced group commit). The last line
+printed is one JSON object with the figures, the aims (>= 2,000 single deliveries/s,
+>= 50,000 events/s batched) and whether each was met. Bounded to well under 2 minutes.
+
+    .venv/bin/python loadtest/bench_ingest.py [--seconds 8] [--connections 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests import webhook_client as wc  # noqa: E402
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+AIM_SINGLE = 2_000.0
+AIM_EVENTS = 50_000.0
+BATCH = 500
+WORDS = tuple(
+    "dns backup router cluster vpn certificate disk ingress monitoring firewall database mail"
+    " proxy storage upgrade incident kernel gateway replica failover schedule runbook owner".split()
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(folder: Path, port: int) -> subprocess.Popen[bytes]:
+    config = folder / "kbgraph.toml"
+    config.write_text(
+        f'[store]\npath = "bench.db"\n[webhooks]\nsecrets = ["{SECRET}"]\n'
+        '[[tokens]]\nname = "admin"\ntoken = "bench-admin"\nadmin = true\n'
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kbgraph", "serve", "--config", str(config)]
+        + ["--port", str(port), "--log-level", "warning"],
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit("kbgraph serve exited during start-up")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("kbgraph serve did not start")
+
+
+class Concepts:
+    """Realistic-looking upserts: a title, ~300 characters of text, 4 links, a tag."""
+
+    def __init__(self, prefix: str, seed: int) -> None:
+        self.prefix = prefix
+        self.rng = random.Random(seed)
+        self.count = 0
+
+    def next(self) -> dict[str, Any]:
+        rng, i = self.rng, self.count
+        self.count += 1
+        text = " ".join(rng.choice(WORDS) for _ in range(40))
+        links = [f"{self.prefix}/c{rng.randrange(max(1, i + 50))}" for _ in range(4)]
+        return wc.event(
+            "upserted",
+            f"{self.prefix}/c{i}",
+            1,
+            source="bench://kb",
+            event_id=f"{self.prefix}-{i}",
+            title=f"{rng.choice(WORDS).title()} {rng.choice(WORDS)} {i}",
+            type="Runbook",
+            tags=[rng.choice(WORDS)],
+            text=text,
+            links=links,
+        )
+
+
+def request_bytes(port: int, payload: Any) -> bytes:
+    body, headers = wc.delivery(SECRET, payload)
+    return wc.raw_request("/v1/kbs/bench/events", f"127.0.0.1:{port}", body, headers)
+
+
+async def one_connection(
+    port: int,
+    make: Callable[[], bytes],
+    stop_at: float,
+    measure_from: float,
+    latencies: list[float],
+    counts: list[int],
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        while time.perf_counter() < stop_at:
+            request = make()
+            started = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            await reader.readexactly(length)
+            done = time.perf_counter()
+            if status != 200:
+                raise SystemExit(f"unexpected status {status}: {head!r}")
+            if started >= measure_from:
+                latencies.append(done - started)
+                counts[0] += 1
+    finally:
+        writer.close()
+
+
+async def phase(
+    port: int, make: Callable[[], bytes], connections: int, warmup: float, seconds: float
+) -> tuple[float, float, float]:
+    """(deliveries/s, p50 ms, p99 ms) over the measured window, after the warm-up."""
+    start = time.perf_counter()
+    measure_from = start + warmup
+    stop_at = measure_from + seconds
+    latencies: list[float] = []
+    counts = [0]
+    await asyncio.gather(
+        *(
+            one_connection(port, make, stop_at, measure_from, latencies, counts)
+            for _ in range(connections)
+        )
+    )
+    elapsed = max(1e-9, time.perf_counter() - measure_from)
+    latencies.sort()
+
+    def pct(p: float) -> float:
+        if not latencies:
+            return 0.0
+        return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000, 2)
+
+    return counts[0] / elapsed, pct(0.50), pct(0.99)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per phase")
+    parser.add_argument("--connections", type=int, default=64, help="single-event phase")
+    parser.add_argument("--batch-connections", type=int, default=8)
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover
+        pass
+
+    with tempfile.TemporaryDirectory(prefix="kbgraph-bench-") as folder:
+        port = free_port()
+        proc = start_server(Path(folder), port)
+        try:
+            single = Concepts("single", 1)
+            # pre-build the single deliveries so the client stays light
+            prebuilt = [request_bytes(port, single.next()) for _ in range(30_000)]
+            position = iter(prebuilt)
+
+            def make_single() -> bytes:
+                try:
+                    return next(position)
+                except StopIteration:
+                    return request_bytes(port, single.next())
+
+            batches = Concepts("batch", 2)
+
+            def make_batch() -> bytes:
+                return request_bytes(port, [batches.next() for _ in range(BATCH)])
+
+            print("durability: WAL journal, synchronous=FULL (each group commit fsynced)")
+            s_rate, s_p50, s_p99 = asyncio.run(
+                phase(port, make_single, args.connections, 1.0, args.seconds)
+            )
+            print(
+                f"single-event deliveries: {s_rate:,.0f}/s  p50 {s_p50} ms  p99 {s_p99} ms"
+                f"  ({args.connections} connections)"
+            )
+            b_rate, b_p50, b_p99 = asyncio.run(
+                phase(port, make_batch, args.batch_connections, 1.0, args.seconds)
+            )
+            print(
+                f"{BATCH}-event deliveries: {b_rate:,.1f}/s = {b_rate * BATCH:,.0f} events/s"
+                f"  p50 {b_p50} ms  p99 {b_p99} ms  ({args.batch_connections} connections)"
+            )
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        db = sqlite3.connect(Path(folder) / "bench.db")
+        journal = db.execute("PRAGMA journal_mode").fetchone()[0]
+        stored = db.execute("SELECT seq FROM kb WHERE name = 'bench'").fetchone()[0]
+        db.close()
+        expected = single.count + batches.count
+        # every delivery built was sent; the unsent pre-built ones never reached the server
+        unsent = sum(1 for _ in position)
+        consistent = stored == expected - unsent
+    figures = {
+        "durability": f"journal_mode={journal}, synchronous=FULL",
+        "single_deliveries_per_s": round(s_rate),
+        "single_p50_ms": s_p50,
+        "single_p99_ms": s_p99,
+        "batch_size": BATCH,
+        "batch_events_per_s": round(b_rate * BATCH),
+        "batch_p50_ms": b_p50,
+        "batch_p99_ms": b_p99,
+        "stored_events_match_sent": consistent,
+        "aims": {"single_deliveries_per_s": AIM_SINGLE, "batch_events_per_s": AIM_EVENTS},
+        "met": {
+            "single_deliveries_per_s": s_rate >= AIM_SINGLE,
+            "batch_events_per_s": b_rate * BATCH >= AIM_EVENTS,
+        },
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
