@@ -169,7 +169,12 @@ def build_graph(ids: Sequence[str], src: np.ndarray, dst: np.ndarray) -> Graph:
     by_rank = np.array(order, np.int64)
 
     def blocks(s: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        key = np.unique(s * n + rank[d])  # sorted by (source, id of target), deduplicated
+        key = np.sort(s * n + rank[d])  # by (source, id of target); np.unique is slow here
+        if key.shape[0]:
+            fresh = np.empty(key.shape[0], bool)
+            fresh[0] = True
+            np.not_equal(key[1:], key[:-1], out=fresh[1:])
+            key = key[fresh]
         s2 = key // n
         d2 = by_rank[key % n]
         length = np.bincount(s2, minlength=n).astype(np.int32)

@@ -42,9 +42,9 @@ def sort_by_id(view: View, nodes: np.ndarray, *values: np.ndarray) -> tuple[np.n
     """``nodes`` (and the parallel ``values``) reordered by ascending id (Python ``str`` order)."""
     if nodes.shape[0] < 2:
         return (nodes, *values)
-    ids = view.graph.ids
-    keys = [ids[u] for u in nodes.tolist()]
-    perm = sorted(range(len(keys)), key=keys.__getitem__)
+    k = nodes.shape[0]
+    keys = list(map(view.graph.ids.__getitem__, nodes.tolist()))
+    perm = np.fromiter(sorted(range(k), key=keys.__getitem__), np.intp, k)
     return (nodes[perm], *(v[perm] for v in values))
 
 
