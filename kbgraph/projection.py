@@ -747,15 +747,22 @@ class Projections:
 
     def start(self) -> None:
         """Build every KB from one consistent snapshot, then follow the log from its gid."""
+        self.load()
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="kbgraph-follower", daemon=True)
+        self._thread.start()
+
+    def load(self) -> None:
+        """Build every KB from ``store.load()`` without following (``start`` = load + follow).
+
+        Tests and tools may then call ``follow_once`` themselves.
+        """
         snapshot = self.store.load()
         for name, state in snapshot.kbs.items():
             kb = KBProjection(name, index_factory=self._index_factory)
             kb.build(state)
             self._kbs[name] = kb
         self.gid = snapshot.gid
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name="kbgraph-follower", daemon=True)
-        self._thread.start()
 
     def stop(self) -> None:
         self._stopping.set()
