@@ -1,0 +1,244 @@
+"""Projection under threads and processes: whole-delivery snapshots, waiters, a second follower."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from kbgraph.access import Rule, canonical
+from kbgraph.projection import KBProjection, Projections
+from kbgraph.rwlock import RWLock
+from kbgraph.store import Store
+from tests.kb_events import delete, link_added, upsert
+
+KB = "kb"
+GROUP = 6  # concepts per delivery, all linking each other
+GROUPS = 5
+
+
+def group_delivery(k: int, d: int) -> list:
+    members = [f"g{k}/m{i}" for i in range(GROUP)]
+    return [upsert(m, version=d + 1, title=f"d{d}", tags=[f"d{d}"], links=members) for m in members]
+
+
+def group_delete(k: int, d: int) -> list:
+    return [delete(f"g{k}/m{i}", version=d + 1) for i in range(GROUP)]
+
+
+def check_whole(snap, rules) -> None:
+    """Every group is wholly present (one delivery's title, a clique) or wholly absent."""
+    assert snap.seq % GROUP == 0, f"seq {snap.seq} is inside a delivery"
+    admin = snap.view(None)
+    view = snap.view(rules)  # collection g0 only
+    alive_groups = 0
+    for k in range(GROUPS):
+        nodes = [snap.node(f"g{k}/m{i}") for i in range(GROUP)]
+        present = [u for u in nodes if u is not None]
+        assert len(present) in (0, GROUP), f"group {k}: {len(present)} of {GROUP} present"
+        if not present:
+            continue
+        alive_groups += 1
+        assert len({snap.titles[u] for u in present}) == 1, f"group {k}: mixed deliveries"
+        for u in present:
+            assert admin.deg[u] == GROUP - 1
+            assert view.deg[u] == (GROUP - 1 if k == 0 else 0)
+    assert snap.counts(admin) == (GROUP * alive_groups, alive_groups * GROUP * (GROUP - 1) // 2)
+
+
+def test_readers_only_see_whole_deliveries(tmp_path: Path) -> None:
+    rules = canonical([Rule(frozenset({"g0"}), frozenset())])
+    with Store(tmp_path / "kb.db") as store:
+        store.append(KB, group_delivery(0, 0))
+        p = Projections(store, poll_interval=0.001)
+        p.start()
+        kb = p.get(KB)
+        done = threading.Event()
+        failures: list[BaseException] = []
+        seen: list[set[int]] = [set() for _ in range(3)]
+
+        def reader(slot: int) -> None:
+            try:
+                while not done.is_set():
+                    with kb.read() as snap:
+                        check_whole(snap, rules)
+                        seen[slot].add(snap.seq)
+            except BaseException as exc:
+                failures.append(exc)
+                done.set()
+
+        readers = [threading.Thread(target=reader, args=(i,)) for i in range(3)]
+        for t in readers:
+            t.start()
+        try:
+            last = 0
+            for d in range(1, 300):
+                if failures:
+                    break
+                k = d % GROUPS
+                delivery = group_delete(k, d) if d % 7 == 3 else group_delivery(k, d)
+                last = store.append(KB, delivery).seq
+                p.kick()
+            deadline = time.monotonic() + 30
+            while p.seq(KB) < last and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            done.set()
+            for t in readers:
+                t.join()
+            p.stop()
+        assert not failures, failures[0]
+        assert p.error is None
+        assert p.seq(KB) == last
+        assert all(len(s) > 1 for s in seen), "readers did not overlap the ingest"
+        with kb.read() as snap:
+            check_whole(snap, rules)
+
+
+def test_wait_for_is_woken_by_the_follower(tmp_path: Path) -> None:
+    with Store(tmp_path / "kb.db") as store:
+        store.append(KB, [upsert("a")])
+        p = Projections(store, poll_interval=10.0)  # only a kick or the wait wakes it
+        p.start()
+
+        async def scenario() -> None:
+            assert await p.wait_for(KB, 1, timeout=1.0)
+            assert not await p.wait_for(KB, 2, timeout=0.05)
+
+            def later() -> None:
+                store.append(KB, [upsert("b"), link_added("a", "b", 2)])
+                p.kick()
+
+            writer = threading.Thread(target=later)
+            writer.start()
+            assert await p.wait_for(KB, 3, timeout=10.0)
+            writer.join()
+            assert not await p.wait_for("nope", 1, timeout=0.01)
+            assert p._waiters == {}
+
+        try:
+            asyncio.run(scenario())
+        finally:
+            p.stop()
+        with p.get(KB).read() as snap:
+            assert snap.seq == 3
+            assert snap.counts(snap.view(None)) == (2, 1)
+
+
+CHILD = r"""
+import json, sys, time
+from kbgraph.projection import Projections
+from kbgraph.store import Store
+
+path, kb, target = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with Store(path) as store:
+    p = Projections(store)
+    p.start()
+    print("ready", flush=True)
+    deadline = time.monotonic() + 60
+    while p.seq(kb) < target and time.monotonic() < deadline:
+        time.sleep(0.005)
+    p.stop()
+    from tests.test_projection_concurrency import summary
+    print(json.dumps(summary(p.get(kb))), flush=True)
+"""
+
+
+def summary(kb: KBProjection) -> dict:
+    with kb.read() as snap:
+        g = snap.graph
+        ids = snap.ids
+        alive = sorted(ids[u] for u in range(g.n) if snap.node(ids[u]) == u)
+        und = sorted(
+            [ids[u], ids[int(v)]]
+            for u in range(g.n)
+            for v in g.und[g.und_off[u] : g.und_off[u] + g.und_len[u]]
+        )
+        out = sorted(
+            [ids[u], ids[int(v)]]
+            for u in range(g.n)
+            for v in g.out[g.out_off[u] : g.out_off[u] + g.out_len[u]]
+        )
+        declared = {i: snap.declared_links(snap.node(i)) for i in alive}
+        titles = {i: snap.titles[snap.node(i)] for i in alive}
+        return {
+            "seq": snap.seq,
+            "nodes": alive,
+            "und": und,
+            "out": out,
+            "declared": declared,
+            "titles": titles,
+        }
+
+
+def test_second_process_following_the_same_file_converges(tmp_path: Path) -> None:
+    path = tmp_path / "kb.db"
+    root = str(Path(__file__).resolve().parent.parent)
+    with Store(path) as store:
+        for d in range(10):  # built from load() in the child
+            store.append(KB, group_delivery(d % GROUPS, d))
+        deliveries = []
+        for d in range(10, 120):  # followed from the log in the child
+            k = d % GROUPS
+            if d % 5 == 2:
+                deliveries.append(group_delete(k, d))
+            elif d % 5 == 4:
+                deliveries.append([link_added(f"g{k}/m0", f"ghost/{d}", d + 10**6)])
+            else:
+                deliveries.append(group_delivery(k, d))
+        expected_seq = store.kb_seq(KB) + sum(len(x) for x in deliveries)
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(path), KB, str(expected_seq)],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=root,
+        )
+        try:
+            assert child.stdout.readline().strip() == "ready"
+            results = [store.append(KB, x) for x in deliveries]
+            output, _ = child.communicate(timeout=120)
+        finally:
+            child.kill()
+        assert results[-1].seq == expected_seq
+        here = Projections(store)
+        here.load()
+        assert json.loads(output) == summary(here.get(KB))
+        assert json.loads(output)["seq"] == expected_seq
+
+
+def test_rwlock_shares_readers_and_prefers_a_waiting_writer() -> None:
+    lock = RWLock()
+    both_in = threading.Barrier(2, timeout=10)
+
+    def shared_reader() -> None:
+        with lock.read():
+            both_in.wait()  # both readers inside at once, or BrokenBarrierError
+
+    threads = [threading.Thread(target=shared_reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    order: list[str] = []
+    lock.acquire_read()
+    writer = threading.Thread(
+        target=lambda: (lock.acquire_write(), order.append("W"), lock.release_write())
+    )
+    writer.start()
+    while lock._writers_waiting == 0:
+        time.sleep(0.001)
+    late = threading.Thread(
+        target=lambda: (lock.acquire_read(), order.append("R"), lock.release_read())
+    )
+    late.start()
+    time.sleep(0.05)
+    assert order == []  # the late reader queues behind the waiting writer
+    lock.release_read()
+    writer.join(10)
+    late.join(10)
+    assert order == ["W", "R"]
