@@ -14,7 +14,7 @@ import numpy as np
 
 
 def ms(seconds: float) -> float:
-    return round(seconds * 1000.0, 3)
+    return round(float(seconds) * 1000.0, 3)
 
 
 def percentiles(values: Sequence[float] | np.ndarray) -> dict[str, float | None]:
@@ -23,7 +23,7 @@ def percentiles(values: Sequence[float] | np.ndarray) -> dict[str, float | None]
         return {"p50": None, "p95": None, "p99": None, "max": None}
     arr = np.asarray(values, dtype=np.float64)
     p50, p95, p99 = np.percentile(arr, [50, 95, 99])
-    return {"p50": ms(p50), "p95": ms(p95), "p99": ms(p99), "max": ms(float(arr.max()))}
+    return {"p50": ms(p50), "p95": ms(p95), "p99": ms(p99), "max": ms(arr.max())}
 
 
 def summary(values: Sequence[float], seconds: float) -> dict[str, Any]:

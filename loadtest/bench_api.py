@@ -1,0 +1,306 @@
+"""Benchmark (issue 5): the agent tools over real HTTP beside a bare Starlette endpoint.
+
+``python -m loadtest.bench_api`` starts ``kbgraph serve`` (uvicorn, 1 worker, uvloop +
+httptools) on the seed's 1,000-concept KB loaded with Zipf text through signed webhooks, and a
+bare Starlette app (one route answering a small JSON) served by uvicorn with the same loop and
+HTTP settings. Each target gets, with the same raw-asyncio keep-alive client:
+
+- a latency pass: 1 connection, requests back to back (p50 / p95 / p99);
+- a throughput pass: ``--connections`` (16) connections back to back (requests/s, p50 / p99).
+
+Targets: bare, graph_context with a query, graph_context with ids, link_suggest, graph_path,
+search (admin token; every answer must be a 200). Aims: graph_context p50 within 3x of the
+bare endpoint's p50, and at least 2,000 graph_context requests/s from one worker process.
+Prints a table; the LAST line is one JSON object with every figure, the ratios and the aims.
+Loopback only; bounded (well under 3 minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from loadtest import kbgen, report
+from loadtest.driver import (
+    HOST,
+    KB,
+    ROOT,
+    Credentials,
+    Model,
+    Recorder,
+    ServiceProcess,
+    _run_loop,
+    deliver,
+    free_port,
+    write_config,
+)
+from loadtest.httpload import Pool, build_request, closed_loop
+
+P50_AIM_RATIO: Final = 3.0
+RPS_AIM: Final = 2000.0
+TARGETS: Final = (
+    "bare",
+    "graph_context_query",
+    "graph_context_ids",
+    "link_suggest",
+    "graph_path",
+    "search",
+)
+_encode = msgspec.json.Encoder().encode
+
+
+# --- the bare endpoint -----------------------------------------------------------------------
+
+
+async def bare(request: Request) -> JSONResponse:
+    """Read the body and answer a small JSON: the floor of a Starlette + uvicorn request."""
+    await request.body()
+    return JSONResponse({"status": "ok", "count": 0})
+
+
+bare_app = Starlette(routes=[Route("/bare", bare, methods=["GET", "POST"])])
+
+
+class BareProcess(ServiceProcess):
+    """``uvicorn loadtest.bench_api:bare_app`` with kbgraph's settings (uvloop, httptools)."""
+
+    def start(self) -> None:
+        command = [
+            sys.executable, "-m", "uvicorn", "loadtest.bench_api:bare_app",
+            "--host", HOST, "--port", str(self.port), "--workers", "1",
+            "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+            "--log-level", "warning",
+        ]  # fmt: skip
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+
+    async def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"bare app exited:\n{self.tail()}")
+            pool = Pool(HOST, self.port, 1, timeout=5.0)
+            try:
+                if (await pool.request("GET", "/bare")).status == 200:
+                    return
+            except (OSError, TimeoutError):
+                pass
+            finally:
+                await pool.close()
+            await asyncio.sleep(0.1)
+        raise RuntimeError("bare app not ready")
+
+
+# --- requests --------------------------------------------------------------------------------
+
+
+def requests_for(
+    target: str, port: int, concepts: list[dict[str, Any]], token: str, seed: int, count: int = 256
+) -> list[bytes]:
+    """``count`` varied, pre-built requests for a target (cycled by the client)."""
+    rng = random.Random(seed * 101 + TARGETS.index(target))
+    ids = [c["id"] for c in concepts]
+    queries = kbgen.queries(400, seed)
+    headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
+    out = []
+    for _ in range(count):
+        if target == "search":
+            q = urllib.parse.quote(rng.choice(queries), safe="")
+            path = f"/v1/kbs/{KB}/search?q={q}&limit=10"
+            out.append(build_request("GET", path, HOST, port, headers))
+            continue
+        body: dict[str, Any]
+        if target in ("bare", "graph_context_query"):
+            body = {"query": rng.choice(queries)}
+        elif target == "graph_context_ids":
+            body = {"ids": rng.sample(ids, rng.randint(1, 3))}
+        elif target == "link_suggest":
+            body = {"id": rng.choice(ids)}
+        else:
+            body = {"source": rng.choice(ids), "target": rng.choice(ids)}
+        tool = "graph_context" if target.startswith("graph_context") else target
+        path = "/bare" if target == "bare" else f"/v1/kbs/{KB}/tools/{tool}"
+        out.append(build_request("POST", path, HOST, port, headers, _encode(body)))
+    return out
+
+
+# --- the benchmark ---------------------------------------------------------------------------
+
+
+async def measure(
+    port: int,
+    requests: Sequence[bytes],
+    connections: int,
+    latency_seconds: float,
+    seconds: float,
+) -> dict[str, Any]:
+    """Warm-up, latency pass (1 connection), throughput pass (``connections``)."""
+    await closed_loop(HOST, port, requests, 2, min(0.5, seconds), max_requests=500)
+    lat = await closed_loop(HOST, port, requests, 1, latency_seconds, max_requests=5000)
+    thr = await closed_loop(HOST, port, requests, connections, seconds)
+    bad = {
+        str(s): n
+        for s, n in sorted({**lat.statuses, **_merge(lat.statuses, thr.statuses)}.items())
+        if s != 200
+    }
+    return {
+        "latency": {"connections": 1, **report.summary(lat.latencies, lat.elapsed)},
+        "throughput": {
+            "connections": connections,
+            **report.summary(thr.latencies, thr.elapsed),
+        },
+        "non_200": bad,
+        "client_errors": lat.errors + thr.errors,
+    }
+
+
+def _merge(a: dict[int, int], b: dict[int, int]) -> dict[int, int]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    return out
+
+
+async def bench_async(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    creds = Credentials()
+    service = ServiceProcess(write_config(tmp, creds), workers=1)
+    bare_dir = tmp / "bare"
+    bare_dir.mkdir()
+    bare_proc = BareProcess(bare_dir / "none.toml", port=free_port())
+    concepts = kbgen.make_kb("seed", args.n, args.seed)
+    service.start()
+    bare_proc.start()
+    results: dict[str, Any] = {}
+    try:
+        await service.wait_ready()
+        await bare_proc.wait_ready()
+        pool = Pool(HOST, service.port, 1)
+        signer = kbgen.Signer(creds.secret)
+        model, rec = Model(), Recorder()
+        loaded = 0
+        for delivery in kbgen.initial_load(concepts):
+            if await deliver(pool, signer, delivery, model, rec, "load") is not None:
+                loaded += len(delivery.events)
+        # wait until the projection shows every concept
+        status = await pool.request(
+            "GET",
+            f"/v1/kbs/{KB}/status",
+            {"authorization": f"Bearer {creds.admin}", "x-min-seq": str(rec.max_seq)},
+        )
+        await pool.close()
+        if status.status != 200 or loaded != len(concepts):
+            raise RuntimeError(f"KB not loaded: {status.status} {status.body[:200]!r}")
+        for target in TARGETS:
+            port = bare_proc.port if target == "bare" else service.port
+            requests = requests_for(target, port, concepts, creds.admin, args.seed)
+            results[target] = await measure(
+                port, requests, args.connections, args.latency_seconds, args.seconds
+            )
+            print(f"  measured {target}", file=sys.stderr, flush=True)
+    finally:
+        service.stop()
+        bare_proc.stop()
+    return figures(args, results)
+
+
+def figures(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
+    bare_p50 = results["bare"]["latency"]["p50"] or 0.0
+    ratios = {}
+    for target in TARGETS[1:]:
+        p50 = results[target]["latency"]["p50"]
+        ratios[f"{target}_p50_over_bare"] = round(p50 / bare_p50, 2) if bare_p50 else None
+    aims = {}
+    for target in ("graph_context_query", "graph_context_ids"):
+        ratio = ratios[f"{target}_p50_over_bare"]
+        aims[f"{target}_p50_within_{P50_AIM_RATIO:g}x_bare"] = {
+            "value": ratio,
+            "met": bool(ratio is not None and ratio <= P50_AIM_RATIO),
+        }
+        rps = results[target]["throughput"]["rps"]
+        aims[f"{target}_rps_at_least_{RPS_AIM:g}"] = {"value": rps, "met": bool(rps >= RPS_AIM)}
+    errors = {t: r["non_200"] for t, r in results.items() if r["non_200"] or r["client_errors"]}
+    return {
+        "kind": "bench_api",
+        "kb": f"seed-{args.n}",
+        "server": "kbgraph serve, uvicorn 1 worker, uvloop + httptools",
+        "client": f"raw asyncio keep-alive, latency 1 connection, throughput "
+        f"{args.connections} connections",
+        "cpus": os.cpu_count(),
+        "targets": {
+            t: {
+                "p50_ms": r["latency"]["p50"],
+                "p95_ms": r["latency"]["p95"],
+                "p99_ms": r["latency"]["p99"],
+                "rps": r["throughput"]["rps"],
+                "loaded_p50_ms": r["throughput"]["p50"],
+                "loaded_p99_ms": r["throughput"]["p99"],
+                "requests": r["latency"]["count"] + r["throughput"]["count"],
+            }
+            for t, r in results.items()
+        },
+        "ratios": ratios,
+        "aims": aims,
+        "all_aims_met": all(a["met"] for a in aims.values()),
+        "errors": errors,
+    }
+
+
+def print_table(out: dict[str, Any]) -> None:
+    rows = []
+    for target, row in out["targets"].items():
+        ratio = out["ratios"].get(f"{target}_p50_over_bare")
+        rows.append(
+            [target, row["p50_ms"], row["p95_ms"], row["p99_ms"], "1.0" if target == "bare"
+             else ratio, row["rps"], row["loaded_p50_ms"], row["loaded_p99_ms"]]
+        )  # fmt: skip
+    header = ["target", "p50 ms", "p95 ms", "p99 ms", "p50/bare", "req/s", "p50@load"]
+    print(report.table(rows, [*header, "p99@load"]))
+    for name, aim in out["aims"].items():
+        print(f"aim {name}: {aim['value']} -> {'met' if aim['met'] else 'NOT met'}")
+    if out["errors"]:
+        print(f"non-200 answers or client errors: {out['errors']}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_api", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--connections", type=int, default=16, help="throughput pass")
+    parser.add_argument("--seconds", type=float, default=4.0, help="throughput pass length")
+    parser.add_argument("--latency-seconds", type=float, default=2.0, help="latency pass")
+    parser.add_argument("--n", type=int, default=1000, help="concepts in the seed KB")
+    parser.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args(argv)
+    args.seconds = min(args.seconds, 15.0)  # bounded: 6 targets stay well under 3 minutes
+    args.latency_seconds = min(args.latency_seconds, 5.0)
+    with tempfile.TemporaryDirectory(prefix="kbgraph-bench-") as tmp:
+        out = _run_loop(bench_async(args, Path(tmp)))
+    print_table(out)
+    print(json.dumps(out, separators=(",", ":")))
+    return 0 if not out["errors"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
