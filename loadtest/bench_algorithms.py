@@ -106,13 +106,17 @@ def make_graph(name: str) -> Graph:
     return build_graph(kb_ids(n), src, dst)
 
 
-def top_results(view: View, seeds: list[int], nodes: np.ndarray, p: np.ndarray, k: int) -> list:
+def top_results(seeds: list[int], nodes: np.ndarray, p: np.ndarray, k: int) -> list[int]:
     """The API's cut: non-seed nodes by rounded score desc (then id: nodes are id-ordered)."""
     rounded = np.round(p, 4)
-    keep = (rounded > 0) & ~np.isin(nodes, seeds)
-    cand = nodes[keep]
-    order = np.argsort(-rounded[keep], kind="stable")[:k]
-    return cand[order].tolist()
+    order = np.argsort(-rounded, kind="stable")
+    out: list[int] = []
+    for u, r in zip(nodes[order].tolist(), rounded[order].tolist(), strict=True):
+        if r <= 0 or len(out) == k:
+            break
+        if u not in seeds:
+            out.append(u)
+    return out
 
 
 def bench_ours(view: View, s0: int, s1: int, target: int, budget: float, reps: int) -> dict:
@@ -124,7 +128,7 @@ def bench_ours(view: View, s0: int, s1: int, target: int, budget: float, reps: i
 
     def graph_context() -> None:
         nodes, p = personalized_pagerank(view, seeds)
-        hops_and_via(view, seed_nodes, top_results(view, seed_nodes, nodes, p, 10))
+        hops_and_via(view, seed_nodes, top_results(seed_nodes, nodes, p, 10))
 
     def link_suggest() -> None:
         resource_allocation(view, s0, limit=5)

@@ -117,3 +117,32 @@ def test_hops_stop_early_leaves_scratch_clean() -> None:
     assert hops_and_via(view, [199], [0, 150]) == ([199, 49], [1, 151])
     assert shortest_path(view, 0, 10, max_hops=12) == list(range(11))
     assert shortest_path(view, 5, 0) == [5, 4, 3, 2, 1, 0]
+
+
+@pytest.mark.parametrize("hide", [False, True])
+def test_bidirectional_equals_one_sided_bfs(hide: bool) -> None:
+    # "both" runs a bidirectional BFS; it must give the one-sided BFS's path, bound included
+    from kbgraph.graphalgo._common import Scratch, und_arrays
+    from kbgraph.graphalgo._kernels import bfs_path
+    from loadtest.synthetic import graph_from_concepts, seed_kb
+
+    g = graph_from_concepts(seed_kb(1500, seed=11))
+    rng = random.Random(5)
+    mask = np.ones(g.n, np.uint8)
+    if hide:
+        mask[rng.sample(range(g.n), g.n // 2)] = 0
+    view = masked_view(g, mask)
+    off, length, blk, m, _ = und_arrays(view)
+    s = Scratch(g.n)
+    vis = [u for u in range(g.n) if mask[u]]
+    for _ in range(300):
+        a, b = rng.choice(vis), rng.choice(vis)
+        for max_hops in (1, 2, 3, 6):
+            one = bfs_path(off, length, blk, m, a, b, max_hops, s.dist, s.q0, s.q1).tolist()
+            assert shortest_path(view, a, b, "both", max_hops) == (one or None)
+    assert (s.dist == -1).all()
+    from kbgraph.graphalgo import _common
+
+    rest = _common._local.scratch  # this thread's scratch is back at rest after every call
+    assert (rest.dist == -1).all() and not rest.c0.any() and not rest.b0.any()
+    assert not rest.f0.any() and not rest.f1.any() and not rest.b1.any()

@@ -164,5 +164,6 @@ def test_read_only_arrays_and_warm_up() -> None:
     # every kernel has been compiled for the dtypes the projection uses, nothing else
     from kbgraph.graphalgo import _kernels
 
-    for name in ("ppr_push", "bfs_targets", "bfs_path", "ra_scores", "ra_common"):
+    kernels = ("ppr_push", "bfs_targets", "bfs_path", "bidir_path", "ra_scores", "ra_common")
+    for name in kernels:
         assert len(getattr(_kernels, name).signatures) == 2, name
