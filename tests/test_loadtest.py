@@ -121,3 +121,26 @@ def test_short_run_loses_nothing_and_has_no_5xx(workers: int, tmp_path: Path) ->
     assert full["webhooks"]["lag"]["count"] > 0
     assert (tmp_path / f"loadtest-w{workers}.json").exists()
     assert (tmp_path / f"loadtest-w{workers}.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_the_check_catches_a_delivery_the_service_never_got(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the model believes in one more applied event than was sent, zero_loss is false."""
+    calls = {"n": 0}
+    real_apply = Model.apply
+
+    def apply_with_phantom(self: Model, events: list[dict]) -> object:
+        calls["n"] += 1
+        if calls["n"] == 12:  # a phantom upsert "acknowledged" but never sent
+            real_apply(self, [ev("concept.upserted", "ops/phantom", 1, "phantom", title="P")])
+        return real_apply(self, events)
+
+    monkeypatch.setattr(Model, "apply", apply_with_phantom)
+    full = run(Options(short=True, seconds=1.0, out=None, progress=False))
+    checks = full["checks"]
+    assert checks["no_5xx"]
+    assert not checks["zero_loss"]
+    assert checks["applied_expected"] == checks["applied_found"] + 1
+    assert any(s.startswith("ops/phantom") for s in checks["mismatch_samples"])
