@@ -1,0 +1,427 @@
+"""Projection benchmark: apply rate, start-up build, memory, and ingest-to-visible lag.
+
+1. At 1,000, 100,000 and 1,000,000 concepts (ids ``infra/c0000123`` over 9 collections, 8
+   random out-links each, mean undirected degree ~15, generated directly as a ``KBState``):
+   the start-up build time (``KBProjection.build``, search index included), the resident
+   memory it adds (psutil RSS delta, snapshot freed), and the rate at which a stream of
+   realistic events is applied to the built projection (upserts changing links, link
+   add/remove, deletes, re-creates, new concepts; single-event deliveries through
+   ``KBProjection.apply``, two visibility masks cached and patched).
+2. Lag from an acknowledged delivery to the event being visible to queries, p50/p99:
+   - in-process: ``Store.append`` returning (then ``kick`` as the webhook handler does) to
+     the follower having applied it;
+   - second process: ``Store.append`` returning here to a second process, following the same
+     SQLite file, having applied it (CLOCK_MONOTONIC is shared by processes);
+   - over HTTP: a real ``kbgraph serve`` with 1 and with 2 workers; the webhook's 200
+     (its ``seq``) to a status query with ``X-Min-Seq: seq`` on a fresh connection (so with 2
+     workers it lands on either) answering with ``X-KB-Seq >= seq``; includes that query's
+     round trip.
+
+The last line printed is one JSON object with every figure and the aims (1M apply rate at
+least half the 1k rate; p99 lag under 10 ms in one process and under 50 ms across workers)
+with met true/false. Bounded well under 5 minutes.
+
+    .venv/bin/python loadtest/bench_projection.py [--sizes 1000,100000,1000000] [--events 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from kbgraph.access import Rule, canonical  # noqa: E402
+from kbgraph.events import (  # noqa: E402
+    ConceptDeleted,
+    ConceptUpserted,
+    DeleteData,
+    Event,
+    LinkAdded,
+    LinkData,
+    LinkRemoved,
+    UpsertData,
+)
+from kbgraph.projection import KBProjection, Projections  # noqa: E402
+from kbgraph.store import ConceptState, KBState, LogRecord, Store  # noqa: E402
+
+COLLECTIONS = ("infra", "network", "storage", "apps", "security", "ops", "data", "docs", "team")
+TYPES = ("Runbook", "Note", "Service", "Host")
+WORDS = [
+    "dns",
+    "backup",
+    "router",
+    "cluster",
+    "vpn",
+    "certificate",
+    "disk",
+    "ingress",
+    "monitoring",
+    "firewall",
+]
+LINKS = 8
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+ADMIN = "bench-admin"
+RSS = psutil.Process()
+
+
+def cid(i: int) -> str:
+    return f"{COLLECTIONS[i % len(COLLECTIONS)]}/c{i:07d}"
+
+
+def synthetic_links(n: int) -> np.ndarray:
+    """dst[u] = u's 8 random out-links (never itself), reproducible per size."""
+    rng = np.random.default_rng(n)
+    dst = rng.integers(0, n - 1, size=(n, LINKS), dtype=np.int32)
+    dst += dst >= np.arange(n, dtype=np.int32)[:, None]
+    return dst
+
+
+def synthetic_state(n: int, dst: np.ndarray) -> KBState:
+    ids = [cid(i) for i in range(n)]
+    concepts = []
+    for i, row in enumerate(dst.tolist()):
+        concepts.append(
+            ConceptState(
+                id=ids[i],
+                version=1,
+                title=f"{WORDS[i % 10]} {i}",
+                type=TYPES[i % len(TYPES)],
+                status="active",
+                tags=[],
+                text=f"{WORDS[(i * 7) % 10]} {WORDS[(i * 3) % 10]}",
+                links=sorted({ids[j] for j in row}),
+            )
+        )
+    concepts.sort(key=lambda c: c.id)
+    return KBState(seq=1, concepts=concepts)
+
+
+def event_stream(n: int, count: int, dst: np.ndarray) -> list[Event]:
+    """Realistic changes to the synthetic KB (every version 1): an upsert rewrites a concept
+    with one or two of its links changed, link events add a random target or remove a
+    declared one, deletes, re-creates of deleted concepts, new concepts."""
+    rng = random.Random(n)
+    version = 10
+    current: dict[int, set[int]] = {}
+    deleted: list[int] = []
+    next_new = n
+    out: list[Event] = []
+
+    def links_of(u: int) -> set[int]:
+        links = current.get(u)
+        if links is None:
+            links = current[u] = set(dst[u].tolist()) if u < n else set()
+        return links
+
+    def env(u: int) -> dict[str, Any]:
+        return {"specversion": "1.0", "id": f"b{len(out)}", "source": "bench", "subject": cid(u)}
+
+    def upsert(u: int) -> ConceptUpserted:
+        links = [cid(t) for t in sorted(links_of(u))]
+        data = UpsertData(version=version, title=f"t{u}", type=TYPES[u % 4], links=links)
+        return ConceptUpserted(**env(u), data=data)
+
+    while len(out) < count:
+        version += 1
+        roll = rng.random()
+        u = rng.randrange(n)
+        if roll < 0.95 and u in deleted:
+            continue
+        if roll < 0.40:
+            links = links_of(u)
+            for _ in range(rng.randint(1, 2)):
+                if links:
+                    links.discard(rng.choice(sorted(links)))
+                links.add(rng.randrange(n))
+            links.discard(u)
+            out.append(upsert(u))
+        elif roll < 0.60:
+            t = rng.randrange(n)
+            links_of(u).add(t)
+            out.append(LinkAdded(**env(u), data=LinkData(version=version, target=cid(t))))
+        elif roll < 0.75:
+            links = links_of(u)
+            t = rng.choice(sorted(links)) if links else rng.randrange(n)
+            links.discard(t)
+            out.append(LinkRemoved(**env(u), data=LinkData(version=version, target=cid(t))))
+        elif roll < 0.85:
+            deleted.append(u)
+            current[u] = set()
+            out.append(ConceptDeleted(**env(u), data=DeleteData(version=version)))
+        elif roll < 0.95:
+            if deleted:
+                u = deleted.pop(rng.randrange(len(deleted)))
+                current[u] = {rng.randrange(n) for _ in range(LINKS)} - {u}
+                out.append(upsert(u))
+        else:
+            u = next_new
+            next_new += 1
+            current[u] = {rng.randrange(n) for _ in range(LINKS)}
+            out.append(upsert(u))
+    return out
+
+
+def bench_size(n: int, events: int) -> dict[str, Any]:
+    gc.collect()
+    rss0 = RSS.memory_info().rss
+    dst = synthetic_links(n)
+    state = synthetic_state(n, dst)
+    kb = KBProjection("bench")
+    t0 = time.perf_counter()
+    kb.build(state)
+    build = time.perf_counter() - t0
+    del state
+    gc.collect()
+    rss = RSS.memory_info().rss - rss0
+    with kb.read() as snap:
+        admin = snap.view(None)
+        degree = float(admin.deg.sum()) / max(1, snap.counts(admin)[0])
+        for rules in (
+            canonical([Rule(frozenset({"infra", "network"}), frozenset())]),
+            canonical([Rule(frozenset(), frozenset({"Runbook"}))]),
+        ):
+            snap.view(rules)  # cached: every event below patches it
+    stream = event_stream(n, events, dst)
+    records = [[LogRecord(i + 1, "bench", i + 2, e, True)] for i, e in enumerate(stream)]
+    t0 = time.perf_counter()
+    rest = records
+    while rest:
+        rest = rest[kb.apply(rest) :]
+    elapsed = time.perf_counter() - t0
+    result = {
+        "concepts": n,
+        "mean_degree": round(degree, 2),
+        "build_s": round(build, 3),
+        "rss_mb": round(rss / 2**20, 1),
+        "events": len(stream),
+        "apply_events_per_s": round(len(stream) / elapsed),
+        "apply_us_per_event": round(elapsed / len(stream) * 1e6, 1),
+    }
+    print(json.dumps(result), flush=True)
+    del kb, records, stream, dst
+    gc.collect()
+    return result
+
+
+def percentile_ms(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50_ms": None, "p99_ms": None, "n": 0}
+    p50, p99 = np.percentile(np.array(values) * 1000, [50, 99])
+    return {"p50_ms": round(float(p50), 3), "p99_ms": round(float(p99), 3), "n": len(values)}
+
+
+def delivery(i: int) -> list[Event]:
+    data = UpsertData(version=1, title=f"lag {i}", links=[f"lag/c{i - 1}", f"lag/c{i // 2}"])
+    env = {"specversion": "1.0", "id": f"lag{i}", "source": "bench", "subject": f"lag/c{i}"}
+    return [ConceptUpserted(**env, data=data)]
+
+
+def lag_in_process(folder: Path, count: int) -> dict[str, Any]:
+    with Store(folder / "inproc.db") as store:
+        store.append("lag", delivery(0))
+        p = Projections(store)
+        p.start()
+        applied: dict[int, float] = {}
+        cond = threading.Condition()
+
+        def listener(kb: str, seq: int) -> None:
+            with cond:
+                applied[seq] = time.monotonic()
+                cond.notify_all()
+
+        p.add_listener(listener)
+        lags = []
+        for i in range(1, count + 1):
+            seq = store.append("lag", delivery(i)).seq
+            acked = time.monotonic()
+            p.kick()
+            with cond:
+                cond.wait_for(lambda seq=seq: max(applied, default=0) >= seq, timeout=5)
+                done = next((t for s, t in applied.items() if s >= seq), None)
+            if done is not None:
+                lags.append(max(0.0, done - acked))
+            time.sleep(0.002)
+        p.stop()
+    return percentile_ms(lags)
+
+
+FOLLOWER = r"""
+import sys, time
+from kbgraph.projection import Projections
+from kbgraph.store import Store
+store = Store(sys.argv[1])
+p = Projections(store)
+p.add_listener(lambda kb, seq: print(seq, time.monotonic(), flush=True))
+p.start()
+print("ready", flush=True)
+sys.stdin.read()
+p.stop()
+store.close()
+"""
+
+
+def lag_second_process(folder: Path, count: int) -> dict[str, Any]:
+    path = folder / "twoproc.db"
+    with Store(path) as store:
+        store.append("lag", delivery(0))
+        child = subprocess.Popen(
+            [sys.executable, "-c", FOLLOWER, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        try:
+            assert child.stdout.readline().strip() == "ready"
+            acked: dict[int, float] = {}
+            for i in range(1, count + 1):
+                seq = store.append("lag", delivery(i)).seq
+                acked[seq] = time.monotonic()
+                time.sleep(0.01)
+            time.sleep(0.2)
+            out, _ = child.communicate("", timeout=30)
+        finally:
+            child.kill()
+    seen: dict[int, float] = {}
+    for line in out.splitlines():
+        seq, t = line.split()
+        seen[int(seq)] = float(t)
+    lags = []
+    for seq, t in acked.items():
+        done = next((seen[s] for s in sorted(seen) if s >= seq), None)
+        if done is not None:
+            lags.append(max(0.0, done - t))
+    return percentile_ms(lags)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def lag_http(folder: Path, workers: int, count: int) -> dict[str, Any]:
+    import httpx
+
+    from tests import webhook_client as wc
+
+    config = folder / f"serve{workers}.toml"
+    config.write_text(
+        f'[store]\npath = "serve{workers}.db"\n[webhooks]\nsecrets = ["{SECRET}"]\n'
+        f'[[tokens]]\nname = "admin"\ntoken = "{ADMIN}"\nadmin = true\n'
+    )
+    port = free_port()
+    command = [sys.executable, "-m", "kbgraph", "serve", "--config", str(config)]
+    command += ["--port", str(port), "--workers", str(workers), "--log-level", "warning"]
+    proc = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return {"error": "kbgraph serve did not start"}
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        lags = []
+        wrong = 0
+        auth = {"Authorization": f"Bearer {ADMIN}"}
+        with httpx.Client(base_url=base, timeout=10) as hooks:
+            for i in range(count + 5):
+                event = wc.upsert(f"lag/c{i}", 1, title=f"lag {i}", links=[f"lag/c{i - 1}"])
+                body, headers = wc.delivery(SECRET, event)
+                answer = hooks.post("/v1/kbs/lag/events", content=body, headers=headers)
+                acked = time.monotonic()
+                seq = answer.json()["seq"]
+                with httpx.Client(base_url=base, timeout=10) as fresh:  # either worker
+                    got = fresh.get("/v1/kbs/lag/status", headers={**auth, "X-Min-Seq": str(seq)})
+                visible = time.monotonic()
+                if got.status_code != 200 or int(got.headers.get("x-kb-seq", 0)) < seq:
+                    wrong += 1
+                elif i >= 5:  # warm-up
+                    lags.append(visible - acked)
+                time.sleep(0.005)
+        return {**percentile_ms(lags), "not_visible": wrong}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="1000,100000,1000000")
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--lag-samples", type=int, default=300)
+    args = parser.parse_args()
+    started = time.monotonic()
+    sizes = [bench_size(int(s), args.events) for s in args.sizes.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        lag = {
+            "in_process": lag_in_process(folder, args.lag_samples),
+            "second_process": lag_second_process(folder, args.lag_samples),
+            "http_1_worker": lag_http(folder, 1, args.lag_samples),
+            "http_2_workers": lag_http(folder, 2, args.lag_samples),
+        }
+    for name, figures in lag.items():
+        print(json.dumps({name: figures}), flush=True)
+    by_size = {s["concepts"]: s for s in sizes}
+    small, big = by_size.get(1000), by_size.get(1_000_000)
+
+    def under(figures: dict[str, Any], limit: float) -> bool:
+        return figures.get("p99_ms") is not None and figures["p99_ms"] < limit
+
+    aims = {
+        "apply_rate_1M_at_least_half_of_1k": {
+            "met": bool(small and big)
+            and big["apply_events_per_s"] >= 0.5 * small["apply_events_per_s"]
+        },
+        "lag_p99_under_10ms_one_process": {
+            "met": under(lag["in_process"], 10) and under(lag["http_1_worker"], 10)
+        },
+        "lag_p99_under_50ms_across_workers": {
+            "met": under(lag["second_process"], 50) and under(lag["http_2_workers"], 50)
+        },
+    }
+    print(
+        json.dumps(
+            {
+                "sizes": sizes,
+                "lag": lag,
+                "aims": aims,
+                "seconds": round(time.monotonic() - started, 1),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
