@@ -3,8 +3,9 @@
 Many readers (request handlers in worker threads, whose numba kernels release the GIL) may hold
 the lock at once; one writer (the projection's follower thread) holds it alone. Writer
 preference: once a writer is waiting, new readers queue behind it, so a steady stream of
-requests can never starve the follower, and a reader waits at most for the readers already
-inside plus one write section.
+requests can never starve the follower. Hand-off: releasing the write lock admits every reader
+queued at that moment before any next writer (a follower draining a backlog re-acquires at
+once), so a reader waits at most for the readers already inside plus one write section.
 
 Not reentrant: a thread holding the read lock must not take it again (with a writer waiting
 between the two acquisitions it would deadlock), nor take the write lock.
@@ -20,15 +21,22 @@ from contextlib import contextmanager
 class RWLock:
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._readers = 0
+        self._readers = 0  # inside, or admitted by a release_write and about to wake
         self._writer = False
         self._writers_waiting = 0
+        self._readers_waiting = 0
+        self._generation = 0  # bumped by every release_write
 
     def acquire_read(self) -> None:
         with self._cond:
-            while self._writer or self._writers_waiting:
+            if not self._writer and not self._writers_waiting:
+                self._readers += 1
+                return
+            generation = self._generation
+            self._readers_waiting += 1
+            while self._generation == generation:
                 self._cond.wait()
-            self._readers += 1
+            # release_write counted this reader in _readers already.
 
     def release_read(self) -> None:
         with self._cond:
@@ -49,6 +57,9 @@ class RWLock:
     def release_write(self) -> None:
         with self._cond:
             self._writer = False
+            self._readers += self._readers_waiting  # hand-off to the queued readers
+            self._readers_waiting = 0
+            self._generation += 1
             self._cond.notify_all()
 
     @contextmanager

@@ -242,3 +242,22 @@ def test_rwlock_shares_readers_and_prefers_a_waiting_writer() -> None:
     writer.join(10)
     late.join(10)
     assert order == ["W", "R"]
+
+
+def test_rwlock_hands_off_to_queued_readers_before_the_next_writer() -> None:
+    """A follower draining a backlog re-acquires at once; queued readers go first."""
+    lock = RWLock()
+    order: list[str] = []
+    lock.acquire_write()
+    reader = threading.Thread(
+        target=lambda: (lock.acquire_read(), order.append("R"), lock.release_read())
+    )
+    reader.start()
+    while lock._readers_waiting == 0:
+        time.sleep(0.001)
+    lock.release_write()
+    lock.acquire_write()  # waits for the admitted reader
+    order.append("W")
+    lock.release_write()
+    reader.join(10)
+    assert order == ["R", "W"]
