@@ -113,8 +113,9 @@ CREATE TABLE IF NOT EXISTS accepted (
 ) WITHOUT ROWID;
 """
 
-_tags_encoder = msgspec.json.Encoder()
+_tags_encoder = msgspec.json.Encoder()  # tags, and the JSON rows of bulk statements
 _tags_decoder = msgspec.json.Decoder(list[str])
+_rows_decoder = msgspec.json.Decoder(list[list])
 
 
 class DeliveryResult(msgspec.Struct, frozen=True):
@@ -191,6 +192,11 @@ class SqliteLog:
     """The log table: one row per applied event, ``gid`` global, ``seq`` gapless per KB."""
 
     _INSERT: Final = "INSERT INTO log (kb, seq, event, last_in_delivery) VALUES (?, ?, ?, ?)"
+    _INSERT_BULK: Final = (
+        "INSERT INTO log (kb, seq, event, last_in_delivery)"
+        " SELECT value ->> 0, value ->> 1, substr(?2, value ->> 2, value ->> 3), value ->> 4"
+        " FROM json_each(?1) ORDER BY key"
+    )
     _READ: Final = (
         "SELECT gid, kb, seq, event, last_in_delivery FROM log WHERE gid > ? ORDER BY gid LIMIT ?"
     )
@@ -204,12 +210,25 @@ class SqliteLog:
     def append(cls, conn: sqlite3.Connection, entries: list[tuple[str, int, Event, bool]]) -> None:
         """Append (kb, seq, event, last_in_delivery) rows in the caller's transaction.
 
-        Rows go in in commit order, so ``gid`` order is delivery order.
+        Rows go in in the order given (commit order), so ``gid`` order is delivery order. The
+        encoded events travel as one blob, each row cut out of it by offset and length.
         """
-        conn.executemany(
-            cls._INSERT,
-            [(kb, seq, encode_for_log(event), last) for kb, seq, event, last in entries],
-        )
+        if not entries:
+            return
+        payloads = [encode_for_log(event) for _, _, event, _ in entries]
+        rows = []
+        offset = 1  # substr() counts from 1
+        for (kb, seq, _, last), payload in zip(entries, payloads, strict=True):
+            rows.append((kb, seq, offset, len(payload), int(last)))
+            offset += len(payload)
+        meta = _tags_encoder.encode(rows)
+        if _NUL_ESCAPE in meta:
+            conn.executemany(
+                cls._INSERT,
+                [(e[0], e[1], p, e[3]) for e, p in zip(entries, payloads, strict=True)],
+            )
+        else:
+            conn.execute(cls._INSERT_BULK, (meta, b"".join(payloads)))
 
     def read(self, after_gid: int, limit: int = 10_000) -> list[LogRecord]:
         """Records after ``after_gid``, whole deliveries only (one bigger than limit: whole)."""
@@ -245,7 +264,6 @@ class _Subject:
     had_tombstone: bool
     version: int | None  # known version: concept's, else tombstone's, else None
     exists: bool
-    indexed: tuple[str, str]  # (title, text) as in the FTS index, for its 'delete' command
     touched: bool = False  # some event applied
     fields: ConceptUpserted | None = None  # last applied upsert (if not deleted after it)
     rewrite: bool = False  # fields / links replaced (upsert or delete applied)
@@ -263,7 +281,7 @@ class _KBWork:
     seq: int = -1
     seen: set[tuple[str, str]] = field(default_factory=set)  # accepted (source, id) keys
     subjects: dict[str, _Subject] = field(default_factory=dict)
-    new_keys: list[tuple[int, str, str]] = field(default_factory=list)
+    new_keys: list[tuple[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.seq < 0:
@@ -287,8 +305,50 @@ def _read_transaction(conn: sqlite3.Connection) -> Iterator[None]:
         conn.execute("COMMIT")
 
 
-def _json_list(values: list[str] | list[tuple[str, str]]) -> bytes:
-    return _tags_encoder.encode(values)
+_NUL_ESCAPE: Final = b"\\u0000"  # how msgspec writes U+0000 in JSON
+
+
+class _Bulk(NamedTuple):
+    """One write over many rows: ``json`` takes (?1 rows as JSON, ?2 kid); ``many`` (kid, *row)."""
+
+    json: str
+    many: str
+    json_takes_kid: bool = True
+
+
+class _Lookup(NamedTuple):
+    """Rows matching many keys: ``json`` answers one JSON array; ``one`` is per key."""
+
+    json: str
+    one: str
+
+
+def _bulk(conn: sqlite3.Connection, statement: _Bulk, kid: int, rows: list[tuple]) -> None:
+    if not rows:
+        return
+    payload = _tags_encoder.encode(rows)
+    if _NUL_ESCAPE in payload:
+        conn.executemany(statement.many, [(kid, *row) for row in rows])
+    else:
+        conn.execute(statement.json, (payload, kid) if statement.json_takes_kid else (payload,))
+
+
+def _lookup(
+    conn: sqlite3.Connection, statement: _Lookup, kid: int, keys: list[str] | list[tuple[str, str]]
+) -> list[list]:
+    out: list[list] = []
+    for start in range(0, len(keys), _CHUNK):
+        chunk = keys[start : start + _CHUNK]
+        payload = _tags_encoder.encode(chunk)
+        if _NUL_ESCAPE in payload:
+            for key in chunk:
+                params = (kid, *key) if isinstance(key, tuple) else (kid, key)
+                out.extend(list(row) for row in conn.execute(statement.one, params))
+        else:
+            out.extend(
+                _rows_decoder.decode(conn.execute(statement.json, (payload, kid)).fetchone()[0])
+            )
+    return out
 
 
 class Store:
@@ -511,49 +571,110 @@ class Store:
         conn.execute("RELEASE delivery")
         return result, None
 
-    # The statements of one delivery; each one reuses a cached prepared statement.
+    # The statements of a group. Bulk writes and lookups pass all their rows as ONE JSON
+    # parameter read with json_each: one sqlite3_step per statement instead of one per row.
+    # That matters beyond SQLite's own cost: the sqlite3 module releases and re-takes the GIL
+    # around every step, and each re-take can wait behind the event loop or the projection
+    # thread. (SQLite's JSON functions cut text at U+0000, so a payload holding one falls back
+    # to executemany, row by row.)
     _KB_GET: Final = "SELECT kid, seq FROM kb WHERE name = ?"
     _KB_NEW: Final = "INSERT INTO kb (name, seq) VALUES (?, 0) RETURNING kid"
     _KB_SET_SEQ: Final = "UPDATE kb SET seq = ? WHERE kid = ?"
-    _SEEN: Final = (
-        "SELECT a.source, a.id FROM json_each(?) AS j CROSS JOIN accepted AS a"
-        " ON a.kid = ? AND a.source = json_extract(j.value, '$[0]')"
-        " AND a.id = json_extract(j.value, '$[1]')"
-    )
-    _ACCEPT: Final = "INSERT INTO accepted (kid, source, id) VALUES (?, ?, ?)"
-    _CONCEPTS: Final = (
-        "SELECT c.id, c.rid, c.version, c.title, c.text"
-        " FROM json_each(?) AS j CROSS JOIN concept AS c ON c.kid = ? AND c.id = j.value"
-    )
-    _TOMBSTONES: Final = (
-        "SELECT t.id, t.version FROM json_each(?) AS j CROSS JOIN tombstone AS t"
-        " ON t.kid = ? AND t.id = j.value"
-    )
     _MAX_RID: Final = "SELECT coalesce(max(rid), 0) FROM concept"
-    _INSERT: Final = (
-        "INSERT INTO concept (rid, kid, id, version, title, type, status, tags, text)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    _SEEN: Final = _Lookup(
+        "SELECT json_group_array(json_array(a.source, a.id)) FROM json_each(?1) AS j"
+        " CROSS JOIN accepted AS a"
+        " ON a.kid = ?2 AND a.source = j.value ->> 0 AND a.id = j.value ->> 1",
+        "SELECT source, id FROM accepted WHERE kid = ?1 AND source = ?2 AND id = ?3",
     )
-    _UPDATE: Final = (
-        "UPDATE concept SET version = ?, title = ?, type = ?, status = ?, tags = ?, text = ?"
-        " WHERE rid = ?"
+    _CONCEPTS: Final = _Lookup(
+        "SELECT json_group_array(json_array(c.id, c.rid, c.version)) FROM json_each(?1) AS j"
+        " CROSS JOIN concept AS c ON c.kid = ?2 AND c.id = j.value",
+        "SELECT id, rid, version FROM concept WHERE kid = ?1 AND id = ?2",
     )
-    _SET_VERSION: Final = "UPDATE concept SET version = ? WHERE rid = ?"
-    _DELETE_CONCEPT: Final = "DELETE FROM concept WHERE rid = ?"
-    _TOMBSTONE: Final = "INSERT OR REPLACE INTO tombstone (kid, id, version) VALUES (?, ?, ?)"
-    _UNTOMBSTONE: Final = "DELETE FROM tombstone WHERE kid = ? AND id = ?"
-    _LINKS_CLEAR: Final = "DELETE FROM link WHERE kid = ? AND src = ?"
-    _LINK_ADD: Final = "INSERT OR IGNORE INTO link (kid, src, dst) VALUES (?, ?, ?)"
+    _TOMBSTONES: Final = _Lookup(
+        "SELECT json_group_array(json_array(t.id, t.version)) FROM json_each(?1) AS j"
+        " CROSS JOIN tombstone AS t ON t.kid = ?2 AND t.id = j.value",
+        "SELECT id, version FROM tombstone WHERE kid = ?1 AND id = ?2",
+    )
+    _ACCEPT: Final = _Bulk(
+        "INSERT INTO accepted (kid, source, id) SELECT ?2, value ->> 0, value ->> 1"
+        " FROM json_each(?1)",
+        "INSERT INTO accepted (kid, source, id) VALUES (?1, ?2, ?3)",
+    )
+    _INSERT: Final = _Bulk(
+        "INSERT INTO concept (kid, rid, id, version, title, type, status, tags, text)"
+        " SELECT ?2, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4,"
+        " value ->> 5, value ->> 6, value ->> 7 FROM json_each(?1)",
+        "INSERT INTO concept (kid, rid, id, version, title, type, status, tags, text)"
+        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+    )
+    _UPDATE: Final = _Bulk(
+        "UPDATE concept SET version = j.value ->> 1, title = j.value ->> 2,"
+        " type = j.value ->> 3, status = j.value ->> 4, tags = j.value ->> 5,"
+        " text = j.value ->> 6 FROM json_each(?1) AS j"
+        " WHERE concept.rid = j.value ->> 0",
+        "UPDATE concept SET version = ?3, title = ?4, type = ?5, status = ?6, tags = ?7,"
+        " text = ?8 WHERE rid = ?2",
+        json_takes_kid=False,  # rid is unique over all KBs; a kid term misleads the planner
+    )
+    _SET_VERSION: Final = _Bulk(
+        "UPDATE concept SET version = j.value ->> 1 FROM json_each(?1) AS j"
+        " WHERE concept.rid = j.value ->> 0",
+        "UPDATE concept SET version = ?3 WHERE rid = ?2",
+        json_takes_kid=False,
+    )
+    _DELETE_CONCEPT: Final = _Bulk(
+        "DELETE FROM concept WHERE rid IN (SELECT value ->> 0 FROM json_each(?1))",
+        "DELETE FROM concept WHERE rid = ?2",
+        json_takes_kid=False,
+    )
+    _TOMBSTONE: Final = _Bulk(
+        "INSERT OR REPLACE INTO tombstone (kid, id, version)"
+        " SELECT ?2, value ->> 0, value ->> 1 FROM json_each(?1)",
+        "INSERT OR REPLACE INTO tombstone (kid, id, version) VALUES (?1, ?2, ?3)",
+    )
+    _UNTOMBSTONE: Final = _Bulk(
+        "DELETE FROM tombstone WHERE kid = ?2 AND id IN (SELECT value ->> 0 FROM json_each(?1))",
+        "DELETE FROM tombstone WHERE kid = ?1 AND id = ?2",
+    )
+    _LINKS_CLEAR: Final = _Bulk(
+        "DELETE FROM link WHERE kid = ?2 AND src IN (SELECT value ->> 0 FROM json_each(?1))",
+        "DELETE FROM link WHERE kid = ?1 AND src = ?2",
+    )
+    _LINK_ADD: Final = _Bulk(
+        "INSERT OR IGNORE INTO link (kid, src, dst) SELECT ?2, value ->> 0, value ->> 1"
+        " FROM json_each(?1)",
+        "INSERT OR IGNORE INTO link (kid, src, dst) VALUES (?1, ?2, ?3)",
+    )
+    # link.removed is rare: row by row, each delete a primary-key seek
     _LINK_REMOVE: Final = "DELETE FROM link WHERE kid = ? AND src = ? AND dst = ?"
+
+    @staticmethod
+    def _fts_statements(kid: int) -> tuple[_Bulk, _Bulk]:
+        fts = fts_table(kid)
+        return (
+            _Bulk(
+                f"DELETE FROM {fts} WHERE rowid IN (SELECT value ->> 0 FROM json_each(?1))",
+                f"DELETE FROM {fts} WHERE rowid = ?2",
+                json_takes_kid=False,
+            ),
+            _Bulk(
+                f"INSERT INTO {fts} (rowid, title, text)"
+                " SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(?1)",
+                f"INSERT INTO {fts} (rowid, title, text) VALUES (?2, ?3, ?4)",
+                json_takes_kid=False,
+            ),
+        )
 
     def _kb_row(self, conn: sqlite3.Connection, kb: str) -> tuple[int, int]:
         row = conn.execute(self._KB_GET, (kb,)).fetchone()
         if row is not None:
             return row[0], row[1]
         kid = conn.execute(self._KB_NEW, (kb,)).fetchone()[0]
+        # Its own content (not external): a row leaves the index by rowid alone.
         conn.execute(
             f"CREATE VIRTUAL TABLE {fts_table(kid)} USING fts5(title, text,"
-            " content = 'concept', content_rowid = 'rid',"
             " tokenize = 'unicode61 remove_diacritics 2')"
         )
         return kid, 0
@@ -563,25 +684,19 @@ class Store:
         kid, seq = self._kb_row(conn, kb)
         work = _KBWork(kid, seq)
         keys = list({(event.source, event.id) for events in deliveries for event in events})
-        for start in range(0, len(keys), _CHUNK):
-            chunk = _json_list(keys[start : start + _CHUNK])
-            work.seen.update(conn.execute(self._SEEN, (chunk, kid)).fetchall())
+        work.seen.update(tuple(row) for row in _lookup(conn, self._SEEN, kid, keys))
         ids = list({event.subject for events in deliveries for event in events})
-        found: dict[str, tuple[int, int, str, str]] = {}
-        tombs: dict[str, int] = {}
-        for start in range(0, len(ids), _CHUNK):
-            chunk = _json_list(ids[start : start + _CHUNK])
-            for cid, rid, version, title, text in conn.execute(self._CONCEPTS, (chunk, kid)):
-                found[cid] = (rid, version, title, text)
-            for cid, version in conn.execute(self._TOMBSTONES, (chunk, kid)):
-                tombs[cid] = version
+        found = {
+            cid: (rid, version) for cid, rid, version in _lookup(conn, self._CONCEPTS, kid, ids)
+        }
+        tombs = {cid: version for cid, version in _lookup(conn, self._TOMBSTONES, kid, ids)}
         subjects = work.subjects
         for cid in ids:
             if cid in found:
-                rid, version, title, text = found[cid]
-                subjects[cid] = _Subject(rid, cid in tombs, version, True, (title, text))
+                rid, version = found[cid]
+                subjects[cid] = _Subject(rid, cid in tombs, version, True)
             else:
-                subjects[cid] = _Subject(None, cid in tombs, tombs.get(cid), False, ("", ""))
+                subjects[cid] = _Subject(None, cid in tombs, tombs.get(cid), False)
         return work
 
     def _apply_group(
@@ -611,8 +726,7 @@ class Store:
                 DeliveryResult(len(events), len(applied), duplicates, stale, ignored, work.seq)
             )
         for work in works.values():
-            if work.new_keys:
-                conn.executemany(self._ACCEPT, work.new_keys)
+            _bulk(conn, self._ACCEPT, work.kid, work.new_keys)
             if work.seq != work.seq_before:
                 self._write_subjects(conn, work.kid, work.subjects)
                 conn.execute(self._KB_SET_SEQ, (work.seq, work.kid))
@@ -623,7 +737,7 @@ class Store:
     @staticmethod
     def _decide(work: _KBWork, events: list[Event]) -> tuple[list[Event], int, int, int]:
         """Decide each event in delivery order, folding its effect into its subject."""
-        kid, seen, subjects, new_keys = work.kid, work.seen, work.subjects, work.new_keys
+        seen, subjects, new_keys = work.seen, work.subjects, work.new_keys
         applied: list[Event] = []
         duplicates = stale = ignored = 0
         for event in events:
@@ -632,7 +746,7 @@ class Store:
                 duplicates += 1
                 continue
             seen.add(key)
-            new_keys.append((kid, event.source, event.id))
+            new_keys.append(key)
             subject = subjects[event.subject]
             version = event.data.version
             if subject.version is not None and version <= subject.version:
@@ -676,88 +790,76 @@ class Store:
     def _write_subjects(
         self, conn: sqlite3.Connection, kid: int, subjects: dict[str, _Subject]
     ) -> None:
-        fts = fts_table(kid)
-        fts_delete: list[tuple[int, str, str]] = []
-        insert_rows: list[tuple[int, int, str, int, str, str, str, str, str]] = []
-        update_rows: list[tuple[int, str, str, str, str, str, int]] = []
+        """The net effect of the group on each touched concept, one statement per kind."""
+        fts_delete: list[tuple[int]] = []
         fts_insert: list[tuple[int, str, str]] = []
+        insert_rows: list[tuple[int, str, int, str, str, str, str, str]] = []
+        update_rows: list[tuple[int, int, str, str, str, str, str]] = []
         set_version: list[tuple[int, int]] = []
         delete_rows: list[tuple[int]] = []
-        tombstones: list[tuple[int, str, int]] = []
-        untombstone: list[tuple[int, str]] = []
-        clear_links: list[tuple[int, str]] = []
-        add_links: list[tuple[int, str, str]] = []
+        tombstones: list[tuple[str, int]] = []
+        untombstone: list[tuple[str]] = []
+        clear_links: list[tuple[str]] = []
+        add_links: list[tuple[str, str]] = []
         remove_links: list[tuple[int, str, str]] = []
         next_rid: int | None = None
+        encode_tags = _tags_encoder.encode
         for cid, subject in subjects.items():
             if not subject.touched:
                 continue
             version = subject.version
             assert version is not None
+            rid = subject.rid
             if subject.exists:
                 if subject.fields is not None:
                     data = subject.fields.data
-                    row = (
-                        version,
-                        data.title,
-                        data.type,
-                        data.status,
-                        _tags_encoder.encode(data.tags).decode(),
-                        data.text,
-                    )
-                    rid = subject.rid
+                    tags = encode_tags(data.tags).decode()
                     if rid is None:
                         if next_rid is None:
                             next_rid = conn.execute(self._MAX_RID).fetchone()[0] + 1
                         rid = next_rid
                         next_rid += 1
-                        insert_rows.append((rid, kid, cid, *row))
+                        insert_rows.append(
+                            (rid, cid, version, data.title, data.type, data.status, tags, data.text)
+                        )
                     else:
-                        update_rows.append((*row, rid))
-                        fts_delete.append((rid, *subject.indexed))
+                        update_rows.append(
+                            (rid, version, data.title, data.type, data.status, tags, data.text)
+                        )
+                        fts_delete.append((rid,))
                     fts_insert.append((rid, data.title, data.text))
                 else:  # only link events: the concept existed before and still does
-                    assert subject.rid is not None
-                    set_version.append((version, subject.rid))
+                    assert rid is not None
+                    set_version.append((rid, version))
                 if subject.had_tombstone:
-                    untombstone.append((kid, cid))
+                    untombstone.append((cid,))
             else:
-                if subject.rid is not None:
-                    delete_rows.append((subject.rid,))
-                    fts_delete.append((subject.rid, *subject.indexed))
-                tombstones.append((kid, cid, version))
+                if rid is not None:
+                    delete_rows.append((rid,))
+                    fts_delete.append((rid,))
+                tombstones.append((cid, version))
             if subject.rewrite:
-                clear_links.append((kid, cid))
-                add_links.extend((kid, cid, dst) for dst in subject.links)
+                if rid is not None:  # a new concept has no links to clear
+                    clear_links.append((cid,))
+                add_links.extend([(cid, dst) for dst in subject.links])
             else:
-                remove_links.extend((kid, cid, dst) for dst in subject.removed)
-                add_links.extend((kid, cid, dst) for dst in subject.added)
-        # External-content FTS: a row leaves the index with the values it was indexed with.
-        if fts_delete:
-            conn.executemany(
-                f"INSERT INTO {fts} ({fts}, rowid, title, text) VALUES ('delete', ?, ?, ?)",
-                fts_delete,
-            )
-        if update_rows:
-            conn.executemany(self._UPDATE, update_rows)
-        if insert_rows:
-            conn.executemany(self._INSERT, insert_rows)
-        if fts_insert:
-            conn.executemany(f"INSERT INTO {fts} (rowid, title, text) VALUES (?, ?, ?)", fts_insert)
-        if set_version:
-            conn.executemany(self._SET_VERSION, set_version)
-        if delete_rows:
-            conn.executemany(self._DELETE_CONCEPT, delete_rows)
-        if tombstones:
-            conn.executemany(self._TOMBSTONE, tombstones)
-        if untombstone:
-            conn.executemany(self._UNTOMBSTONE, untombstone)
-        if clear_links:
-            conn.executemany(self._LINKS_CLEAR, clear_links)
+                remove_links.extend([(kid, cid, dst) for dst in subject.removed])
+                add_links.extend([(cid, dst) for dst in subject.added])
+        fts_delete_stmt, fts_insert_stmt = self._fts_statements(kid)
+        # Old FTS rows leave before the concept rows change (own-content FTS reads its copy).
+        _bulk(conn, fts_delete_stmt, kid, fts_delete)
+        _bulk(conn, self._DELETE_CONCEPT, kid, delete_rows)
+        _bulk(conn, self._UPDATE, kid, update_rows)
+        _bulk(conn, self._INSERT, kid, insert_rows)
+        _bulk(conn, fts_insert_stmt, kid, fts_insert)
+        _bulk(conn, self._SET_VERSION, kid, set_version)
+        _bulk(conn, self._TOMBSTONE, kid, tombstones)
+        _bulk(conn, self._UNTOMBSTONE, kid, untombstone)
+        _bulk(conn, self._LINKS_CLEAR, kid, clear_links)
         if remove_links:
             conn.executemany(self._LINK_REMOVE, remove_links)
-        if add_links:
-            conn.executemany(self._LINK_ADD, add_links)
+        add_links.sort()  # key order: B-tree inserts with locality
+        _bulk(conn, self._LINK_ADD, kid, add_links)
 
     # -- reading -----------------------------------------------------------------------------
 
