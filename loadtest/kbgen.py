@@ -221,6 +221,8 @@ class WriterStream:
         ("reorder", 7),
         ("batch", 6),
         ("ghost", 2),
+        ("link_on_deleted", 3),
+        ("dup_in_batch", 2),
     )
 
     def __init__(
@@ -387,6 +389,11 @@ class WriterStream:
             if not self.sent:
                 return None
             original = rng.choice(self.sent[-50:])
+            if rng.random() < 0.2:  # same event ids from another source: not duplicates
+                mirror = f"kbgen://mirror/{self.index}"
+                events = [{**e, "source": mirror} for e in original.events]
+                kind = "mirror_source"
+                return _delivery(kind, events, self._msg_id(), batch=len(events) > 1)
             return Delivery(
                 "duplicate",
                 original.events,
@@ -437,6 +444,22 @@ class WriterStream:
             if not events:
                 return None
             return _delivery("batch", events, self._msg_id(), batch=True)
+        if op == "link_on_deleted":
+            # a newer link event for a deleted concept: ignored, its version not remembered
+            gone = [cid for cid in rng.sample(self.owned, min(20, len(self.owned)))]
+            gone = [cid for cid in gone if self.truth[cid].version > 0]
+            gone = [cid for cid in gone if not self.truth[cid].exists]
+            if not gone:
+                return None
+            version = self.truth[gone[0]].version + 1
+            data = {"version": version, "target": rng.choice(self.all_ids)}
+            return self._single(op, self._envelope("link.added", gone[0], data))
+        if op == "dup_in_batch":
+            concept_id = self._existing()
+            if concept_id is None:
+                return None
+            event = self._upsert(concept_id)
+            return _delivery(op, [event, event], self._msg_id(), batch=True)
         if op == "ghost":
             ghost = f"ops/ghost-w{self.index}-{self._event}"
             event = self._envelope(
