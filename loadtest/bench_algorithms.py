@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+# igraph's PageRank (prpack) runs OpenMP threads; on a small shared machine they make its times
+# swing 10-100x. Our kernels run one query per thread, so compare single-threaded.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -226,7 +231,12 @@ def bench_igraph(graph: Graph, s0: int, s1: int, target: int, budget: float) -> 
 def run(sizes: list[str], budget: float, with_nx: bool, with_ig: bool) -> dict:
     t0 = time.perf_counter()
     warm_up()
-    figures: dict[str, Any] = {"warm_up_s": round(time.perf_counter() - t0, 2), "graphs": {}}
+    figures: dict[str, Any] = {
+        "warm_up_s": round(time.perf_counter() - t0, 2),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "graphs": {},
+    }
+    print(f"igraph/OpenMP threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
     for name in sizes:
         n = SIZES[name]
         t0 = time.perf_counter()

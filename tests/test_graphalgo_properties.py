@@ -156,14 +156,15 @@ def test_concurrent_threads_agree() -> None:
 
 def test_read_only_arrays_and_warm_up() -> None:
     ga.warm_up()
-    view = ga._tiny_view(readonly=True)
+    view = ga._tiny_view(readonly=True, readonly_view=False)
     assert not view.graph.und.flags.writeable
     assert shortest_path(view, 0, 2) == [0, 1, 2]
     nodes, p = personalized_pagerank(view, [(3, 1.0)])
     assert nodes.tolist() == [3] and p.tolist() == [1.0]
-    # every kernel has been compiled for the dtypes the projection uses, nothing else
+    # every kernel has been compiled for the dtypes the projection uses (writeable or read-only
+    # graph arrays x writeable or read-only mask/deg), and nothing else
     from kbgraph.graphalgo import _kernels
 
     kernels = ("ppr_push", "bfs_targets", "bfs_path", "bidir_path", "ra_scores", "ra_common")
     for name in kernels:
-        assert len(getattr(_kernels, name).signatures) == 2, name
+        assert len(getattr(_kernels, name).signatures) == 4, name

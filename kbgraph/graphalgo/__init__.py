@@ -31,8 +31,8 @@ __all__ = [
 ]
 
 
-def _tiny_view(readonly: bool) -> View:
-    # a - b - c, a -> b, b -> c, plus an isolated d
+def _tiny_view(readonly: bool, readonly_view: bool | None = None) -> View:
+    """a - b - c (a -> b, b -> c) and an isolated d; arrays optionally read-only."""
     und_off = np.array([0, 1, 3, 4], np.int64)
     und_len = np.array([1, 2, 1, 0], np.int32)
     und = np.array([1, 0, 2, 1], np.int32)
@@ -41,23 +41,28 @@ def _tiny_view(readonly: bool) -> View:
     out = np.array([1, 2], np.int32)
     mask = np.ones(4, np.uint8)
     deg = und_len.copy()
-    arrays = (und_off, und_len, und, out_off, out_len, out, mask, deg)
     if readonly:
-        for a in arrays:
+        for a in (und_off, und_len, und, out_off, out_len, out):
             a.flags.writeable = False
+    if readonly if readonly_view is None else readonly_view:
+        mask.flags.writeable = False
+        deg.flags.writeable = False
     g = Graph(und_off, und_len, und, out_off, out_len, out, ["a", "b", "c", "d"])
     return View(g, mask, deg)
 
 
 def warm_up() -> None:
-    """Compile (or load from the on-disk cache) every kernel, for writeable and read-only arrays.
+    """Compile (or load from the on-disk cache) every kernel, so that no request ever compiles.
 
-    Call once at service start-up, before serving, so that no request ever compiles.
+    numba types a read-only array apart from a writeable one, so this covers the graph's arrays
+    and the view's mask/deg each writeable or read-only (4 variants). Other dtypes than those
+    of ``graph.py`` are converted per call (a copy: avoid). Call once at service start-up.
     """
-    for readonly in (False, True):
-        view = _tiny_view(readonly)
-        personalized_pagerank(view, [(0, 1.0), (3, 1.0)])
-        hops_and_via(view, [0], [2, 3])
-        shortest_path(view, 0, 2, "both")
-        shortest_path(view, 0, 2, "out")
-        resource_allocation(view, 0, limit=5, min_common=1)
+    for readonly_graph in (False, True):
+        for readonly_view in (False, True):
+            view = _tiny_view(readonly_graph, readonly_view)
+            personalized_pagerank(view, [(0, 1.0), (3, 1.0)])
+            hops_and_via(view, [0], [2, 3])
+            shortest_path(view, 0, 2, "both")
+            shortest_path(view, 0, 2, "out")
+            resource_allocation(view, 0, limit=5, min_common=1)
