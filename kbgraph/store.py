@@ -416,6 +416,12 @@ class Store:
         with self._write_lock():
             self._begin_immediate(conn)
             try:
+                found = conn.execute("PRAGMA user_version").fetchone()[0]
+                if found > SCHEMA_VERSION:
+                    raise RuntimeError(
+                        f"{self.path}: store schema version {found} is newer than this kbgraph "
+                        f"understands ({SCHEMA_VERSION})"
+                    )
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         conn.execute(statement)
@@ -525,6 +531,15 @@ class Store:
             self._commit_group(conn, group)
         with contextlib.suppress(sqlite3.Error):
             conn.close()
+        # Deliveries that raced with close() behind the stop marker: refuse, never strand them.
+        while True:
+            try:
+                late = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if late is not None:
+                with contextlib.suppress(Exception):
+                    late.resolve(None, StoreClosed("store closed"))
 
     def _commit_group(self, conn: sqlite3.Connection, group: list[_Pending]) -> None:
         """One transaction, one fsync for the group; each caller gets its own outcome.
