@@ -175,3 +175,19 @@ def test_serve_exits_2_on_config_error_naming_the_key(tmp_path: Path) -> None:
     done = run_cli("serve", "--config", str(path))
     assert done.returncode == 2
     assert "unknown key store.pth" in done.stderr
+
+
+def test_demo_config_and_seed(tmp_path: Path) -> None:
+    from kbgraph.store import Store
+
+    path = tmp_path / "kbgraph.toml"
+    cli.write_demo_config(path)
+    config = load_config(path)
+    assert config.auth_enabled and config.tokens[0].admin and config.tokens[0].token
+    assert config.store.path == str(tmp_path / "kbgraph.db")
+    assert cli.seed_demo(config.store.path, 50) == 50
+    assert cli.seed_demo(config.store.path, 50) == 50  # seeded once only
+    with Store(config.store.path) as store:
+        concepts = store.load().kbs["demo"].concepts
+        assert len(concepts) == 50 and all(c.text for c in concepts)
+        assert sum(len(c.links) for c in concepts) > 0
