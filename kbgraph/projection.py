@@ -370,6 +370,7 @@ class KBProjection:
         self._cls = np.zeros(self._node_cap, np.int32)  # (collection, type) class per node
         self._classes: list[tuple[str, str]] = []
         self._class_of: dict[tuple[str, str], int] = {}
+        self._collection_names: dict[str, str] = {}
         self._und = _Adjacency(self._node_cap)
         self._out = _Adjacency(self._node_cap)
         self._missing_out: dict[int, set[int]] = {}  # u -> declared targets not alive
@@ -456,10 +457,10 @@ class KBProjection:
         self.titles = [c.title for c in concepts] + [""] * missing
         self.types = [c.type for c in concepts] + [""] * missing
         self.statuses = [c.status for c in concepts] + [""] * missing
-        self.tags = [list(c.tags) for c in concepts] + [[] for _ in range(missing)]
+        self.tags = [c.tags for c in concepts] + [[] for _ in range(missing)]
         self.texts = [c.text for c in concepts] + [""] * missing
         self.versions = [c.version for c in concepts] + [0] * missing
-        self.collections = [collection_of(i) for i in ids]
+        self.collections = [self._collection(i) for i in ids]
         self._alive = np.zeros(node_cap, np.uint8)
         self._alive[:n0] = 1
         self._cls = np.zeros(node_cap, np.int32)
@@ -467,6 +468,11 @@ class KBProjection:
         for u, c in enumerate(concepts):
             self.index.put(u, c.title, c.text)
         self.seq = state.seq
+
+    def _collection(self, concept_id: str) -> str:
+        """collection_of, one shared string per collection (a million ids, a few names)."""
+        name = collection_of(concept_id)
+        return self._collection_names.setdefault(name, name)
 
     def _class(self, collection: str, concept_type: str) -> int:
         key = (collection, concept_type)
@@ -594,7 +600,7 @@ class KBProjection:
             self._grow_nodes_now()
         self._index_of[concept_id] = u
         self.ids.append(concept_id)
-        collection = collection_of(concept_id)
+        collection = self._collection(concept_id)
         self.collections.append(collection)
         self.titles.append("")
         self.types.append("")
@@ -774,6 +780,7 @@ class Projections:
 
         Tests and tools may then call ``follow_once`` themselves.
         """
+        _warm_up()
         snapshot = self.store.load()
         for name, state in snapshot.kbs.items():
             kb = KBProjection(name, index_factory=self._index_factory)
@@ -879,6 +886,15 @@ class Projections:
                 fn(kb, seq)
             except Exception:
                 log.exception("projection listener failed")
+
+
+def _warm_up() -> None:
+    """Compile the numba kernels at start-up, not on the first narrowed request."""
+    off = np.zeros(1, np.int64)
+    ln = np.zeros(1, np.int32)
+    pool = np.zeros(1, np.int32)
+    _masked_degrees(off, ln, pool, np.ones(1, np.uint8), np.zeros(1, np.int32))
+    _compact(off, ln, ln, pool, np.zeros(1, np.int64), np.zeros(1, np.int32))
 
 
 def _resolve(future: asyncio.Future) -> None:
