@@ -528,17 +528,19 @@ class KBProjection:
         cls = _grown(self._cls, n, new_cap)
         with self._masks_lock:
             entries = list(self._masks.values())
-        grown = {id(e): (_grown(e.mask, n, new_cap), _grown(e.deg, n, new_cap)) for e in entries}
+        # Keyed by id() but holding the entry itself, so an id cannot be reused meanwhile.
+        grown = {id(e): (e, _grown(e.mask, n, new_cap), _grown(e.deg, n, new_cap)) for e in entries}
 
         def swap() -> None:
             self._und.install_nodes(und)
             self._out.install_nodes(out)
             self._alive, self._cls, self._node_cap = alive, cls, new_cap
             for e in self._masks.values():  # readers may have added entries meanwhile
-                e.mask, e.deg = grown.get(id(e)) or (
-                    _grown(e.mask, n, new_cap),
-                    _grown(e.deg, n, new_cap),
-                )
+                prepared = grown.get(id(e))
+                if prepared is not None and prepared[0] is e:
+                    e.mask, e.deg = prepared[1], prepared[2]
+                else:
+                    e.mask, e.deg = _grown(e.mask, n, new_cap), _grown(e.deg, n, new_cap)
 
         return swap
 

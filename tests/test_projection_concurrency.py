@@ -261,3 +261,73 @@ def test_rwlock_hands_off_to_queued_readers_before_the_next_writer() -> None:
     lock.release_write()
     reader.join(10)
     assert order == ["R", "W"]
+
+
+def test_cached_masks_stay_exact_under_growth_compaction_and_eviction(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Readers creating and evicting masks while the follower grows and compacts: every
+    view's degrees equal a brute-force count over the same snapshot."""
+    import kbgraph.projection as projection
+
+    monkeypatch.setattr(projection, "MASK_CACHE_ENTRIES", 2)
+    monkeypatch.setattr(projection, "COMPACT_MIN_HOLES", 0)
+    rule_sets = [canonical([Rule(frozenset({f"c{k}"}), frozenset())]) for k in range(4)] + [
+        canonical([Rule(frozenset(), frozenset({"T"}))])
+    ]
+    with Store(tmp_path / "kb.db") as store:
+        store.append(KB, [upsert("c0/seed")])
+        p = Projections(store, poll_interval=0.001)
+        p.start()
+        kb = p.get(KB)
+        done = threading.Event()
+        failures: list[BaseException] = []
+        checked = [0]
+
+        def reader(offset: int) -> None:
+            i = offset
+            try:
+                while not done.is_set():
+                    i += 1
+                    with kb.read() as snap:
+                        view = snap.view(rule_sets[i % len(rule_sets)])
+                        g = snap.graph
+                        for u in range(g.n):
+                            block = g.und[g.und_off[u] : g.und_off[u] + g.und_len[u]]
+                            want = int(view.mask[block].sum()) if view.mask[u] else 0
+                            assert view.deg[u] == want, (snap.ids[u], int(view.deg[u]), want)
+                        checked[0] += 1
+            except BaseException as exc:
+                failures.append(exc)
+                done.set()
+
+        readers = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+        for t in readers:
+            t.start()
+        try:
+            last = 0
+            for d in range(120):
+                if failures:
+                    break
+                ids = [f"c{(d + i) % 4}/n{d}-{i}" for i in range(5)]
+                events = [
+                    upsert(x, 1, type="T" if i % 2 else "", links=[*ids, f"c0/n{d // 2}-0"])
+                    for i, x in enumerate(ids)
+                ]
+                if d % 3 == 2:
+                    events.append(delete(f"c{(d - 2) % 4}/n{d - 2}-1", 5))
+                last = store.append(KB, events).seq
+                p.kick()
+            deadline = time.monotonic() + 30
+            while p.seq(KB) < last and time.monotonic() < deadline and not failures:
+                time.sleep(0.01)
+        finally:
+            done.set()
+            for t in readers:
+                t.join()
+            p.stop()
+        assert not failures, failures[0]
+        assert p.error is None and p.seq(KB) == last
+        assert checked[0] > 0
+        assert len(kb._masks) <= 2
+        assert kb._node_cap >= 512  # the node arrays (and masks) did grow during the test
