@@ -41,10 +41,10 @@ SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 AIM_SINGLE = 2_000.0
 AIM_EVENTS = 50_000.0
 BATCH = 500
-WORDS = tuple(
-    "dns backup router cluster vpn certificate disk ingress monitoring firewall database mail"
-    " proxy storage upgrade incident kernel gateway replica failover schedule runbook owner".split()
-)
+WORDS = ("dns", "backup", "router", "cluster", "vpn", "certificate", "disk", "ingress",
+         "monitoring", "firewall", "database", "mail", "proxy", "storage", "upgrade",
+         "incident", "kernel", "gateway", "replica", "failover", "schedule", "runbook",
+         "owner")  # fmt: skip
 
 
 def free_port() -> int:
@@ -59,9 +59,10 @@ def start_server(folder: Path, port: int) -> subprocess.Popen[bytes]:
         f'[store]\npath = "bench.db"\n[webhooks]\nsecrets = ["{SECRET}"]\n'
         '[[tokens]]\nname = "admin"\ntoken = "bench-admin"\nadmin = true\n'
     )
+    command = [sys.executable, "-m", "kbgraph", "serve", "--config", str(config)]
+    command += ["--port", str(port), "--log-level", "warning"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kbgraph", "serve", "--config", str(config)]
-        + ["--port", str(port), "--log-level", "warning"],
+        command,
         cwd=ROOT,
         start_new_session=True,
     )
