@@ -100,7 +100,12 @@ async def post_events(request: Request) -> Response:
     """Take one delivery: answer 200 with the DeliveryResult once it is durable."""
     started = time.perf_counter()
     response = await _handle(request)
-    _delivery_counter.get(response.status_code, DELIVERIES.labels(str(response.status_code))).inc()
+    counter = _delivery_counter.get(response.status_code)
+    if counter is None:
+        counter = _delivery_counter[response.status_code] = DELIVERIES.labels(
+            str(response.status_code)
+        )
+    counter.inc()
     ACK_SECONDS.observe(time.perf_counter() - started)
     return response
 

@@ -497,7 +497,9 @@ class Store:
             loop.call_soon_threadsafe(settle, result, exc)
 
         self._submit(_Pending(kb, list(events), resolve))
-        # Shielded: a client that hangs up does not un-commit the delivery.
+        # Shielded: a caller cancelled while waiting (a client that hung up) does not undo the
+        # delivery; its outcome is then consumed here so that nothing is logged as unretrieved.
+        future.add_done_callback(_consume)
         return await asyncio.shield(future)
 
     def _empty_result(self, kb: str) -> DeliveryResult:
@@ -965,6 +967,11 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _consume(future: asyncio.Future[DeliveryResult]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _by_id(concept: ConceptState) -> str:

@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 from kbgraph import ingest
 from kbgraph.config import Config, parse_config
 from kbgraph.events import SignatureVerifier
-from kbgraph.store import Store
+from kbgraph.store import Store, StoreBusy
 from tests import webhook_client as wc
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -262,3 +262,31 @@ def test_metrics_count_deliveries_by_status(h: Harness) -> None:
     assert count("200") == before_200 + 1
     assert count("401") == before_401 + 1
     assert (REGISTRY.get_sample_value("kbgraph_ingest_ack_seconds_count") or 0) >= 2
+
+
+class _FailingStore:
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    async def append_async(self, kb, events):
+        raise self.exc
+
+
+@pytest.mark.parametrize(
+    ("exc", "status"), [(StoreBusy("locked"), 503), (RuntimeError("bug"), 500)]
+)
+def test_store_failures_are_not_acknowledged(tmp_path: Path, exc: Exception, status: int) -> None:
+    commits: list[int] = []
+    app = Starlette(routes=ingest.routes)
+    app.state.config = parse_config("", base_dir=tmp_path)
+    app.state.verifier = SignatureVerifier([])
+    app.state.store = _FailingStore(exc)
+    app.state.on_commit = lambda: commits.append(1)
+    with TestClient(app) as client:
+        body, headers = wc.delivery(None, [wc.upsert("x")])
+        response = client.post("/v1/kbs/kb/events", content=body, headers=headers)
+    assert response.status_code == status
+    assert "error" in response.json()
+    assert commits == []
+    if status == 503:
+        assert response.headers["retry-after"] == "1"
