@@ -857,7 +857,7 @@ class Store:
                     fts_delete.append((rid,))
                 tombstones.append((cid, version))
             if subject.rewrite:
-                if rid is not None:  # a new concept has no links to clear
+                if subject.rid is not None:  # a concept new to the store has no links yet
                     clear_links.append((cid,))
                 add_links.extend([(cid, dst) for dst in subject.links])
             else:
