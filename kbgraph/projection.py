@@ -60,8 +60,10 @@ LRU (64 entries, at most ``MASK_CACHE_BYTES``); every cached mask is patched by 
 under the write lock, so a cache never serves a stale mask. Readers insert into the cache
 under a small mutex; evicting only drops a reference, so a reader's ``View`` stays valid.
 
-Failure: if applying a record raises (a bug), the follower logs it, stores it in
-``Projections.error`` and stops following: a projection that missed an event must not serve.
+Failure: if reading the log raises (SQLite busy, I/O), nothing was applied and the follower
+retries with a growing pause (up to 1 s). If applying a record raises (a bug), the follower
+logs it, stores it in ``Projections.error`` and stops following: a projection that missed an
+event must not pretend to be current.
 """
 
 from __future__ import annotations
@@ -846,7 +848,10 @@ class Projections:
 
     def follow_once(self) -> int:
         """Read and apply what the log holds after ``gid``; returns the records applied."""
-        records = self.store.read_log(self.gid, READ_LOG_LIMIT)
+        try:
+            records = self.store.read_log(self.gid, READ_LOG_LIMIT)
+        except Exception as exc:  # nothing applied: safe to try again
+            raise _ReadFailed from exc
         if not records:
             return 0
         by_kb: dict[str, list[LogRecord]] = {}
@@ -867,14 +872,21 @@ class Projections:
         return len(records)
 
     def _run(self) -> None:
+        backoff = 0.0
         while not self._stopping.is_set():
-            self._kick.wait(self.poll_interval)
+            self._kick.wait(max(self.poll_interval, backoff))
             self._kick.clear()
             if self._stopping.is_set():
                 break
             try:
                 while self.follow_once() >= READ_LOG_LIMIT and not self._stopping.is_set():
                     pass
+                backoff = 0.0
+            except _ReadFailed as exc:  # e.g. SQLite busy or I/O: retry, slower each time
+                backoff = min(1.0, max(0.01, 2 * backoff))
+                log.warning(
+                    "reading the log failed (retrying in %.2f s): %r", backoff, exc.__cause__
+                )
             except Exception as exc:
                 log.exception("projection follower stopped: applying the log failed")
                 self.error = exc
@@ -892,6 +904,10 @@ class Projections:
                 fn(kb, seq)
             except Exception:
                 log.exception("projection listener failed")
+
+
+class _ReadFailed(Exception):
+    """``read_log`` raised: nothing was applied, the follower retries."""
 
 
 def _warm_up() -> None:

@@ -331,3 +331,36 @@ def test_cached_masks_stay_exact_under_growth_compaction_and_eviction(
         assert checked[0] > 0
         assert len(kb._masks) <= 2
         assert kb._node_cap >= 512  # the node arrays (and masks) did grow during the test
+
+
+def test_follower_retries_a_failed_log_read() -> None:
+    """A transient read error (SQLite busy, I/O) is retried; nothing is lost or doubled."""
+    from tests.reference_model import FakeStore
+
+    class Flaky(FakeStore):
+        failures = 2
+
+        def read_log(self, after_gid: int, limit: int = 10_000):
+            if self.failures:
+                self.failures -= 1
+                raise OSError("disk hiccup")
+            return super().read_log(after_gid, limit)
+
+    store = Flaky()
+    store.failures = 0
+    store.append(KB, [upsert("a")])
+    p = Projections(store, poll_interval=0.001)
+    p.start()
+    try:
+        store.failures = 2
+        store.append(KB, [upsert("b", links=["a"])])
+        p.kick()
+        deadline = time.monotonic() + 10
+        while p.seq(KB) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+    finally:
+        p.stop()
+    assert store.failures == 0
+    assert p.error is None and p.seq(KB) == 2
+    with p.get(KB).read() as snap:
+        assert snap.counts(snap.view(None)) == (2, 1)
