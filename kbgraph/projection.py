@@ -60,6 +60,10 @@ LRU (64 entries, at most ``MASK_CACHE_BYTES``); every cached mask is patched by 
 under the write lock, so a cache never serves a stale mask. Readers insert into the cache
 under a small mutex; evicting only drops a reference, so a reader's ``View`` stays valid.
 
+Search: each KB keeps one ``SearchIndex`` (``kbgraph.search``) as ``index``; the follower
+calls ``put`` on every upsert and ``remove`` on every delete, under the write lock, so search
+sees the same delivery-whole state as the graph.
+
 Failure: if reading the log raises (SQLite busy, I/O), nothing was applied and the follower
 retries with a growing pause (up to 1 s). If applying a record raises (a bug), the follower
 logs it, stores it in ``Projections.error`` and stops following: a projection that missed an
