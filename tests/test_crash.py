@@ -8,6 +8,7 @@ delivery sent again as duplicates.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -45,9 +46,12 @@ def write_config(folder: Path) -> Path:
     return path
 
 
-def start_server(config: Path, port: int) -> subprocess.Popen[bytes]:
+def start_server(config: Path, port: int, workers: int = 1) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "kbgraph", "serve", "--config", str(config)]
+    command += ["--port", str(port), "--workers", str(workers)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kbgraph", "serve", "--config", str(config), "--port", str(port)],
+        command,
+        start_new_session=True,  # the workers of --workers N share the group
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         cwd=Path(__file__).resolve().parent.parent,
@@ -68,7 +72,8 @@ def start_server(config: Path, port: int) -> subprocess.Popen[bytes]:
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
     if proc.stderr is not None:
         proc.stderr.close()
@@ -143,3 +148,34 @@ def test_sigkill_loses_no_acknowledged_delivery(tmp_path: Path) -> None:
             assert answer["duplicates"] == len(events) and answer["applied"] == 0
     finally:
         stop(proc)
+
+
+def test_two_workers_share_the_store(tmp_path: Path) -> None:
+    """``--workers 2``: two processes take deliveries into one SQLite file; none is lost."""
+    config = write_config(tmp_path)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1/kbs/shared/events"
+    proc = start_server(config, port, workers=2)
+    statuses: list[int] = []
+
+    def client(n: int) -> None:
+        for i in range(40):
+            # a fresh connection each time, so the kernel spreads them over both workers
+            body, headers = wc.delivery(SECRET, [wc.upsert(f"w{n}/{i}"), wc.upsert(f"w{n}/{i}/b")])
+            statuses.append(httpx.post(url, content=body, headers=headers, timeout=30).status_code)
+
+    try:
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+        stop(proc)
+    assert statuses == [200] * 240
+    with Store(tmp_path / "kb.db") as store:
+        assert store.kb_seq("shared") == 480
+        assert len(store.load().kbs["shared"].concepts) == 480
+        assert [r.seq for r in store.read_log(0, limit=10_000)] == list(range(1, 481))
