@@ -39,7 +39,7 @@ from kbgraph.access import Rule, RuleSet, canonical
 from kbgraph.names import is_kb_name
 
 DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
-_HEX64: Final = re.compile(r"[0-9a-f]{64}")
+_HEX64: Final = re.compile(r"[0-9a-fA-F]{64}")
 _MSGSPEC_AT: Final = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN: Final = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
 _MISSING: Final = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
@@ -78,7 +78,7 @@ class TokenConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     def sha256(self) -> str:
         """The hex sha256 of the token, the key it is looked up by."""
         if self.token_sha256 is not None:
-            return self.token_sha256
+            return self.token_sha256.lower()
         assert self.token is not None
         return token_sha256(self.token)
 
@@ -201,7 +201,7 @@ def _check(config: Config) -> None:
         if token.token is not None and not token.token:
             raise ConfigError(f"{where}.token: empty")
         if token.token_sha256 is not None and not _HEX64.fullmatch(token.token_sha256):
-            raise ConfigError(f"{where}.token_sha256: expected 64 lower-case hex digits")
+            raise ConfigError(f"{where}.token_sha256: expected 64 hex digits (sha256 of the token)")
         digest = token.sha256()
         if digest in hashes:
             raise ConfigError(f"{where}: same token as an earlier entry")
