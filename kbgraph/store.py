@@ -254,12 +254,12 @@ class SqliteLog:
 
 
 # --------------------------------------------------------------------------------------------
-# Applying one delivery
+# Applying deliveries
 
 
 @dataclass(slots=True)
 class _Subject:
-    """A concept touched by the delivery: what the store knows, then what the events made."""
+    """A concept touched by the group: what the store knew, then what the events made of it."""
 
     rid: int | None  # concept row before the delivery (None: no concept)
     had_tombstone: bool
