@@ -1,4 +1,5 @@
-"""Who may see what (SPEC section 3): a token is admin or carries rules ``{kb, collections?, types?}``.
+"""Who may see what (SPEC section 3): a token is admin or carries rules
+``{kb, collections?, types?}``.
 
 A concept is visible when some rule for its KB matches it: ``collections`` empty or holding the
 concept's collection, and ``types`` empty or holding its type. A ``RuleSet`` is the canonical,

@@ -8,10 +8,12 @@ release the GIL) -> deterministic JSON bytes with ``X-KB-Seq``.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
 
@@ -24,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from kbgraph import graphalgo, ingest, tools
+from kbgraph import graphalgo, ingest, search, tools
 from kbgraph.access import RuleSet
 from kbgraph.config import Config, TokenGrant, load_config
 from kbgraph.events import SignatureVerifier
@@ -33,6 +35,7 @@ from kbgraph.projection import KBProjection, Projections, Snapshot
 from kbgraph.store import Store
 
 CONFIG_ENV: Final = "KBGRAPH_CONFIG"
+TOOL_THREADS: Final = 4
 _ADMIN: Final = TokenGrant(name="anonymous-admin", admin=True, rules={})
 
 REQUEST_SECONDS = Histogram(
@@ -157,17 +160,24 @@ def observed(route: str, handler: Handler) -> Handler:
 
 
 async def run_on_snapshot(
-    request: Request, kb: str, rules: RuleSet | None, compute: Callable[[Snapshot, Any], Any]
+    request: Request,
+    projection: KBProjection,
+    rules: RuleSet | None,
+    compute: Callable[[Snapshot, Any], Any],
 ) -> Response:
-    """Run ``compute(snapshot, view)`` in a worker thread under the KB's read lock."""
-    projection = await open_kb(request, kb)
+    """Run ``compute(snapshot, view)`` in a worker thread under the KB's read lock.
 
-    def work() -> tuple[int, Any]:
+    The response bytes are encoded in the worker too, so the event loop only moves bytes.
+    """
+
+    def work() -> tuple[int, bytes]:
         with projection.read() as snap:
-            return snap.seq, compute(snap, snap.view(rules))
+            body = compute(snap, snap.view(rules))
+            return snap.seq, _encode(body)
 
-    seq, body = await anyio.to_thread.run_sync(work, limiter=request.app.state.limiter)
-    return json_response(body, headers={"X-KB-Seq": str(seq)})
+    loop = asyncio.get_running_loop()
+    seq, body = await loop.run_in_executor(request.app.state.executor, work)
+    return Response(body, headers={"X-KB-Seq": str(seq)}, media_type="application/json")
 
 
 def tool_route(name: str, request_type: type[Req], tool: Callable[..., Any]) -> Route:
@@ -175,9 +185,11 @@ def tool_route(name: str, request_type: type[Req], tool: Callable[..., Any]) -> 
         grant = authenticate(request)
         kb = request.path_params["kb"]
         rules = rules_for(grant, kb)
-        await open_kb(request, kb)  # 404 for a missing KB before the body is judged
+        projection = await open_kb(request, kb)  # 404 for a missing KB before the body
         req = decode_body(await request.body(), request_type)
-        return await run_on_snapshot(request, kb, rules, lambda snap, view: tool(snap, view, req))
+        return await run_on_snapshot(
+            request, projection, rules, lambda snap, view: tool(snap, view, req)
+        )
 
     return Route(f"/v1/kbs/{{kb}}/tools/{name}", observed(name, handler), methods=["POST"])
 
@@ -186,7 +198,7 @@ async def search_handler(request: Request) -> Response:
     grant = authenticate(request)
     kb = request.path_params["kb"]
     rules = rules_for(grant, kb)
-    await open_kb(request, kb)
+    projection = await open_kb(request, kb)
     query = request.query_params.get("q")
     if query is None:
         raise HTTPError(422, "'q' is required")
@@ -196,7 +208,7 @@ async def search_handler(request: Request) -> Response:
     except ValueError:
         raise HTTPError(422, f"limit: Expected int, got {raw_limit!r}") from None
     return await run_on_snapshot(
-        request, kb, rules, lambda snap, view: tools.search(snap, view, query, limit)
+        request, projection, rules, lambda snap, view: tools.search(snap, view, query, limit)
     )
 
 
@@ -205,8 +217,9 @@ async def concept_handler(request: Request) -> Response:
     kb = request.path_params["kb"]
     rules = rules_for(grant, kb)
     concept_id = request.path_params["concept_id"]
+    projection = await open_kb(request, kb)
     return await run_on_snapshot(
-        request, kb, rules, lambda snap, view: tools.concept(snap, view, concept_id)
+        request, projection, rules, lambda snap, view: tools.concept(snap, view, concept_id)
     )
 
 
@@ -214,8 +227,9 @@ async def status_handler(request: Request) -> Response:
     grant = authenticate(request)
     kb = request.path_params["kb"]
     rules = rules_for(grant, kb)
+    projection = await open_kb(request, kb)
     return await run_on_snapshot(
-        request, kb, rules, lambda snap, view: tools.status(snap, view, kb)
+        request, projection, rules, lambda snap, view: tools.status(snap, view, kb)
     )
 
 
@@ -268,7 +282,9 @@ def openapi_document() -> dict[str, Any]:
     """OpenAPI 3.1, generated from the msgspec request and response types."""
     types: list[Any] = [t for row in TOOLS for t in row[1:3]]
     types += [tools.SearchResponse, tools.ConceptResponse, tools.StatusResponse]
-    _, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
+    _, components = msgspec.json.schema_components(
+        types, ref_template="#/components/schemas/{name}"
+    )
     components["Error"] = {
         "type": "object",
         "properties": {"error": {"type": "string"}},
@@ -348,19 +364,23 @@ def create_app(config: Config) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Tools run here, off the event loop; the compiled kernels release the GIL.
+        executor = ThreadPoolExecutor(max_workers=TOOL_THREADS, thread_name_prefix="kbgraph-tool")
+        app.state.executor = executor
         store = Store(config.store.path)
         projections = Projections(store)
         app.state.store = store
         app.state.projections = projections
         app.state.on_commit = projections.kick
-        app.state.limiter = anyio.CapacityLimiter(8)
         await anyio.to_thread.run_sync(projections.start)
         await anyio.to_thread.run_sync(graphalgo.warm_up)
+        await anyio.to_thread.run_sync(search.warm_up)
         app.state.ready = True
         try:
             yield
         finally:
             app.state.ready = False
+            executor.shutdown(wait=True)
             projections.stop()
             store.close()
 

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+from numba import njit
 
 TITLE_WEIGHT = 10
 K1 = 1.2
@@ -36,6 +38,63 @@ SNIPPET_WIDTH = 160
 
 _ASCII_TOKEN = re.compile(r"[a-z0-9]+")
 _TOKEN = re.compile(r"[^\W_]+")
+
+
+@njit(cache=True, nogil=True)
+def _bm25(
+    term_off, nodes, freqs, doc_len, mask, n_docs, avgdl, acc, seen, touched
+):  # pragma: no cover - compiled
+    """Sum each visible document's BM25 parts, term by term (so in query-term order).
+
+    ``nodes[term_off[t]:term_off[t + 1]]`` are term t's postings with their weighted
+    frequencies. Scratch ``acc`` (zeros), ``seen`` (zeros) and ``touched`` are restored.
+    """
+    nt = 0
+    for t in range(term_off.shape[0] - 1):
+        start, end = term_off[t], term_off[t + 1]
+        df = 0
+        for j in range(start, end):
+            if mask[nodes[j]] != 0:
+                df += 1
+        if df == 0:
+            continue
+        idf = math.log((n_docs - df + 0.5) / (df + 0.5))
+        if idf <= 0.0:
+            idf = 1e-6
+        for j in range(start, end):
+            u = nodes[j]
+            if mask[u] == 0:
+                continue
+            f = freqs[j]
+            norm = K1 * (1.0 - B + B * doc_len[u] / avgdl)
+            acc[u] += idf * (f * (K1 + 1.0)) / (f + norm)
+            if seen[u] == 0:
+                seen[u] = 1
+                touched[nt] = u
+                nt += 1
+    out_nodes = touched[:nt].copy()
+    out_scores = np.empty(nt, np.float64)
+    for i in range(nt):
+        u = out_nodes[i]
+        out_scores[i] = acc[u]
+        acc[u] = 0.0
+        seen[u] = 0
+    return out_nodes, out_scores
+
+
+class _Scratch(threading.local):
+    """Per-thread accumulator arrays for ``_bm25``, grown on demand, always left clean."""
+
+    def __init__(self) -> None:
+        self.grow(1024)
+
+    def grow(self, size: int) -> None:
+        self.acc = np.zeros(size, np.float64)
+        self.seen = np.zeros(size, np.uint8)
+        self.touched = np.zeros(size, np.int64)
+
+
+_scratch = _Scratch()
 
 
 def _fold(text: str) -> str:
@@ -77,6 +136,7 @@ class SearchIndex:
         self._postings: dict[str, _Postings] = {}
         self._doc_terms: dict[int, tuple[str, ...]] = {}
         self._doc_len = np.zeros(1024, dtype=np.int64)
+        self._present = np.zeros(1024, dtype=np.uint8)  # 1 where a document is indexed
         self.version = 0  # bumped on every change; keys the cached visible statistics
         self._stats: dict[tuple[int, int], tuple[np.ndarray, int, int]] = {}
 
@@ -96,10 +156,15 @@ class SearchIndex:
             postings.arrays = None
         self._doc_terms[node] = tuple(freq)
         if node >= len(self._doc_len):
-            grown = np.zeros(max(node + 1, 2 * len(self._doc_len)), dtype=np.int64)
-            grown[: len(self._doc_len)] = self._doc_len
-            self._doc_len = grown
+            size = max(node + 1, 2 * len(self._doc_len))
+            self._doc_len = np.concatenate(
+                [self._doc_len, np.zeros(size - len(self._doc_len), np.int64)]
+            )
+            self._present = np.concatenate(
+                [self._present, np.zeros(size - len(self._present), np.uint8)]
+            )
         self._doc_len[node] = len(title_terms) + len(text_terms)
+        self._present[node] = 1
         self._changed()
 
     def remove(self, node: int) -> None:
@@ -115,6 +180,7 @@ class SearchIndex:
             else:
                 del self._postings[term]
         self._doc_len[node] = 0
+        self._present[node] = 0
         self._changed()
 
     def _changed(self) -> None:
@@ -131,10 +197,8 @@ class SearchIndex:
         if cached is not None and cached[0] is mask:
             return cached[1], cached[2]
         size = min(len(mask), len(self._doc_len))
-        nodes = np.fromiter(self._doc_terms, dtype=np.int64, count=len(self._doc_terms))
-        nodes = nodes[nodes < size]
-        visible = nodes[mask[nodes] != 0]
-        count, total = len(visible), int(self._doc_len[visible].sum())
+        visible = (mask[:size] != 0) & (self._present[:size] != 0)
+        count, total = int(np.count_nonzero(visible)), int(self._doc_len[:size][visible].sum())
         self._stats[key] = (mask, count, total)
         return count, total
 
@@ -159,31 +223,43 @@ class SearchIndex:
         if n_docs == 0:
             return empty
         avgdl = total_len / n_docs
-        all_nodes: list[np.ndarray] = []
-        all_parts: list[np.ndarray] = []
+        term_nodes: list[np.ndarray] = []
+        term_freqs: list[np.ndarray] = []
         for term in terms:
             postings = self._postings.get(term)
-            if postings is None:
-                continue
-            nodes, freqs = self._arrays(postings)
-            keep = mask[nodes] != 0
-            nodes, freqs = nodes[keep], freqs[keep]
-            df = len(nodes)
-            if df == 0:
-                continue
-            idf = math.log((n_docs - df + 0.5) / (df + 0.5))
-            if idf <= 0.0:
-                idf = 1e-6
-            norm = K1 * (1.0 - B + B * self._doc_len[nodes] / avgdl)
-            all_nodes.append(nodes)
-            all_parts.append(idf * (freqs * (K1 + 1.0)) / (freqs + norm))
-        if not all_nodes:
+            if postings is not None:
+                nodes, freqs = self._arrays(postings)
+                term_nodes.append(nodes)
+                term_freqs.append(freqs)
+        if not term_nodes:
             return empty
-        nodes = np.concatenate(all_nodes)
-        parts = np.concatenate(all_parts)
-        # Sum each document's parts in query-term order: bincount adds in input order.
-        unique, inverse = np.unique(nodes, return_inverse=True)
-        return unique, np.bincount(inverse, weights=parts, minlength=len(unique))
+        term_off = np.zeros(len(term_nodes) + 1, np.int64)
+        np.cumsum([len(nodes) for nodes in term_nodes], out=term_off[1:])
+        size = len(mask)
+        if _scratch.acc.shape[0] < size:
+            _scratch.grow(size + size // 8)
+        return _bm25(
+            term_off,
+            np.concatenate(term_nodes),
+            np.concatenate(term_freqs),
+            self._doc_len,
+            mask,
+            n_docs,
+            avgdl,
+            _scratch.acc,
+            _scratch.seen,
+            _scratch.touched,
+        )
+
+
+def warm_up() -> None:
+    """Compile (or load from the on-disk cache) the BM25 kernel, before serving."""
+    index = SearchIndex()
+    index.put(0, "warm", "up")
+    for writeable in (True, False):
+        mask = np.ones(1, np.uint8)
+        mask.flags.writeable = writeable
+        index.search("warm", mask)
 
 
 def top(
@@ -203,19 +279,42 @@ def top(
     return ranked[:limit]
 
 
+def _first_ascii_hit(lowered: str, terms: tuple[str, ...]) -> int:
+    """``_first_hit`` on lower-cased ASCII text: ``str.find`` plus a token-boundary check."""
+    best = -1
+    for term in terms:
+        at = lowered.find(term)
+        while at >= 0 and (best < 0 or at < best):
+            end = at + len(term)
+            if (at == 0 or not lowered[at - 1].isalnum()) and (
+                end == len(lowered) or not lowered[end].isalnum()
+            ):
+                best = at
+                break
+            at = lowered.find(term, at + 1)
+    return max(best, 0)
+
+
+def _first_hit(text: str, terms: tuple[str, ...]) -> int:
+    """Where the first token of ``text`` that is one of ``terms`` starts (0 when none is)."""
+    if not terms:
+        return 0
+    if text.isascii():  # case folding is all there is to do
+        return _first_ascii_hit(text.lower(), terms)
+    wanted = set(terms)
+    for match in _TOKEN.finditer(text):
+        if _fold(match.group()) in wanted:
+            return match.start()
+    return 0
+
+
 def snippet(text: str, terms: list[str], width: int = SNIPPET_WIDTH) -> str:
     """At most ``width`` characters of ``text`` around the first occurrence of a query term.
 
     The window opens a quarter width before the hit; whitespace runs collapse to one space and
     an ellipsis (counted in the width) marks each cut. Without an occurrence: the text's start.
     """
-    wanted = set(terms)
-    hit = 0
-    if wanted:
-        for match in _TOKEN.finditer(text):
-            if _fold(match.group()) in wanted:
-                hit = match.start()
-                break
+    hit = _first_hit(text, tuple(terms))
     start = max(0, hit - width // 4)
     end = start + 2 * width  # enough raw text to fill the width after collapsing whitespace
     prefix = "…" if start > 0 else ""

@@ -189,10 +189,11 @@ def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> Graph
     seeds.sort(key=lambda s: (-s[1], snap.ids[s[0]]))
     response.seeds = [Seed(snap.ids[node], snap.titles[node], weight) for node, weight in seeds]
 
-    nodes, p = graphalgo.personalized_pagerank(view, list(weights.items()))
+    nodes, p = graphalgo.personalized_pagerank(view, list(weights.items()), ordered=False)
     rounded = np.round(p, 4)
-    is_seed = np.isin(nodes, np.fromiter(weights, dtype=nodes.dtype, count=len(weights)))
-    keep = (rounded > 0) & ~is_seed
+    for seed in weights:  # seeds never come back as results
+        rounded[nodes == seed] = 0.0
+    keep = rounded > 0
     cand_nodes, cand_scores = nodes[keep], rounded[keep]
     if len(cand_nodes) > limit:
         # Only the limit-th best rounded score and above can make the cut; hops break its ties.

@@ -53,6 +53,8 @@ def personalized_pagerank(
     seeds: Sequence[tuple[int, float]],
     alpha: float = 0.25,
     eps: float = 1e-4,
+    *,
+    ordered: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Personalized PageRank of the visible subgraph by forward push.
 
@@ -69,11 +71,15 @@ def personalized_pagerank(
     eps : float
         Push threshold: ``u`` is pushed while ``r(u) >= eps * deg(u)``; the result satisfies
         ``0 <= ppr(u) - p(u) <= eps * deg(u)``.
+    ordered : bool
+        Return the nodes in ascending id order (a sort of every touched id). False keeps the
+        push's first-touch order, itself fixed by the ids: for callers that rank anyway.
 
     Returns
     -------
     (nodes, p) : (int32[k], float64[k])
-        Every node with ``p > 0``, in ascending id order. Empty when there is no seed.
+        Every node with ``p > 0``, in ascending id order (see ``ordered``). Empty when there
+        is no seed.
 
     Raises
     ------
@@ -124,5 +130,6 @@ def personalized_pagerank(
         )
 
     nodes, p = with_scratch(n, run)
-    nodes, p = sort_by_id(view, nodes, p)
+    if ordered:
+        nodes, p = sort_by_id(view, nodes, p)
     return nodes, p
