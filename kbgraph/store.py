@@ -598,43 +598,41 @@ class Store:
     _KB_GET: Final = "SELECT kid, seq FROM kb WHERE name = ?"
     _KB_NEW: Final = "INSERT INTO kb (name, seq) VALUES (?, 0) RETURNING kid"
     _KB_SET_SEQ: Final = "UPDATE kb SET seq = ? WHERE kid = ?"
-    _MAX_RID: Final = "SELECT coalesce(max(rid), 0) FROM concept"
     _SEEN: Final = _Lookup(
         "SELECT json_group_array(json_array(a.source, a.id)) FROM json_each(?1) AS j"
         " CROSS JOIN accepted AS a"
         " ON a.kid = ?2 AND a.source = j.value ->> 0 AND a.id = j.value ->> 1",
         "SELECT source, id FROM accepted WHERE kid = ?1 AND source = ?2 AND id = ?3",
     )
-    _CONCEPTS: Final = _Lookup(
-        "SELECT json_group_array(json_array(c.id, c.rid, c.version)) FROM json_each(?1) AS j"
-        " CROSS JOIN concept AS c ON c.kid = ?2 AND c.id = j.value",
-        "SELECT id, rid, version FROM concept WHERE kid = ?1 AND id = ?2",
-    )
-    _TOMBSTONES: Final = _Lookup(
-        "SELECT json_group_array(json_array(t.id, t.version)) FROM json_each(?1) AS j"
-        " CROSS JOIN tombstone AS t ON t.kid = ?2 AND t.id = j.value",
-        "SELECT id, version FROM tombstone WHERE kid = ?1 AND id = ?2",
+    _SUBJECTS: Final = _Lookup(
+        "SELECT json_group_array(json_array(j.value, c.rid, c.version, t.version))"
+        " FROM json_each(?1) AS j"
+        " LEFT JOIN concept AS c ON c.kid = ?2 AND c.id = j.value"
+        " LEFT JOIN tombstone AS t ON t.kid = ?2 AND t.id = j.value"
+        " WHERE c.rid IS NOT NULL OR t.version IS NOT NULL",
+        "SELECT ?2, c.rid, c.version, t.version FROM (SELECT 1)"
+        " LEFT JOIN concept AS c ON c.kid = ?1 AND c.id = ?2"
+        " LEFT JOIN tombstone AS t ON t.kid = ?1 AND t.id = ?2"
+        " WHERE c.rid IS NOT NULL OR t.version IS NOT NULL",
     )
     _ACCEPT: Final = _Bulk(
         "INSERT INTO accepted (kid, source, id) SELECT ?2, value ->> 0, value ->> 1"
         " FROM json_each(?1)",
         "INSERT INTO accepted (kid, source, id) VALUES (?1, ?2, ?3)",
     )
-    _INSERT: Final = _Bulk(
-        "INSERT INTO concept (kid, rid, id, version, title, type, status, tags, text)"
+    # New and rewritten concepts in one statement (an updated row keeps its rid).
+    _UPSERT: Final = _Bulk(
+        "INSERT INTO concept (kid, id, version, title, type, status, tags, text)"
         " SELECT ?2, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4,"
-        " value ->> 5, value ->> 6, value ->> 7 FROM json_each(?1)",
-        "INSERT INTO concept (kid, rid, id, version, title, type, status, tags, text)"
-        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-    )
-    _UPDATE: Final = _Bulk(
-        "UPDATE concept SET version = j.value ->> 1, title = j.value ->> 2,"
-        " type = j.value ->> 3, status = j.value ->> 4, tags = j.value ->> 5,"
-        " text = j.value ->> 6 FROM json_each(?1) AS j"
-        " WHERE concept.rid = j.value ->> 0",
-        "UPDATE concept SET version = ?3, title = ?4, type = ?5, status = ?6, tags = ?7,"
-        " text = ?8 WHERE rid = ?2",
-        json_takes_kid=False,  # rid is unique over all KBs; a kid term misleads the planner
+        " value ->> 5, value ->> 6 FROM json_each(?1) WHERE true"
+        " ON CONFLICT (kid, id) DO UPDATE SET version = excluded.version,"
+        " title = excluded.title, type = excluded.type, status = excluded.status,"
+        " tags = excluded.tags, text = excluded.text",
+        "INSERT INTO concept (kid, id, version, title, type, status, tags, text)"
+        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+        " ON CONFLICT (kid, id) DO UPDATE SET version = excluded.version,"
+        " title = excluded.title, type = excluded.type, status = excluded.status,"
+        " tags = excluded.tags, text = excluded.text",
     )
     _SET_VERSION: Final = _Bulk(
         "UPDATE concept SET version = j.value ->> 1 FROM json_each(?1) AS j"
@@ -677,11 +675,13 @@ class Store:
                 f"DELETE FROM {fts} WHERE rowid = ?2",
                 json_takes_kid=False,
             ),
+            # indexed straight from the concept rows just written: the text travels once
             _Bulk(
+                f"INSERT INTO {fts} (rowid, title, text) SELECT c.rid, c.title, c.text"
+                " FROM json_each(?1) AS j CROSS JOIN concept AS c"
+                " ON c.kid = ?2 AND c.id = j.value ->> 0",
                 f"INSERT INTO {fts} (rowid, title, text)"
-                " SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(?1)",
-                f"INSERT INTO {fts} (rowid, title, text) VALUES (?2, ?3, ?4)",
-                json_takes_kid=False,
+                " SELECT rid, title, text FROM concept WHERE kid = ?1 AND id = ?2",
             ),
         )
 
@@ -704,17 +704,16 @@ class Store:
         keys = list({(event.source, event.id) for events in deliveries for event in events})
         work.seen.update(tuple(row) for row in _lookup(conn, self._SEEN, kid, keys))
         ids = list({event.subject for events in deliveries for event in events})
-        found = {
-            cid: (rid, version) for cid, rid, version in _lookup(conn, self._CONCEPTS, kid, ids)
-        }
-        tombs = {cid: version for cid, version in _lookup(conn, self._TOMBSTONES, kid, ids)}
+        known = {row[0]: row for row in _lookup(conn, self._SUBJECTS, kid, ids)}
         subjects = work.subjects
         for cid in ids:
-            if cid in found:
-                rid, version = found[cid]
-                subjects[cid] = _Subject(rid, cid in tombs, version, True)
+            row = known.get(cid)
+            if row is None:
+                subjects[cid] = _Subject(None, False, None, False)
+            elif row[1] is not None:  # an existing concept (a tombstone, if any, is older)
+                subjects[cid] = _Subject(row[1], row[3] is not None, row[2], True)
             else:
-                subjects[cid] = _Subject(None, cid in tombs, tombs.get(cid), False)
+                subjects[cid] = _Subject(None, True, row[3], False)
         return work
 
     def _apply_group(
@@ -810,9 +809,8 @@ class Store:
     ) -> None:
         """The net effect of the group on each touched concept, one statement per kind."""
         fts_delete: list[tuple[int]] = []
-        fts_insert: list[tuple[int, str, str]] = []
-        insert_rows: list[tuple[int, str, int, str, str, str, str, str]] = []
-        update_rows: list[tuple[int, int, str, str, str, str, str]] = []
+        fts_insert: list[tuple[str]] = []
+        upsert_rows: list[tuple[str, int, str, str, str, str, str]] = []
         set_version: list[tuple[int, int]] = []
         delete_rows: list[tuple[int]] = []
         tombstones: list[tuple[str, int]] = []
@@ -820,7 +818,6 @@ class Store:
         clear_links: list[tuple[str]] = []
         add_links: list[tuple[str, str]] = []
         remove_links: list[tuple[int, str, str]] = []
-        next_rid: int | None = None
         encode_tags = _tags_encoder.encode
         for cid, subject in subjects.items():
             if not subject.touched:
@@ -832,20 +829,12 @@ class Store:
                 if subject.fields is not None:
                     data = subject.fields.data
                     tags = encode_tags(data.tags).decode()
-                    if rid is None:
-                        if next_rid is None:
-                            next_rid = conn.execute(self._MAX_RID).fetchone()[0] + 1
-                        rid = next_rid
-                        next_rid += 1
-                        insert_rows.append(
-                            (rid, cid, version, data.title, data.type, data.status, tags, data.text)
-                        )
-                    else:
-                        update_rows.append(
-                            (rid, version, data.title, data.type, data.status, tags, data.text)
-                        )
+                    upsert_rows.append(
+                        (cid, version, data.title, data.type, data.status, tags, data.text)
+                    )
+                    if rid is not None:
                         fts_delete.append((rid,))
-                    fts_insert.append((rid, data.title, data.text))
+                    fts_insert.append((cid,))
                 else:  # only link events: the concept existed before and still does
                     assert rid is not None
                     set_version.append((rid, version))
@@ -857,7 +846,7 @@ class Store:
                     fts_delete.append((rid,))
                 tombstones.append((cid, version))
             if subject.rewrite:
-                if subject.rid is not None:  # a concept new to the store has no links yet
+                if rid is not None:  # a concept new to the store has no links yet
                     clear_links.append((cid,))
                 add_links.extend([(cid, dst) for dst in subject.links])
             else:
@@ -867,8 +856,7 @@ class Store:
         # Old FTS rows leave before the concept rows change (own-content FTS reads its copy).
         _bulk(conn, fts_delete_stmt, kid, fts_delete)
         _bulk(conn, self._DELETE_CONCEPT, kid, delete_rows)
-        _bulk(conn, self._UPDATE, kid, update_rows)
-        _bulk(conn, self._INSERT, kid, insert_rows)
+        _bulk(conn, self._UPSERT, kid, upsert_rows)
         _bulk(conn, fts_insert_stmt, kid, fts_insert)
         _bulk(conn, self._SET_VERSION, kid, set_version)
         _bulk(conn, self._TOMBSTONE, kid, tombstones)
