@@ -242,6 +242,8 @@ def main() -> None:
         "batch_p50_ms": b_p50,
         "batch_p99_ms": b_p99,
         "stored_events_match_sent": consistent,
+        "connections": {"single": args.connections, "batch": args.batch_connections},
+        "measured_seconds_per_phase": args.seconds,
         "aims": {"single_deliveries_per_s": AIM_SINGLE, "batch_events_per_s": AIM_EVENTS},
         "met": {
             "single_deliveries_per_s": s_rate >= AIM_SINGLE,
