@@ -6,6 +6,9 @@ import re
 
 KB_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 MAX_ID_LENGTH = 512
+# Segments of non-control characters (C0, DEL, C1) joined by single slashes: the common case,
+# checked in one regex call; only a failing id is walked character by character to say why.
+_VALID_ID = re.compile(r"[^/\x00-\x1f\x7f-\x9f]+(?:/[^/\x00-\x1f\x7f-\x9f]+)*")
 
 
 def is_kb_name(name: str) -> bool:
@@ -22,6 +25,8 @@ def concept_id_problem(concept_id: str) -> str | None:
 
     An id is 1-512 characters, segments separated by ``/``, none empty, no control characters.
     """
+    if len(concept_id) <= MAX_ID_LENGTH and _VALID_ID.fullmatch(concept_id):
+        return None
     if not concept_id:
         return "invalid concept id: empty"
     if len(concept_id) > MAX_ID_LENGTH:
