@@ -18,14 +18,17 @@ Semantics (SPEC section 2):
 
 Group commit: one fsync per delivery caps a disk at a few thousand deliveries per second at
 best, and far less once HTTP shares the CPU. So each Store runs ONE writer thread that drains
-the queue of pending deliveries, applies each under its own SAVEPOINT (a delivery that raises
-is rolled back alone and only its caller gets the exception), commits once for the group, then
-resolves every caller. Several processes may share the file: writers serialize on SQLite's
-write lock (``BEGIN IMMEDIATE`` with a busy timeout and retries), fronted by an advisory file
-lock so a waiting writer wakes the moment the other commits instead of polling.
+the queue of pending deliveries, applies the whole group in one pass and commits once, then
+resolves every caller. Should anything in the group raise, the transaction is rolled back and
+the group replayed one delivery per SAVEPOINT, so only the failing delivery is refused (one
+SAVEPOINT per delivery on the fast path would cost FTS5 an index segment each).
 
-The log sits behind ``SqliteLog`` (append / read of ``LogRecord``), kept apart from the state
-tables so that a NATS JetStream log can take its place later.
+Several processes may share the file: writers serialize on SQLite's write lock (``BEGIN
+IMMEDIATE`` with a busy timeout and retries), fronted by an advisory file lock so a waiting
+writer wakes the moment the other commits instead of polling.
+
+The log itself is ``kbgraph.eventlog`` (append / read of ``LogRecord``), kept apart from the
+state tables so that a NATS JetStream log can take its place later.
 """
 
 from __future__ import annotations
@@ -40,19 +43,23 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, NamedTuple, Protocol, TypeVar
+from typing import Final, NamedTuple, TypeVar
 
 import msgspec
 
-from kbgraph.events import (
-    ConceptDeleted,
-    ConceptUpserted,
-    Event,
-    LinkAdded,
-    LinkRemoved,
-    decode_from_log,
-    encode_for_log,
-)
+from kbgraph.eventlog import NUL_ESCAPE, LogRecord, SqliteLog, read_transaction
+from kbgraph.events import ConceptDeleted, ConceptUpserted, Event, LinkAdded, LinkRemoved
+
+__all__ = [
+    "ConceptState",
+    "DeliveryResult",
+    "KBState",
+    "LogRecord",
+    "Store",
+    "StoreBusy",
+    "StoreClosed",
+    "StoreSnapshot",
+]
 
 try:  # POSIX only; elsewhere the writers rely on SQLite's busy handler alone.
     import fcntl
@@ -128,14 +135,6 @@ class DeliveryResult(msgspec.Struct, frozen=True):
     seq: int
 
 
-class LogRecord(NamedTuple):
-    gid: int  # global position, over all KBs, strictly increasing
-    kb: str
-    seq: int  # the KB's log position after this event (1, 2, 3, ... gapless)
-    event: Event  # an applied event, as delivered
-    last_in_delivery: bool  # True on the last applied event of its delivery
-
-
 class ConceptState(msgspec.Struct, frozen=True):
     id: str
     version: int
@@ -173,84 +172,6 @@ def fts_table(kid: int) -> str:
 def fts_match(terms: list[str]) -> str:
     """An FTS5 MATCH expression that interprets no syntax: each term quoted, joined by OR."""
     return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
-
-
-# --------------------------------------------------------------------------------------------
-# The log
-
-
-class EventLog(Protocol):
-    """What the rest of kbgraph needs from a log: gapless per-KB append and ordered reads.
-
-    ``SqliteLog`` appends inside the state transaction (one commit makes both durable); a NATS
-    JetStream log would append to a stream and let the state follow it.
-    """
-
-    def read(self, after_gid: int, limit: int) -> list[LogRecord]: ...
-
-
-class SqliteLog:
-    """The log table: one row per applied event, ``gid`` global, ``seq`` gapless per KB."""
-
-    _INSERT: Final = "INSERT INTO log (kb, seq, event, last_in_delivery) VALUES (?, ?, ?, ?)"
-    _INSERT_BULK: Final = (
-        "INSERT INTO log (kb, seq, event, last_in_delivery)"
-        " SELECT value ->> 0, value ->> 1, substr(?2, value ->> 2, value ->> 3), value ->> 4"
-        " FROM json_each(?1) ORDER BY key"
-    )
-    _READ: Final = (
-        "SELECT gid, kb, seq, event, last_in_delivery FROM log WHERE gid > ? ORDER BY gid LIMIT ?"
-    )
-
-    def __init__(
-        self, reader: Callable[[], contextlib.AbstractContextManager[sqlite3.Connection]]
-    ) -> None:
-        self._reader = reader
-
-    @classmethod
-    def append(cls, conn: sqlite3.Connection, entries: list[tuple[str, int, Event, bool]]) -> None:
-        """Append (kb, seq, event, last_in_delivery) rows in the caller's transaction.
-
-        Rows go in in the order given (commit order), so ``gid`` order is delivery order. The
-        encoded events travel as one blob, each row cut out of it by offset and length.
-        """
-        if not entries:
-            return
-        payloads = [encode_for_log(event) for _, _, event, _ in entries]
-        rows = []
-        offset = 1  # substr() counts from 1
-        for (kb, seq, _, last), payload in zip(entries, payloads, strict=True):
-            rows.append((kb, seq, offset, len(payload), int(last)))
-            offset += len(payload)
-        meta = _tags_encoder.encode(rows)
-        if _NUL_ESCAPE in meta:
-            conn.executemany(
-                cls._INSERT,
-                [(e[0], e[1], p, e[3]) for e, p in zip(entries, payloads, strict=True)],
-            )
-        else:
-            conn.execute(cls._INSERT_BULK, (meta, b"".join(payloads)))
-
-    def read(self, after_gid: int, limit: int = 10_000) -> list[LogRecord]:
-        """Records after ``after_gid``, whole deliveries only (one bigger than limit: whole)."""
-        limit = max(1, limit)
-        with self._reader() as conn, _read_transaction(conn):
-            rows = conn.execute(self._READ, (after_gid, limit)).fetchall()
-            if rows and not rows[-1][4]:
-                cut = next((i for i in range(len(rows) - 1, -1, -1) if rows[i][4]), None)
-                if cut is not None:
-                    rows = rows[: cut + 1]
-                else:  # one delivery longer than limit: read on to its end
-                    while not rows[-1][4]:
-                        more = conn.execute(self._READ, (rows[-1][0], limit)).fetchall()
-                        if not more:  # cannot happen: deliveries commit whole
-                            break
-                        end = next((i for i, row in enumerate(more) if row[4]), len(more) - 1)
-                        rows.extend(more[: end + 1])
-        return [
-            LogRecord(gid, kb, seq, decode_from_log(payload), bool(last))
-            for gid, kb, seq, payload, last in rows
-        ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -296,19 +217,6 @@ class _Pending:
     resolve: Callable[[DeliveryResult | None, BaseException | None], None]
 
 
-@contextlib.contextmanager
-def _read_transaction(conn: sqlite3.Connection) -> Iterator[None]:
-    """One WAL snapshot for every statement inside."""
-    conn.execute("BEGIN")
-    try:
-        yield
-    finally:
-        conn.execute("COMMIT")
-
-
-_NUL_ESCAPE: Final = b"\\u0000"  # how msgspec writes U+0000 in JSON
-
-
 class _Bulk(NamedTuple):
     """One write over many rows: ``json`` takes (?1 rows as JSON, ?2 kid); ``many`` (kid, *row)."""
 
@@ -328,7 +236,7 @@ def _bulk(conn: sqlite3.Connection, statement: _Bulk, kid: int, rows: list[tuple
     if not rows:
         return
     payload = _tags_encoder.encode(rows)
-    if _NUL_ESCAPE in payload:
+    if NUL_ESCAPE in payload:
         conn.executemany(statement.many, [(kid, *row) for row in rows])
     else:
         conn.execute(statement.json, (payload, kid) if statement.json_takes_kid else (payload,))
@@ -341,7 +249,7 @@ def _lookup(
     for start in range(0, len(keys), _CHUNK):
         chunk = keys[start : start + _CHUNK]
         payload = _tags_encoder.encode(chunk)
-        if _NUL_ESCAPE in payload:
+        if NUL_ESCAPE in payload:
             for key in chunk:
                 params = (kid, *key) if isinstance(key, tuple) else (kid, key)
                 out.extend(list(row) for row in conn.execute(statement.one, params))
@@ -875,7 +783,7 @@ class Store:
 
     def load(self) -> StoreSnapshot:
         """The state of every KB with seq >= 1 and the gid it reflects, in one read snapshot."""
-        with self._reader() as conn, _read_transaction(conn):
+        with self._reader() as conn, read_transaction(conn):
             gid = conn.execute("SELECT coalesce(max(gid), 0) FROM log").fetchone()[0]
             kbs = conn.execute("SELECT kid, name, seq FROM kb WHERE seq > 0").fetchall()
             rows = conn.execute(

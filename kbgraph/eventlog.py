@@ -1,0 +1,114 @@
+"""The event log: every applied event, in order, for every process to follow.
+
+``LogRecord`` is what a follower reads; ``EventLog`` is the whole interface the projection
+needs from a log (ordered reads of whole deliveries). ``SqliteLog`` is the embedded one: a
+table in the store's SQLite file, appended inside the very transaction that changes the state,
+so one commit makes both durable. Beyond one machine, a NATS JetStream stream takes its place:
+the store appends to the stream and the state follows it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable, Iterator
+from typing import Final, NamedTuple, Protocol
+
+import msgspec
+
+from kbgraph.events import Event, decode_from_log, encode_for_log
+
+NUL_ESCAPE: Final = b"\\u0000"  # how msgspec writes U+0000 in JSON
+_rows_encoder = msgspec.json.Encoder()
+
+
+class LogRecord(NamedTuple):
+    gid: int  # global position, over all KBs, strictly increasing
+    kb: str
+    seq: int  # the KB's log position after this event (1, 2, 3, ... gapless)
+    event: Event  # an applied event, as delivered
+    last_in_delivery: bool  # True on the last applied event of its delivery
+
+
+@contextlib.contextmanager
+def read_transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """One WAL snapshot for every statement inside."""
+    conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        conn.execute("COMMIT")
+
+
+class EventLog(Protocol):
+    """What the rest of kbgraph needs from a log: gapless per-KB append and ordered reads.
+
+    ``SqliteLog`` appends inside the state transaction (one commit makes both durable); a NATS
+    JetStream log would append to a stream and let the state follow it.
+    """
+
+    def read(self, after_gid: int, limit: int) -> list[LogRecord]: ...
+
+
+class SqliteLog:
+    """The log table: one row per applied event, ``gid`` global, ``seq`` gapless per KB."""
+
+    _INSERT: Final = "INSERT INTO log (kb, seq, event, last_in_delivery) VALUES (?, ?, ?, ?)"
+    _INSERT_BULK: Final = (
+        "INSERT INTO log (kb, seq, event, last_in_delivery)"
+        " SELECT value ->> 0, value ->> 1, substr(?2, value ->> 2, value ->> 3), value ->> 4"
+        " FROM json_each(?1) ORDER BY key"
+    )
+    _READ: Final = (
+        "SELECT gid, kb, seq, event, last_in_delivery FROM log WHERE gid > ? ORDER BY gid LIMIT ?"
+    )
+
+    def __init__(
+        self, reader: Callable[[], contextlib.AbstractContextManager[sqlite3.Connection]]
+    ) -> None:
+        self._reader = reader
+
+    @classmethod
+    def append(cls, conn: sqlite3.Connection, entries: list[tuple[str, int, Event, bool]]) -> None:
+        """Append (kb, seq, event, last_in_delivery) rows in the caller's transaction.
+
+        Rows go in in the order given (commit order), so ``gid`` order is delivery order. The
+        encoded events travel as one blob, each row cut out of it by offset and length.
+        """
+        if not entries:
+            return
+        payloads = [encode_for_log(event) for _, _, event, _ in entries]
+        rows = []
+        offset = 1  # substr() counts from 1
+        for (kb, seq, _, last), payload in zip(entries, payloads, strict=True):
+            rows.append((kb, seq, offset, len(payload), int(last)))
+            offset += len(payload)
+        meta = _rows_encoder.encode(rows)
+        if NUL_ESCAPE in meta:
+            conn.executemany(
+                cls._INSERT,
+                [(e[0], e[1], p, e[3]) for e, p in zip(entries, payloads, strict=True)],
+            )
+        else:
+            conn.execute(cls._INSERT_BULK, (meta, b"".join(payloads)))
+
+    def read(self, after_gid: int, limit: int = 10_000) -> list[LogRecord]:
+        """Records after ``after_gid``, whole deliveries only (one bigger than limit: whole)."""
+        limit = max(1, limit)
+        with self._reader() as conn, read_transaction(conn):
+            rows = conn.execute(self._READ, (after_gid, limit)).fetchall()
+            if rows and not rows[-1][4]:
+                cut = next((i for i in range(len(rows) - 1, -1, -1) if rows[i][4]), None)
+                if cut is not None:
+                    rows = rows[: cut + 1]
+                else:  # one delivery longer than limit: read on to its end
+                    while not rows[-1][4]:
+                        more = conn.execute(self._READ, (rows[-1][0], limit)).fetchall()
+                        if not more:  # cannot happen: deliveries commit whole
+                            break
+                        end = next((i for i, row in enumerate(more) if row[4]), len(more) - 1)
+                        rows.extend(more[: end + 1])
+        return [
+            LogRecord(gid, kb, seq, decode_from_log(payload), bool(last))
+            for gid, kb, seq, payload, last in rows
+        ]
