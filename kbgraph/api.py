@@ -8,12 +8,10 @@ release the GIL) -> deterministic JSON bytes with ``X-KB-Seq``.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
 
@@ -33,9 +31,10 @@ from kbgraph.events import SignatureVerifier
 from kbgraph.names import is_kb_name
 from kbgraph.projection import KBProjection, Projections, Snapshot
 from kbgraph.store import Store
+from kbgraph.threads import ToolThreads
 
 CONFIG_ENV: Final = "KBGRAPH_CONFIG"
-TOOL_THREADS: Final = 4
+TOOL_THREADS: Final = 2  # one per core: the kernels run in parallel, the Python parts share the GIL
 _ADMIN: Final = TokenGrant(name="anonymous-admin", admin=True, rules={})
 
 REQUEST_SECONDS = Histogram(
@@ -175,8 +174,7 @@ async def run_on_snapshot(
             body = compute(snap, snap.view(rules))
             return snap.seq, _encode(body)
 
-    loop = asyncio.get_running_loop()
-    seq, body = await loop.run_in_executor(request.app.state.executor, work)
+    seq, body = await request.app.state.tool_threads.run(work)
     return Response(body, headers={"X-KB-Seq": str(seq)}, media_type="application/json")
 
 
@@ -365,8 +363,8 @@ def create_app(config: Config) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Tools run here, off the event loop; the compiled kernels release the GIL.
-        executor = ThreadPoolExecutor(max_workers=TOOL_THREADS, thread_name_prefix="kbgraph-tool")
-        app.state.executor = executor
+        tool_threads = ToolThreads(TOOL_THREADS)
+        app.state.tool_threads = tool_threads
         store = Store(config.store.path)
         projections = Projections(store)
         app.state.store = store
@@ -380,7 +378,7 @@ def create_app(config: Config) -> Starlette:
             yield
         finally:
             app.state.ready = False
-            executor.shutdown(wait=True)
+            tool_threads.close()
             projections.stop()
             store.close()
 
