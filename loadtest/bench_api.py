@@ -18,14 +18,11 @@ Loopback only; bounded (well under 3 minutes).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,7 +38,6 @@ from loadtest import kbgen, report
 from loadtest.driver import (
     HOST,
     KB,
-    ROOT,
     Credentials,
     Model,
     Recorder,
@@ -81,36 +77,15 @@ bare_app = Starlette(routes=[Route("/bare", bare, methods=["GET", "POST"])])
 class BareProcess(ServiceProcess):
     """``uvicorn loadtest.bench_api:bare_app`` with kbgraph's settings (uvloop, httptools)."""
 
-    def start(self) -> None:
-        command = [
+    ready_path = "/bare"
+
+    def command(self) -> list[str]:
+        return [
             sys.executable, "-m", "uvicorn", "loadtest.bench_api:bare_app",
             "--host", HOST, "--port", str(self.port), "--workers", "1",
             "--loop", "uvloop", "--http", "httptools", "--no-access-log",
             "--log-level", "warning",
         ]  # fmt: skip
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
-                start_new_session=True,
-            )  # fmt: skip
-
-    async def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"bare app exited:\n{self.tail()}")
-            pool = Pool(HOST, self.port, 1, timeout=5.0)
-            try:
-                if (await pool.request("GET", "/bare")).status == 200:
-                    return
-            except (OSError, TimeoutError):
-                pass
-            finally:
-                await pool.close()
-            await asyncio.sleep(0.1)
-        raise RuntimeError("bare app not ready")
 
 
 # --- requests --------------------------------------------------------------------------------

@@ -142,6 +142,8 @@ rules = [{{ kb = "{kb}", collections = [{collections}] }}, {{ kb = "{kb}", types
 class ServiceProcess:
     """``python -m kbgraph serve`` in its own process group, logging to a file."""
 
+    ready_path = "/readyz"
+
     def __init__(self, config: Path, workers: int = 1, port: int | None = None) -> None:
         self.config = config
         self.workers = workers
@@ -149,12 +151,15 @@ class ServiceProcess:
         self.log_path = config.parent / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
-        command = [
+    def command(self) -> list[str]:
+        return [
             sys.executable, "-m", "kbgraph", "serve", "--config", str(self.config),
             "--host", HOST, "--port", str(self.port), "--workers", str(self.workers),
             "--log-level", "warning",
         ]  # fmt: skip
+
+    def start(self) -> None:
+        command = self.command()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         with self.log_path.open("wb") as log:
@@ -164,7 +169,7 @@ class ServiceProcess:
             )  # fmt: skip
 
     async def wait_ready(self, timeout: float = 90.0) -> None:
-        """Poll ``/readyz`` (fresh connections, so every worker gets asked) until ready."""
+        """Poll ``ready_path`` (fresh connections, so every worker gets asked) until ready."""
         deadline = time.monotonic() + timeout
         streak = 0
         while time.monotonic() < deadline:
@@ -172,7 +177,7 @@ class ServiceProcess:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
             pool = Pool(HOST, self.port, 1, timeout=5.0)
             try:
-                response = await pool.request("GET", "/readyz")
+                response = await pool.request("GET", self.ready_path)
                 streak = streak + 1 if response.status == 200 else 0
             except (HTTPLoadError, OSError, TimeoutError):
                 streak = 0
