@@ -20,6 +20,8 @@ import anyio.to_thread
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -46,6 +48,22 @@ REQUEST_SECONDS = Histogram(
 
 _encode = msgspec.json.Encoder().encode
 Req = TypeVar("Req")
+
+
+class ConceptIdConvertor(Convertor[str]):
+    """A concept id in a path: any characters, slashes and newlines too (``path`` stops at a
+    newline, and an id with one must still answer ``not found: <id>`` in JSON)."""
+
+    regex = r"[\s\S]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("concept_id", ConceptIdConvertor())
 
 
 class HTTPError(Exception):
@@ -231,6 +249,13 @@ async def status_handler(request: Request) -> Response:
     )
 
 
+async def starlette_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such path, wrong method) as JSON errors too."""
+    assert isinstance(exc, HTTPException)
+    message = "not found" if exc.status_code == 404 else exc.detail
+    return error_response(exc.status_code, f"{message}: {request.url.path}", exc.headers)
+
+
 async def healthz(request: Request) -> Response:
     return json_response({"status": "ok"})
 
@@ -392,7 +417,7 @@ def create_app(config: Config) -> Starlette:
         *[tool_route(name, request_type, tool) for name, request_type, _, tool, _, _ in TOOLS],
         Route("/v1/kbs/{kb}/search", observed("search", search_handler), methods=["GET"]),
         Route(
-            "/v1/kbs/{kb}/concepts/{concept_id:path}",
+            "/v1/kbs/{kb}/concepts/{concept_id:concept_id}",
             observed("concept", concept_handler),
             methods=["GET"],
         ),
@@ -404,7 +429,11 @@ def create_app(config: Config) -> Starlette:
         Route("/openapi.json", openapi_json, methods=["GET"]),
         *ingest.routes,
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: starlette_error},  # routing's 404/405, in JSON
+    )
     app.state.config = config
     app.state.tokens = config.token_index()
     app.state.verifier = SignatureVerifier(list(config.webhooks.secrets))

@@ -303,3 +303,15 @@ def test_service_endpoints(service: Service) -> None:
     assert listing["graph_path"]["advanced"] is True
     assert listing["graph_context"]["advanced"] is False
     assert json.dumps(listing["link_suggest"]["input_schema"]).count('"id"') >= 1
+
+
+def test_every_error_is_json(service: Service) -> None:
+    seq = homelab(service)
+    odd_id = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/concepts/infra/a%0Ab", seq)
+    assert (odd_id.status_code, odd_id.json()) == (404, {"error": "not found: infra/a\nb"})
+    nowhere = service.call(ADMIN, "GET", "/v2/nothing")
+    assert (nowhere.status_code, nowhere.json()) == (404, {"error": "not found: /v2/nothing"})
+    wrong_method = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/tools/graph_path")
+    assert wrong_method.status_code == 405
+    assert wrong_method.json() == {"error": f"Method Not Allowed: /v1/kbs/{KB}/tools/graph_path"}
+    assert wrong_method.headers["allow"] == "POST"
