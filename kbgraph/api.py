@@ -256,6 +256,11 @@ async def starlette_error(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, f"{message}: {request.url.path}", exc.headers)
 
 
+async def internal_error(request: Request, exc: Exception) -> Response:
+    """An unexpected exception: logged by uvicorn, answered as a bare JSON 500."""
+    return error_response(500, "internal error")
+
+
 async def healthz(request: Request) -> Response:
     return json_response({"status": "ok"})
 
@@ -432,7 +437,10 @@ def create_app(config: Config) -> Starlette:
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={HTTPException: starlette_error},  # routing's 404/405, in JSON
+        exception_handlers={
+            HTTPException: starlette_error,  # routing's 404/405, in JSON
+            Exception: internal_error,  # a bug: JSON too, and nothing of it in the body
+        },
     )
     app.state.config = config
     app.state.tokens = config.token_index()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from starlette.testclient import TestClient
 
 from tests.conftest import ADMIN, INFRA, OTHER, RUNBOOKS, Service
 from tests.kb_events import delete, upsert
@@ -315,3 +316,18 @@ def test_every_error_is_json(service: Service) -> None:
     assert wrong_method.status_code == 405
     assert wrong_method.json() == {"error": f"Method Not Allowed: /v1/kbs/{KB}/tools/graph_path"}
     assert wrong_method.headers["allow"] == "POST"
+
+
+def test_an_unexpected_failure_is_a_json_500_that_reveals_nothing(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seq = homelab(service)
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr("kbgraph.tools.status", broken)
+    quiet = TestClient(service.app, raise_server_exceptions=False)  # same running app
+    headers = {"Authorization": f"Bearer {ADMIN}", "X-Min-Seq": str(seq)}
+    response = quiet.get(f"/v1/kbs/{KB}/status", headers=headers)
+    assert (response.status_code, response.json()) == (500, {"error": "internal error"})
