@@ -30,6 +30,7 @@ from kbgraph import graphalgo, ingest, search, tools
 from kbgraph.access import RuleSet
 from kbgraph.config import Config, TokenGrant, load_config
 from kbgraph.events import SignatureVerifier
+from kbgraph.ingest import error_response
 from kbgraph.names import is_kb_name
 from kbgraph.projection import KBProjection, Projections, Snapshot
 from kbgraph.store import Store
@@ -76,10 +77,6 @@ class HTTPError(Exception):
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(_encode(body), status, headers, media_type="application/json")
-
-
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    return json_response({"error": message}, status, headers)
 
 
 # --- who is calling, and what may they see -------------------------------------------------
