@@ -20,11 +20,13 @@ interned to an int for good, with an ``alive`` flag, so a re-created concept kee
 link to a missing concept simply names a node that is not alive. Undirected and directed
 adjacency live in two ``_Adjacency`` structures: one flat int32 pool each, node ``u`` owning
 the block ``pool[off[u] : off[u] + cap[u]]`` of which the first ``len[u]`` entries are used,
-kept sorted by concept id (bisect on the Python strings). An insert into a full block moves it
-to the pool's end with doubled capacity; a removal shifts within the block. Declared links are
-held without a Python set per node: a declared link to an existing target *is* the out-block
-entry; links to missing targets are kept in ``_missing_out[u]`` (targets) and
-``_pending_in[t]`` (sources), so a concept appearing turns its declared in-links into edges
+kept sorted by concept id. An insert into a full block moves it to the pool's end with doubled
+capacity; a removal shifts within the block. The patches run as small numba kernels (one call
+per event and kind of change) that bisect by the ids' UTF-8 bytes (``_Keys``: 16-byte
+prefixes, whole bytes on a tie), which order exactly as Python orders the strings.
+Declared links are held without a Python set per node: a declared link to an existing target
+*is* the out-block entry; links to missing targets are kept in ``_missing_out[u]`` (targets)
+and ``_pending_in[t]`` (sources), so a concept appearing turns its declared in-links into edges
 in O(its degree), and a concept disappearing moves them back (its undirected neighbours that
 remain after its own out-links went are exactly the concepts declaring it).
 
@@ -61,8 +63,9 @@ under the write lock, so a cache never serves a stale mask. Readers insert into 
 under a small mutex; evicting only drops a reference, so a reader's ``View`` stays valid.
 
 Search: each KB keeps one ``SearchIndex`` (``kbgraph.search``) as ``index``; the follower
-calls ``put`` on every upsert and ``remove`` on every delete, under the write lock, so search
-sees the same delivery-whole state as the graph.
+calls ``put`` on every upsert that creates a concept or changes its title or text, and
+``remove`` on every delete, under the write lock, so search sees the same delivery-whole state
+as the graph.
 
 Failure: if reading the log raises (SQLite busy, I/O), nothing was applied and the follower
 retries with a growing pause (up to 1 s). If applying a record raises (a bug), the follower
@@ -73,7 +76,6 @@ event must not pretend to be current.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import itertools
 import logging
@@ -88,7 +90,15 @@ import numba
 import numpy as np
 
 from kbgraph.access import RuleSet, visible
-from kbgraph.events import ConceptDeleted, ConceptUpserted, Event, LinkAdded, LinkRemoved
+from kbgraph.events import (
+    ConceptDeleted,
+    ConceptUpserted,
+    DeleteData,
+    Event,
+    LinkAdded,
+    LinkRemoved,
+    UpsertData,
+)
 from kbgraph.graphalgo.graph import Graph, View
 from kbgraph.names import collection_of
 from kbgraph.rwlock import RWLock
@@ -149,6 +159,188 @@ def _compact(off, ln, cap, pool, new_off, new_pool):  # pragma: no cover - compi
     return pos
 
 
+# --- patch kernels (follower thread, write lock held) -------------------------------------
+#
+# Blocks are kept sorted by Python ``str`` order of the ids. The kernels compare ids as UTF-8
+# bytes (``_Keys``): UTF-8 with surrogates passed through orders byte strings exactly as
+# ``str`` orders code points, so a bisect here lands where ``bisect`` on the strings would.
+# Each adjacency passes (off, len, cap, pool, meta) with meta = [end, holes, total].
+
+
+@numba.njit(cache=True)
+def _bytes_less(kdata, koff, a, b):  # pragma: no cover - compiled
+    """ids[a] < ids[b] (a != b), comparing the whole UTF-8 bytes."""
+    sa, ea, sb, eb = koff[a], koff[a + 1], koff[b], koff[b + 1]
+    for i in range(min(ea - sa, eb - sb)):
+        ca, cb = kdata[sa + i], kdata[sb + i]
+        if ca != cb:
+            return ca < cb
+    return ea - sa < eb - sb
+
+
+@numba.njit(cache=True, inline="always")
+def _find(off, ln, pool, kpre, kdata, koff, u, v):  # pragma: no cover - compiled
+    """(position of v in u's block, True) or (where v would go, False).
+
+    The 16-byte prefixes decide a comparison unless they tie; then the whole bytes do.
+    """
+    o = off[u]
+    v0, v1 = kpre[v, 0], kpre[v, 1]
+    lo, hi = 0, np.int64(ln[u])
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        w = pool[o + mid]
+        if w == v:
+            return mid, True
+        w0 = kpre[w, 0]
+        if w0 != v0:
+            less = w0 < v0
+        else:
+            w1 = kpre[w, 1]
+            less = w1 < v1 if w1 != v1 else _bytes_less(kdata, koff, w, v)
+        if less:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo, False
+
+
+@numba.njit(cache=True, inline="always")
+def _room(ln, cap, u):  # pragma: no cover - compiled
+    """Pool slots one more entry in u's block may take (a full block moves, doubled)."""
+    c = cap[u]
+    return max(_MIN_BLOCK_CAP, 2 * c) if ln[u] == c else 0
+
+
+@numba.njit(cache=True, inline="always")
+def _insert_at(off, ln, cap, pool, meta, u, v, pos):  # pragma: no cover - compiled
+    """Insert v at ``pos`` of u's block; a full block moves to the pool's end, doubled."""
+    o, n, c = off[u], ln[u], cap[u]
+    if n == c:
+        no = meta[0]
+        for i in range(pos):
+            pool[no + i] = pool[o + i]
+        for i in range(pos, n):
+            pool[no + i + 1] = pool[o + i]
+        off[u] = no
+        cap[u] = max(_MIN_BLOCK_CAP, 2 * c)
+        meta[0] += cap[u]
+        meta[1] += c
+        o = no
+    else:
+        for i in range(n, pos, -1):
+            pool[o + i] = pool[o + i - 1]
+    pool[o + pos] = v
+    ln[u] = n + 1
+    meta[2] += 1
+
+
+@numba.njit(cache=True, inline="always")
+def _remove_at(off, ln, pool, meta, u, pos):  # pragma: no cover - compiled
+    o, n = off[u], ln[u]
+    for i in range(pos, n - 1):
+        pool[o + i] = pool[o + i + 1]
+    ln[u] = n - 1
+    meta[2] -= 1
+
+
+@numba.njit(cache=True)
+def _declare(
+    src, dst, flags, uo, ul, uc, up, um, oo, ol, oc, op, om, kpre, kdata, koff
+):  # pragma: no cover - compiled
+    """src[i] starts declaring dst[i] (both alive, distinct), pair by pair.
+
+    flags[i]: 0 already declared, 1 declared (the undirected edge existed), 2 declared and a
+    new undirected edge. Returns the pairs done: fewer than all when a pool lacks room for
+    the next one (nothing of it done; grow the pools and call again with the rest).
+    """
+    for i in range(src.shape[0]):
+        u, t = src[i], dst[i]
+        pos, found = _find(oo, ol, op, kpre, kdata, koff, u, t)
+        if found:
+            flags[i] = 0
+            continue
+        if om[0] + _room(ol, oc, u) > op.shape[0]:
+            return i
+        had_edge = _find(oo, ol, op, kpre, kdata, koff, t, u)[1]
+        if not had_edge and um[0] + _room(ul, uc, u) + _room(ul, uc, t) > up.shape[0]:
+            return i
+        _insert_at(oo, ol, oc, op, om, u, t, pos)
+        if had_edge:
+            flags[i] = 1
+        else:
+            _insert_at(uo, ul, uc, up, um, u, t, _find(uo, ul, up, kpre, kdata, koff, u, t)[0])
+            _insert_at(uo, ul, uc, up, um, t, u, _find(uo, ul, up, kpre, kdata, koff, t, u)[0])
+            flags[i] = 2
+    return src.shape[0]
+
+
+@numba.njit(cache=True)
+def _undeclare(
+    src, dst, flags, uo, ul, up, um, oo, ol, op, om, kpre, kdata, koff
+):  # pragma: no cover - compiled
+    """src[i] stops declaring dst[i] (both alive), pair by pair.
+
+    flags[i]: 0 was not declared, 1 undeclared (the undirected edge stays: dst declares src),
+    2 undeclared and the undirected edge removed.
+    """
+    for i in range(src.shape[0]):
+        u, t = src[i], dst[i]
+        pos, found = _find(oo, ol, op, kpre, kdata, koff, u, t)
+        if not found:
+            flags[i] = 0
+            continue
+        _remove_at(oo, ol, op, om, u, pos)
+        if _find(oo, ol, op, kpre, kdata, koff, t, u)[1]:
+            flags[i] = 1
+        else:
+            _remove_at(uo, ul, up, um, u, _find(uo, ul, up, kpre, kdata, koff, u, t)[0])
+            _remove_at(uo, ul, up, um, t, _find(uo, ul, up, kpre, kdata, koff, t, u)[0])
+            flags[i] = 2
+
+
+@numba.njit(cache=True)
+def _drop(u, nb, declares, uo, ul, up, um, oo, ol, op, om, kpre, kdata, koff):  # pragma: no cover
+    """u stops existing: its undirected edges (to ``nb``, a copy of its block) and its
+    out-block go, and u leaves the out-blocks of the neighbours declaring it
+    (``declares[i] = 1`` for those)."""
+    for i in range(nb.shape[0]):
+        s = nb[i]
+        _remove_at(uo, ul, up, um, s, _find(uo, ul, up, kpre, kdata, koff, s, u)[0])
+        pos, found = _find(oo, ol, op, kpre, kdata, koff, s, u)
+        if found:
+            _remove_at(oo, ol, op, om, s, pos)
+            declares[i] = 1
+        else:
+            declares[i] = 0
+    um[2] -= ul[u]
+    ul[u] = 0
+    om[2] -= ol[u]
+    ol[u] = 0
+
+
+@numba.njit(cache=True)
+def _edge_degrees(src, dst, flags, edge_flag, step, mask, deg):  # pragma: no cover - compiled
+    """deg += step at both ends of each pair with flags == edge_flag, both ends visible."""
+    for i in range(src.shape[0]):
+        if flags[i] == edge_flag:
+            u, v = src[i], dst[i]
+            if mask[u] and mask[v]:
+                deg[u] += step
+                deg[v] += step
+
+
+@numba.njit(cache=True)
+def _node_degrees(u, nb, step, mask, deg):  # pragma: no cover - compiled
+    """deg += step at both ends of each edge u-nb[i] with both ends visible."""
+    if mask[u]:
+        for i in range(nb.shape[0]):
+            v = nb[i]
+            if mask[v]:
+                deg[v] += step
+                deg[u] += step
+
+
 def _sorted_unique(keys: np.ndarray) -> np.ndarray:
     """Sorted distinct keys (np.unique's hash path is ~10x slower on millions of int64)."""
     keys.sort()
@@ -169,16 +361,28 @@ def _grown(arr: np.ndarray, size: int, new_cap: int) -> np.ndarray:
 class _Adjacency:
     """Per-node id-sorted blocks in one flat int32 pool (the ``Graph`` layout)."""
 
-    __slots__ = ("cap", "end", "holes", "len", "off", "pool", "total")
+    __slots__ = ("cap", "len", "meta", "off", "pool")
 
     def __init__(self, node_cap: int) -> None:
         self.off = np.zeros(node_cap, np.int64)
         self.len = np.zeros(node_cap, np.int32)
         self.cap = np.zeros(node_cap, np.int32)
         self.pool = np.zeros(_MIN_POOL_CAP, np.int32)
-        self.end = 0  # first unused pool slot
-        self.holes = 0  # pool slots abandoned by relocated blocks
-        self.total = 0  # sum of len
+        # [first unused pool slot, slots abandoned by relocated blocks, sum of len]: an array
+        # so the patch kernels update them in place.
+        self.meta = np.zeros(3, np.int64)
+
+    @property
+    def end(self) -> int:
+        return int(self.meta[0])
+
+    @property
+    def holes(self) -> int:
+        return int(self.meta[1])
+
+    @property
+    def total(self) -> int:
+        return int(self.meta[2])
 
     @classmethod
     def from_sorted(cls, src: np.ndarray, dst: np.ndarray, n: int, node_cap: int) -> _Adjacency:
@@ -196,7 +400,8 @@ class _Adjacency:
         adj.off[:n] = off
         adj.len[:n] = ln
         adj.cap[:n] = cap
-        adj.pool, adj.end, adj.total = pool, end, len(src)
+        adj.pool = pool
+        adj.meta[:] = (end, 0, len(src))
         return adj
 
     def grow_nodes(self, n: int, new_cap: int) -> tuple[np.ndarray, ...]:
@@ -213,48 +418,12 @@ class _Adjacency:
         o = int(self.off[u])
         return self.pool[o : o + int(self.len[u])]
 
-    def contains(self, u: int, v: int, ids: list[str]) -> bool:
-        o = int(self.off[u])
-        blk = self.pool[o : o + int(self.len[u])].tolist()
-        pos = bisect.bisect_left(blk, ids[v], key=ids.__getitem__)
-        return pos < len(blk) and blk[pos] == v
-
-    # Blocks are small (mean degree ~15): a Python list round trip is cheaper than bisecting
-    # numpy scalars and shifting with several slice assignments.
-
-    def insert(self, u: int, v: int, ids: list[str]) -> None:
-        """Insert v (not present) into u's block at its id-sorted position."""
-        o = int(self.off[u])
-        n = int(self.len[u])
-        blk = self.pool[o : o + n].tolist()
-        pos = bisect.bisect_left(blk, ids[v], key=ids.__getitem__)
-        blk.insert(pos, v)
-        c = int(self.cap[u])
-        if n == c:  # full: move to the pool's end with doubled capacity
-            new_cap = max(_MIN_BLOCK_CAP, 2 * c)
-            if self.end + new_cap > len(self.pool):
-                self.pool = _grown(self.pool, self.end, 2 * (self.end + new_cap))
-            no = self.end
-            self.pool[no : no + n + 1] = blk
-            self.off[u] = no
-            self.cap[u] = new_cap
-            self.end += new_cap
-            self.holes += c
-        else:
-            self.pool[o + pos : o + n + 1] = blk[pos:]
-        self.len[u] = n + 1
-        self.total += 1
-
-    def remove(self, u: int, v: int, ids: list[str]) -> None:
-        """Remove v (present) from u's block, shifting the tail left."""
-        o = int(self.off[u])
-        n = int(self.len[u])
-        blk = self.pool[o : o + n].tolist()
-        pos = bisect.bisect_left(blk, ids[v], key=ids.__getitem__)
-        if pos < n - 1:
-            self.pool[o + pos : o + n - 1] = blk[pos + 1 :]
-        self.len[u] = n - 1
-        self.total -= 1
+    def ensure_room(self, u: int, v: int) -> None:
+        """Room in the pool for one more entry in the blocks of u and of v each."""
+        need = 2 * (int(self.cap[u]) + int(self.cap[v]) + _MIN_BLOCK_CAP)
+        end = self.end
+        if end + need > len(self.pool):
+            self.pool = _grown(self.pool, end, 2 * (end + need))
 
     def needs_compaction(self) -> bool:
         return self.holes > max(COMPACT_MIN_HOLES, self.end // 2)
@@ -268,8 +437,63 @@ class _Adjacency:
         return new_pool, new_off, int(end)
 
     def install_compacted(self, compacted: tuple[np.ndarray, np.ndarray, int]) -> None:
-        self.pool, self.off, self.end = compacted
-        self.holes = 0
+        self.pool, self.off, end = compacted
+        self.meta[0] = end
+        self.meta[1] = 0
+
+
+class _Keys:
+    """The UTF-8 bytes of every interned id, for the kernels' comparisons in ``str`` order.
+
+    ``data[off[u] : off[u + 1]]`` is ids[u], and ``pre[u]`` its first 16 bytes (zero-padded)
+    as two big-endian words, which decide most comparisons with one memory access. Ids are
+    interned for good, so only appended. Follower-only (readers never look): grown in place.
+    """
+
+    __slots__ = ("data", "end", "off", "pre")
+
+    def __init__(self, ids: list[str], node_cap: int) -> None:
+        raw = [_utf8(i) for i in ids]
+        n = len(raw)
+        self.off = np.zeros(node_cap + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, raw), np.int64, n), out=self.off[1 : n + 1])
+        self.end = int(self.off[n])
+        self.data = np.zeros(max(_MIN_POOL_CAP, 2 * self.end), np.uint8)
+        self.data[: self.end] = np.frombuffer(b"".join(raw), np.uint8)
+        self.pre = np.zeros((node_cap, 2), np.uint64)
+        self.pre[:n] = _prefixes(raw)
+
+    def reserve(self, nodes: int, size: int) -> None:
+        """Room for ``nodes`` ids in all and ``size`` more bytes."""
+        if nodes > len(self.pre):
+            cap = 2 * nodes
+            self.off = _grown(self.off, len(self.off), cap + 1)
+            pre = np.zeros((cap, 2), np.uint64)
+            pre[: len(self.pre)] = self.pre
+            self.pre = pre
+        if self.end + size > len(self.data):
+            self.data = _grown(self.data, self.end, 2 * (self.end + size))
+
+    def add(self, u: int, concept_id: str) -> None:
+        """Append ids[u] (u = the number of ids so far)."""
+        raw = _utf8(concept_id)
+        end = self.end + len(raw)
+        self.reserve(u + 1, len(raw))
+        self.data[self.end : end] = np.frombuffer(raw, np.uint8)
+        self.off[u + 1] = end
+        self.pre[u] = _prefixes([raw])[0]
+        self.end = end
+
+
+def _prefixes(raw: list[bytes]) -> np.ndarray:
+    """uint64[len(raw), 2]: the first 16 bytes of each, zero-padded, as big-endian words."""
+    padded = b"".join([r[:16].ljust(16, b"\0") for r in raw])
+    return np.frombuffer(padded, ">u8").astype(np.uint64).reshape(len(raw), 2)
+
+
+def _utf8(concept_id: str) -> bytes:
+    # surrogatepass: a lone surrogate still encodes, at its code point's place in the order
+    return concept_id.encode("utf-8", "surrogatepass")
 
 
 class _Mask:
@@ -383,6 +607,7 @@ class KBProjection:
         self._collection_names: dict[str, str] = {}
         self._und = _Adjacency(self._node_cap)
         self._out = _Adjacency(self._node_cap)
+        self._keys = _Keys([], self._node_cap)
         self._missing_out: dict[int, set[int]] = {}  # u -> declared targets not alive
         self._pending_in: dict[int, set[int]] = {}  # t (not alive) -> sources declaring it
         self._masks: OrderedDict[RuleSet, _Mask] = OrderedDict()
@@ -463,6 +688,7 @@ class KBProjection:
         self._node_cap = node_cap
         self._index_of = index_of
         self.ids = ids
+        self._keys = _Keys(ids, node_cap)
         missing = n - n0
         self.titles = [c.title for c in concepts] + [""] * missing
         self.types = [c.type for c in concepts] + [""] * missing
@@ -506,6 +732,7 @@ class KBProjection:
         if grow_nodes:
             new_cap = max(2 * self._node_cap, 1 << (n + mentions - 1).bit_length())
             swaps.append(self._grow_nodes_swap(new_cap))
+        self._keys.reserve(n + mentions, 32 * mentions)  # follower-only: grown in place
         for adj in (self._und, self._out):
             if not grow_nodes and adj.needs_compaction():  # both would replace ``off``
                 compacted = adj.compacted(n)
@@ -569,18 +796,20 @@ class KBProjection:
                 break
         swap = self._prepare(head)
         done = 0
+        apply_one = self._apply
+        clock = time.perf_counter
         with self.lock.write():
             if swap is not None:
                 swap()
-            start = time.perf_counter()
+            start = clock()
             events = 0
             for d in deliveries:
                 for r in d:
-                    self._apply(r.event)
-                    self.seq = r.seq
+                    apply_one(r.event)
+                self.seq = d[-1].seq
                 done += 1
                 events += len(d)
-                if events >= MAX_BATCH_EVENTS or time.perf_counter() - start >= MAX_BATCH_SECONDS:
+                if events >= MAX_BATCH_EVENTS or clock() - start >= MAX_BATCH_SECONDS:
                     break
         self._batch_hint = min(MAX_BATCH_EVENTS, max(64, 2 * events))
         return done
@@ -591,17 +820,7 @@ class KBProjection:
         elif isinstance(event, ConceptDeleted):
             self._delete(event)
         elif isinstance(event, LinkAdded | LinkRemoved):
-            u = self._index_of.get(event.subject)
-            if u is None or not self._alive[u]:
-                return  # the store never logs these; tolerate them
-            t = self._intern(event.data.target)
-            if t != u:
-                declared = self._declares(u, t)
-                if isinstance(event, LinkAdded) and not declared:
-                    self._declare(u, t)
-                elif isinstance(event, LinkRemoved) and declared:
-                    self._undeclare(u, t)
-            self.versions[u] = event.data.version
+            self._link_event(event)
 
     def _intern(self, concept_id: str) -> int:
         u = self._index_of.get(concept_id)
@@ -612,6 +831,7 @@ class KBProjection:
             self._grow_nodes_now()
         self._index_of[concept_id] = u
         self.ids.append(concept_id)
+        self._keys.add(u, concept_id)
         collection = self._collection(concept_id)
         self.collections.append(collection)
         self.titles.append("")
@@ -625,9 +845,19 @@ class KBProjection:
 
     def _upsert(self, event: ConceptUpserted) -> None:
         data = event.data
-        u = self._intern(event.subject)
-        links = {self._intern(t) for t in data.links}
+        index_of = self._index_of
+        u = index_of.get(event.subject)
+        if u is None:
+            u = self._intern(event.subject)
+        links: set[int] = set()
+        for target in data.links:
+            t = index_of.get(target)
+            links.add(self._intern(target) if t is None else t)
         links.discard(u)
+        alive = self._alive
+        was_alive = bool(alive[u])
+        # An unchanged title and text leave the search index as it is: no re-tokenizing.
+        reindex = not was_alive or self.titles[u] != data.title or self.texts[u] != data.text
         self.titles[u] = data.title
         self.statuses[u] = data.status
         self.tags[u] = list(data.tags)
@@ -637,40 +867,83 @@ class KBProjection:
         if type_changed:
             self.types[u] = data.type
             self._cls[u] = self._class(self.collections[u], data.type)
-        if not self._alive[u]:
-            self._alive[u] = 1
+        src: list[int] = []
+        dst: list[int] = []
+        if not was_alive:
+            alive[u] = 1
             self._refresh_visibility(u)  # no edges yet: only u's own mask bits
             for s in self._pending_in.pop(u, ()):
                 missing = self._missing_out[s]
                 missing.discard(u)
                 if not missing:
                     del self._missing_out[s]
-                self._out.insert(s, u, self.ids)
-                self._add_edge(s, u)
-            for t in links:
-                self._declare(u, t)
+                src.append(s)
+                dst.append(u)
+            new = links
         else:
             if type_changed:
                 self._refresh_visibility(u)
-            old = self._declared(u)
-            for t in old - links:
-                self._undeclare(u, t)
-            for t in links - old:
-                self._declare(u, t)
-        self.index.put(u, data.title, data.text)
+            declared = self._out.block(u).tolist()  # the declared links to existing concepts
+            missing = self._missing_out.get(u)
+            old = set(declared)
+            if missing:
+                old |= missing
+            if old == links:
+                new = set()  # the common re-upsert: nothing to patch
+            else:
+                gone = [t for t in declared if t not in links]
+                if gone:
+                    self._undeclare_alive([u] * len(gone), gone)
+                if missing:
+                    for t in missing - links:
+                        self._undeclare_missing(u, t)
+                new = links - old
+        for t in new:
+            if alive[t]:
+                src.append(u)
+                dst.append(t)
+            else:
+                self._declare_missing(u, t)
+        if src:
+            self._declare_alive(src, dst)
+        if reindex:
+            self.index.put(u, data.title, data.text)
 
     def _delete(self, event: ConceptDeleted) -> None:
         u = self._index_of.get(event.subject)
         if u is None or not self._alive[u]:
             return
-        for t in self._declared(u):
-            self._undeclare(u, t)
-        # The neighbours left are exactly the concepts declaring u: back to pending.
-        for s in self._und.block(u).tolist():
-            self._out.remove(s, u, self.ids)
-            self._remove_edge(s, u)
-            self._missing_out.setdefault(s, set()).add(u)
-            self._pending_in.setdefault(u, set()).add(s)
+        missing = self._missing_out.get(u)
+        if missing:
+            for t in list(missing):
+                self._undeclare_missing(u, t)
+        # Every undirected edge of u goes; the neighbours declaring u go back to pending.
+        und, out, keys = self._und, self._out, self._keys
+        nb = und.block(u).copy()
+        declares = np.zeros(len(nb), np.int8)
+        _drop(
+            u,
+            nb,
+            declares,
+            und.off,
+            und.len,
+            und.pool,
+            und.meta,
+            out.off,
+            out.len,
+            out.pool,
+            out.meta,
+            keys.pre,
+            keys.data,
+            keys.off,
+        )
+        for e in self._masks.values():
+            _node_degrees(u, nb, -1, e.mask, e.deg)
+        declarers = nb[declares != 0].tolist()
+        if declarers:
+            for s in declarers:
+                self._missing_out.setdefault(s, set()).add(u)
+            self._pending_in[u] = set(declarers)
         self._alive[u] = 0
         self._refresh_visibility(u)
         self.versions[u] = event.data.version
@@ -678,58 +951,100 @@ class KBProjection:
         self.tags[u] = []
         self.index.remove(u)
 
-    def _declared(self, u: int) -> set[int]:
-        out = set(self._out.block(u).tolist())
-        missing = self._missing_out.get(u)
-        return out | missing if missing else out
+    def _link_event(self, event: LinkAdded | LinkRemoved) -> None:
+        u = self._index_of.get(event.subject)
+        if u is None or not self._alive[u]:
+            return  # the store never logs these; tolerate them
+        t = self._intern(event.data.target)
+        if t != u:
+            added = isinstance(event, LinkAdded)
+            if self._alive[t]:
+                if added:
+                    self._declare_alive([u], [t])
+                else:
+                    self._undeclare_alive([u], [t])
+            elif added:
+                self._declare_missing(u, t)
+            elif t in self._missing_out.get(u, ()):
+                self._undeclare_missing(u, t)
+        self.versions[u] = event.data.version
 
-    def _declares(self, u: int, t: int) -> bool:
-        if self._alive[t]:
-            return self._out.contains(u, t, self.ids)
-        return t in self._missing_out.get(u, ())
-
-    def _declare(self, u: int, t: int) -> None:
-        """u (alive) starts declaring t (!= u, not declared yet)."""
-        if self._alive[t]:
-            had_edge = self._out.contains(t, u, self.ids)
-            self._out.insert(u, t, self.ids)
-            if not had_edge:
-                self._add_edge(u, t)
-        else:
-            self._missing_out.setdefault(u, set()).add(t)
-            self._pending_in.setdefault(t, set()).add(u)
-
-    def _undeclare(self, u: int, t: int) -> None:
-        """u (alive) stops declaring t (declared)."""
-        if self._alive[t]:
-            self._out.remove(u, t, self.ids)
-            if not self._out.contains(t, u, self.ids):
-                self._remove_edge(u, t)
-        else:
-            missing = self._missing_out[u]
-            missing.discard(t)
-            if not missing:
-                del self._missing_out[u]
-            pending = self._pending_in[t]
-            pending.discard(u)
-            if not pending:
-                del self._pending_in[t]
-
-    def _add_edge(self, u: int, v: int) -> None:
-        self._und.insert(u, v, self.ids)
-        self._und.insert(v, u, self.ids)
+    def _declare_alive(self, sources: list[int], targets: list[int]) -> None:
+        """sources[i] (alive) declares targets[i] (alive, != sources[i]); already declared
+        pairs are left as they are."""
+        src = np.array(sources, np.int32)
+        dst = np.array(targets, np.int32)
+        flags = np.empty(len(src), np.int8)
+        und, out, keys = self._und, self._out, self._keys
+        done = 0
+        while True:
+            done += _declare(
+                src[done:],
+                dst[done:],
+                flags[done:],
+                und.off,
+                und.len,
+                und.cap,
+                und.pool,
+                und.meta,
+                out.off,
+                out.len,
+                out.cap,
+                out.pool,
+                out.meta,
+                keys.pre,
+                keys.data,
+                keys.off,
+            )
+            if done == len(src):
+                break
+            # Rare: the batch outgrew the headroom ``_prepare`` left.
+            und.ensure_room(sources[done], targets[done])
+            out.ensure_room(sources[done], targets[done])
         for e in self._masks.values():
-            if e.mask[u] and e.mask[v]:
-                e.deg[u] += 1
-                e.deg[v] += 1
+            _edge_degrees(src, dst, flags, 2, 1, e.mask, e.deg)
 
-    def _remove_edge(self, u: int, v: int) -> None:
-        self._und.remove(u, v, self.ids)
-        self._und.remove(v, u, self.ids)
+    def _undeclare_alive(self, sources: list[int], targets: list[int]) -> None:
+        """sources[i] (alive) stops declaring targets[i] (alive); pairs not declared are
+        left as they are."""
+        src = np.array(sources, np.int32)
+        dst = np.array(targets, np.int32)
+        flags = np.empty(len(src), np.int8)
+        und, out, keys = self._und, self._out, self._keys
+        _undeclare(
+            src,
+            dst,
+            flags,
+            und.off,
+            und.len,
+            und.pool,
+            und.meta,
+            out.off,
+            out.len,
+            out.pool,
+            out.meta,
+            keys.pre,
+            keys.data,
+            keys.off,
+        )
         for e in self._masks.values():
-            if e.mask[u] and e.mask[v]:
-                e.deg[u] -= 1
-                e.deg[v] -= 1
+            _edge_degrees(src, dst, flags, 2, -1, e.mask, e.deg)
+
+    def _declare_missing(self, u: int, t: int) -> None:
+        """u (alive) declares t (not alive)."""
+        self._missing_out.setdefault(u, set()).add(t)
+        self._pending_in.setdefault(t, set()).add(u)
+
+    def _undeclare_missing(self, u: int, t: int) -> None:
+        """u (alive) stops declaring t (not alive, declared)."""
+        missing = self._missing_out[u]
+        missing.discard(t)
+        if not missing:
+            del self._missing_out[u]
+        pending = self._pending_in[t]
+        pending.discard(u)
+        if not pending:
+            del self._pending_in[t]
 
     def _refresh_visibility(self, u: int) -> None:
         """Recompute u's bit in every cached mask, patching its visible neighbours' degrees."""
@@ -921,6 +1236,20 @@ def _warm_up() -> None:
     pool = np.zeros(1, np.int32)
     _masked_degrees(off, ln, pool, np.ones(1, np.uint8), np.zeros(1, np.int32))
     _compact(off, ln, ln, pool, np.zeros(1, np.int64), np.zeros(1, np.int32))
+    kb = KBProjection("warm-up")
+    kb._masks[()] = _Mask((), np.ones(_MIN_NODE_CAP, np.uint8), np.zeros(_MIN_NODE_CAP, np.int32))
+    kb._upsert(_warm_up_event("a", ["b"]))
+    kb._upsert(_warm_up_event("b", ["a"]))
+    kb._upsert(_warm_up_event("a", []))
+    kb._delete(ConceptDeleted(**_WARM_UP_ENVELOPE, subject="b", data=DeleteData(version=2)))
+
+
+_WARM_UP_ENVELOPE: Final = {"specversion": "1.0", "id": "warm-up", "source": "warm-up"}
+
+
+def _warm_up_event(subject: str, links: list[str]) -> ConceptUpserted:
+    data = UpsertData(version=1, links=links)
+    return ConceptUpserted(**_WARM_UP_ENVELOPE, subject=subject, data=data)
 
 
 def _resolve(future: asyncio.Future) -> None:
