@@ -25,8 +25,7 @@ import math
 import re
 import threading
 import unicodedata
-from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
 import numpy as np
 from numba import njit
@@ -106,8 +105,16 @@ def _fold(text: str) -> str:
     return stripped.lower()
 
 
+# ASCII text, as bytes: letters to lower case, digits kept, every other byte a space (the
+# upper half is never used, bytes.translate wants 256 entries); then
+# ``str.split`` finds exactly the runs ``[a-z0-9]+`` of the lower-cased text, ~2x faster.
+_ASCII_FOLD = bytes(ord(chr(c).lower()) if chr(c).isalnum() else 32 for c in range(128)) * 2
+
+
 def tokenize(text: str) -> list[str]:
     """The terms of ``text``, in order, as FTS5's unicode61 tokenizer would produce them."""
+    if text.isascii():
+        return text.encode("ascii").translate(_ASCII_FOLD).decode("ascii").split()
     folded = _fold(text)
     if folded.isascii():
         return _ASCII_TOKEN.findall(folded)
@@ -119,10 +126,15 @@ def query_terms(query: str) -> list[str]:
     return list(dict.fromkeys(tokenize(query)))
 
 
-@dataclass(slots=True)
 class _Postings:
-    freq: dict[int, int] = field(default_factory=dict)  # node -> 10 * title hits + text hits
-    arrays: tuple[np.ndarray, np.ndarray] | None = None  # (nodes, freqs), built on demand
+    """One term's postings: ``freq`` node -> 10 * title hits + text hits; ``arrays`` (nodes,
+    freqs) built on demand by ``search`` and dropped when ``freq`` changes."""
+
+    __slots__ = ("arrays", "freq")
+
+    def __init__(self, node: int, count: int) -> None:
+        self.freq: dict[int, int] = {node: count}
+        self.arrays: tuple[np.ndarray, np.ndarray] | None = None
 
 
 class SearchIndex:
@@ -142,18 +154,25 @@ class SearchIndex:
 
     def put(self, node: int, title: str, text: str) -> None:
         """Index (or re-index) ``node`` with its current title and text."""
-        self.remove(node)
         title_terms = tokenize(title)
         text_terms = tokenize(text)
-        freq = Counter(text_terms)
+        freq: dict[str, int] = {}
+        get = freq.get
+        for term in text_terms:
+            freq[term] = get(term, 0) + 1
         for term in title_terms:
-            freq[term] += TITLE_WEIGHT
+            freq[term] = get(term, 0) + TITLE_WEIGHT
+        all_postings = self._postings
+        old = self._doc_terms.get(node)
+        if old is not None:  # re-indexing: only the terms it no longer has leave
+            self._forget(node, [term for term in old if term not in freq])
         for term, count in freq.items():
-            postings = self._postings.get(term)
+            postings = all_postings.get(term)
             if postings is None:
-                postings = self._postings[term] = _Postings()
-            postings.freq[node] = count
-            postings.arrays = None
+                all_postings[term] = _Postings(node, count)
+            else:
+                postings.freq[node] = count
+                postings.arrays = None
         self._doc_terms[node] = tuple(freq)
         if node >= len(self._doc_len):
             size = max(node + 1, 2 * len(self._doc_len))
@@ -172,16 +191,21 @@ class SearchIndex:
         terms = self._doc_terms.pop(node, None)
         if terms is None:
             return
+        self._forget(node, terms)
+        self._doc_len[node] = 0
+        self._present[node] = 0
+        self._changed()
+
+    def _forget(self, node: int, terms: Iterable[str]) -> None:
+        """Drop ``node`` from the postings of ``terms`` (each holding it)."""
+        all_postings = self._postings
         for term in terms:
-            postings = self._postings[term]
+            postings = all_postings[term]
             del postings.freq[node]
             if postings.freq:
                 postings.arrays = None
             else:
-                del self._postings[term]
-        self._doc_len[node] = 0
-        self._present[node] = 0
-        self._changed()
+                del all_postings[term]
 
     def _changed(self) -> None:
         self.version += 1
