@@ -263,8 +263,13 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
+    """Ready once the projection is built and the kernels compiled; not ready again if the
+    follower stopped (it does when applying a record fails, rather than serve a stale graph)."""
     if not getattr(request.app.state, "ready", False):
         return error_response(503, "starting: building the projection")
+    failure = request.app.state.projections.error
+    if failure is not None:
+        return error_response(503, f"projection stopped following the log: {failure!r}")
     return json_response({"status": "ready"})
 
 

@@ -49,8 +49,8 @@ or ``MAX_BATCH_SECONDS`` (5 ms); a single delivery is never split. Worst-case re
 the requests already holding the read lock when the follower asked for the write lock
 (writer preference queues new readers behind it) plus one batch: at most 5 ms plus the apply
 time of the delivery that crosses the bound. Measured (loadtest/bench_projection.py, mean
-degree 16, two cached masks) at 40-150 us per event on a shared 2-core machine, so a typical
-delivery of a few events adds well under 1 ms and a 1,000-event delivery 40-150 ms (a
+degree 16, two cached masks) at 13-45 us per event on a shared 2-core machine, so a typical
+delivery of a few events adds well under 1 ms and a 1,000-event delivery 13-45 ms (a
 delivery is atomic by contract, so that is its price). Releasing the write lock hands off to
 every reader queued meanwhile before the follower may write again, so a backlog cannot
 starve readers: they interleave with it batch by batch.

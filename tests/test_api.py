@@ -331,3 +331,11 @@ def test_an_unexpected_failure_is_a_json_500_that_reveals_nothing(
     headers = {"Authorization": f"Bearer {ADMIN}", "X-Min-Seq": str(seq)}
     response = quiet.get(f"/v1/kbs/{KB}/status", headers=headers)
     assert (response.status_code, response.json()) == (500, {"error": "internal error"})
+
+
+def test_readyz_fails_when_the_follower_stopped(service: Service) -> None:
+    assert service.client.get("/readyz").status_code == 200
+    service.app.state.projections.error = RuntimeError("apply failed")
+    response = service.client.get("/readyz")
+    assert response.status_code == 503
+    assert "projection stopped following the log" in response.json()["error"]
