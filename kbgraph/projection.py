@@ -909,6 +909,12 @@ class KBProjection:
         if reindex:
             self.index.put(u, data.title, data.text)
 
+    def _pools(self) -> tuple[np.ndarray, ...]:
+        """The arrays the removing kernels (``_drop``, ``_undeclare``) take, in their order."""
+        und, out, keys = self._und, self._out, self._keys
+        return (und.off, und.len, und.pool, und.meta, out.off, out.len, out.pool, out.meta,
+                keys.pre, keys.data, keys.off)  # fmt: skip
+
     def _delete(self, event: ConceptDeleted) -> None:
         u = self._index_of.get(event.subject)
         if u is None or not self._alive[u]:
@@ -918,25 +924,9 @@ class KBProjection:
             for t in list(missing):
                 self._undeclare_missing(u, t)
         # Every undirected edge of u goes; the neighbours declaring u go back to pending.
-        und, out, keys = self._und, self._out, self._keys
-        nb = und.block(u).copy()
+        nb = self._und.block(u).copy()
         declares = np.zeros(len(nb), np.int8)
-        _drop(
-            u,
-            nb,
-            declares,
-            und.off,
-            und.len,
-            und.pool,
-            und.meta,
-            out.off,
-            out.len,
-            out.pool,
-            out.meta,
-            keys.pre,
-            keys.data,
-            keys.off,
-        )
+        _drop(u, nb, declares, *self._pools())
         for e in self._masks.values():
             _node_degrees(u, nb, -1, e.mask, e.deg)
         declarers = nb[declares != 0].tolist()
@@ -1010,23 +1000,7 @@ class KBProjection:
         src = np.array(sources, np.int32)
         dst = np.array(targets, np.int32)
         flags = np.empty(len(src), np.int8)
-        und, out, keys = self._und, self._out, self._keys
-        _undeclare(
-            src,
-            dst,
-            flags,
-            und.off,
-            und.len,
-            und.pool,
-            und.meta,
-            out.off,
-            out.len,
-            out.pool,
-            out.meta,
-            keys.pre,
-            keys.data,
-            keys.off,
-        )
+        _undeclare(src, dst, flags, *self._pools())
         for e in self._masks.values():
             _edge_degrees(src, dst, flags, 2, -1, e.mask, e.deg)
 

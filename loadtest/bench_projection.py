@@ -65,21 +65,11 @@ from kbgraph.events import (  # noqa: E402
 from kbgraph.projection import KBProjection, Projections, _warm_up  # noqa: E402
 from kbgraph.search import SearchIndex  # noqa: E402
 from kbgraph.store import ConceptState, KBState, LogRecord, Store  # noqa: E402
+from loadtest import synthetic  # noqa: E402
 
 COLLECTIONS = ("infra", "network", "storage", "apps", "security", "ops", "data", "docs", "team")
 TYPES = ("Runbook", "Note", "Service", "Host")
-WORDS = [
-    "dns",
-    "backup",
-    "router",
-    "cluster",
-    "vpn",
-    "certificate",
-    "disk",
-    "ingress",
-    "monitoring",
-    "firewall",
-]
+WORDS = synthetic.WORDS[:10]  # the seed's topic words
 LINKS = 8
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 ADMIN = "bench-admin"

@@ -53,7 +53,7 @@ _CODAS: Final = ("", "n", "r", "s", "t", "l", "x", "nd", "st")
 def vocabulary(size: int = VOCAB_SIZE, seed: int = 42) -> list[str]:
     """``size`` distinct pronounceable words; the seed's topic words come first (most common)."""
     rng = random.Random(seed * 7 + 1)
-    words = list(synthetic._WORDS)
+    words = list(synthetic.WORDS)
     seen = set(words)
     for _ in range(size * 50):
         if len(words) >= size:

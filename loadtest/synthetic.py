@@ -38,7 +38,7 @@ TYPES = ("Runbook", "Service", "Host", "Note", "Person", "Vendor", "Decision")
 LINKS_PER_CONCEPT = 8
 MISSING_SHARE = 0.05
 
-_WORDS = (
+WORDS = (
     "dns",
     "backup",
     "router",
@@ -127,7 +127,7 @@ def _concepts(n: int, src: np.ndarray, dst: np.ndarray, seed: int) -> list[dict[
         links[s].append(ids[d] if d >= 0 else missing_id(k))
     out = []
     for i in range(n):
-        title = f"{rng.choice(_WORDS).title()} {rng.choice(_WORDS)} {i}"
+        title = f"{rng.choice(WORDS).title()} {rng.choice(WORDS)} {i}"
         out.append(
             {
                 "id": ids[i],
