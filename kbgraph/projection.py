@@ -23,7 +23,9 @@ the block ``pool[off[u] : off[u] + cap[u]]`` of which the first ``len[u]`` entri
 kept sorted by concept id. An insert into a full block moves it to the pool's end with doubled
 capacity; a removal shifts within the block. The patches run as small numba kernels (one call
 per event and kind of change) that bisect by the ids' UTF-8 bytes (``_Keys``: 16-byte
-prefixes, whole bytes on a tie), which order exactly as Python orders the strings.
+prefixes, whole bytes on a tie), which order exactly as Python orders the strings; finding an
+entry that is there (or checking that it is not) scans a block of up to 64 ints instead, as
+each key a bisect probes is a cache miss at a million ids.
 Declared links are held without a Python set per node: a declared link to an existing target
 *is* the out-block entry; links to missing targets are kept in ``_missing_out[u]`` (targets)
 and ``_pending_in[t]`` (sources), so a concept appearing turns its declared in-links into edges
@@ -128,6 +130,7 @@ READ_LOG_LIMIT: Final = 10_000
 _MIN_NODE_CAP: Final = 64
 _MIN_POOL_CAP: Final = 1024
 _MIN_BLOCK_CAP: Final = 4
+_SCAN_MAX: Final = 64  # blocks up to this length are scanned, not bisected, for an entry
 COMPACT_MIN_HOLES = 1 << 16  # module-level so tests can force compaction
 
 
@@ -206,6 +209,25 @@ def _find(off, ln, pool, kpre, kdata, koff, u, v):  # pragma: no cover - compile
 
 
 @numba.njit(cache=True, inline="always")
+def _index(off, ln, pool, kpre, kdata, koff, u, v):  # pragma: no cover - compiled
+    """Position of v in u's block, -1 if absent.
+
+    A block of up to ``_SCAN_MAX`` entries is scanned for the int itself: one or two cache
+    lines, where a bisect reads the key of each probed entry, a cache miss apiece at a
+    million ids. Larger blocks are bisected.
+    """
+    n = ln[u]
+    if n <= _SCAN_MAX:
+        o = off[u]
+        for i in range(n):
+            if pool[o + i] == v:
+                return i
+        return -1
+    pos, found = _find(off, ln, pool, kpre, kdata, koff, u, v)
+    return pos if found else -1
+
+
+@numba.njit(cache=True, inline="always")
 def _room(ln, cap, u):  # pragma: no cover - compiled
     """Pool slots one more entry in u's block may take (a full block moves, doubled)."""
     c = cap[u]
@@ -262,7 +284,7 @@ def _declare(
             continue
         if om[0] + _room(ol, oc, u) > op.shape[0]:
             return i
-        had_edge = _find(oo, ol, op, kpre, kdata, koff, t, u)[1]
+        had_edge = _index(oo, ol, op, kpre, kdata, koff, t, u) >= 0
         if not had_edge and um[0] + _room(ul, uc, u) + _room(ul, uc, t) > up.shape[0]:
             return i
         _insert_at(oo, ol, oc, op, om, u, t, pos)
@@ -286,16 +308,16 @@ def _undeclare(
     """
     for i in range(src.shape[0]):
         u, t = src[i], dst[i]
-        pos, found = _find(oo, ol, op, kpre, kdata, koff, u, t)
-        if not found:
+        pos = _index(oo, ol, op, kpre, kdata, koff, u, t)
+        if pos < 0:
             flags[i] = 0
             continue
         _remove_at(oo, ol, op, om, u, pos)
-        if _find(oo, ol, op, kpre, kdata, koff, t, u)[1]:
+        if _index(oo, ol, op, kpre, kdata, koff, t, u) >= 0:
             flags[i] = 1
         else:
-            _remove_at(uo, ul, up, um, u, _find(uo, ul, up, kpre, kdata, koff, u, t)[0])
-            _remove_at(uo, ul, up, um, t, _find(uo, ul, up, kpre, kdata, koff, t, u)[0])
+            _remove_at(uo, ul, up, um, u, _index(uo, ul, up, kpre, kdata, koff, u, t))
+            _remove_at(uo, ul, up, um, t, _index(uo, ul, up, kpre, kdata, koff, t, u))
             flags[i] = 2
 
 
@@ -306,9 +328,9 @@ def _drop(u, nb, declares, uo, ul, up, um, oo, ol, op, om, kpre, kdata, koff):  
     (``declares[i] = 1`` for those)."""
     for i in range(nb.shape[0]):
         s = nb[i]
-        _remove_at(uo, ul, up, um, s, _find(uo, ul, up, kpre, kdata, koff, s, u)[0])
-        pos, found = _find(oo, ol, op, kpre, kdata, koff, s, u)
-        if found:
+        _remove_at(uo, ul, up, um, s, _index(uo, ul, up, kpre, kdata, koff, s, u))
+        pos = _index(oo, ol, op, kpre, kdata, koff, s, u)
+        if pos >= 0:
             _remove_at(oo, ol, op, om, s, pos)
             declares[i] = 1
         else:
@@ -849,13 +871,23 @@ class KBProjection:
         u = index_of.get(event.subject)
         if u is None:
             u = self._intern(event.subject)
+        was_alive = bool(self._alive[u])
+        # The declared links to existing concepts. A re-upsert mostly repeats them: resolve
+        # those through their own ids first, a small dict, as at a million ids each lookup in
+        # ``index_of`` costs several cache misses (its table, its entry, its key, its value).
+        declared: list[int] = self._out.block(u).tolist() if was_alive else []
+        ids = self.ids
+        known = {ids[t]: t for t in declared}
         links: set[int] = set()
         for target in data.links:
-            t = index_of.get(target)
-            links.add(self._intern(target) if t is None else t)
+            t = known.get(target)
+            if t is None:
+                t = index_of.get(target)
+                if t is None:
+                    t = self._intern(target)
+            links.add(t)
         links.discard(u)
         alive = self._alive
-        was_alive = bool(alive[u])
         # An unchanged title and text leave the search index as it is: no re-tokenizing.
         reindex = not was_alive or self.titles[u] != data.title or self.texts[u] != data.text
         self.titles[u] = data.title
@@ -883,7 +915,6 @@ class KBProjection:
         else:
             if type_changed:
                 self._refresh_visibility(u)
-            declared = self._out.block(u).tolist()  # the declared links to existing concepts
             missing = self._missing_out.get(u)
             old = set(declared)
             if missing:
