@@ -78,16 +78,20 @@ def test_upsert_is_full_state(store: Store) -> None:
     assert store.fts_search("kb", ["body"], 5) == []
 
 
-def test_atomic_delivery_with_a_failing_event_stores_nothing(store: Store) -> None:
-    good = upsert("ok")
-    # Not a value the store can write: the write raises inside the delivery's savepoint.
-    bad = ConceptUpserted(
+def unwritable_upsert() -> ConceptUpserted:
+    """Not a value the store can write: the write raises inside the delivery."""
+    return ConceptUpserted(
         specversion="1.0",
         id="bad",
         source="s",
         subject="bad",
         data=UpsertData(version=1, title=object()),  # type: ignore[arg-type]
     )
+
+
+def test_atomic_delivery_with_a_failing_event_stores_nothing(store: Store) -> None:
+    good = upsert("ok")
+    bad = unwritable_upsert()
     with pytest.raises((sqlite3.Error, TypeError)):
         store.append("kb", [good, bad])
     assert store.kb_seq("kb") == 0
@@ -98,13 +102,7 @@ def test_atomic_delivery_with_a_failing_event_stores_nothing(store: Store) -> No
 
 
 def test_failing_delivery_does_not_harm_concurrent_ones(store: Store) -> None:
-    bad = ConceptUpserted(
-        specversion="1.0",
-        id="bad",
-        source="s",
-        subject="bad",
-        data=UpsertData(version=1, title=object()),  # type: ignore[arg-type]
-    )
+    bad = unwritable_upsert()
     errors: list[BaseException] = []
     results: list[DeliveryResult] = []
 
