@@ -9,7 +9,7 @@ on a KB where the hidden concepts were never written.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Annotated, Final
 
 import msgspec
 import numpy as np
@@ -50,22 +50,77 @@ def visible_node(snap: Snapshot, view: View, concept_id: str) -> int:
 # --- requests ------------------------------------------------------------------------------
 
 
+def _field(description: str, **schema: object) -> msgspec.Meta:
+    """A request field's description, plus bounds or allowed values for the JSON Schema only:
+    clamping and the contract's own error messages stay with the tools, not the decoder."""
+    return msgspec.Meta(description=description, extra_json_schema=schema or None)
+
+
 class GraphContextRequest(msgspec.Struct, forbid_unknown_fields=True):
-    query: str | None = None
-    ids: list[str] | None = None
-    limit: int = 0
+    query: Annotated[
+        str | None,
+        _field("A question or keywords; its best search hits seed the ranking."),
+    ] = None
+    ids: Annotated[
+        list[str] | None,
+        _field(
+            f"Concept ids to start from (each adds weight 1), at most {MAX_IDS}.", maxItems=MAX_IDS
+        ),
+    ] = None
+    limit: Annotated[
+        int,
+        _field(
+            "How many results; 0 takes the default 10, others clamp into 1-30.",
+            minimum=0,
+            maximum=30,
+        ),
+    ] = 10
 
 
 class LinkSuggestRequest(msgspec.Struct, forbid_unknown_fields=True):
-    id: str
-    limit: int = 0
+    id: Annotated[str, _field("The concept to suggest missing links for.")]
+    limit: Annotated[
+        int,
+        _field(
+            "How many candidates; 0 takes the default 5, others clamp into 1-20.",
+            minimum=0,
+            maximum=20,
+        ),
+    ] = 5
 
 
 class GraphPathRequest(msgspec.Struct, forbid_unknown_fields=True):
-    source: str
-    target: str
-    direction: str | None = None
-    max_hops: int = 0
+    source: Annotated[str, _field("The concept id the path starts at.")]
+    target: Annotated[str, _field("The concept id the path ends at.")]
+    direction: Annotated[
+        str | None,
+        _field(
+            "'both' follows links either way, 'out' only as written.",
+            enum=["both", "out", None],
+        ),
+    ] = "both"
+    max_hops: Annotated[
+        int,
+        _field(
+            "The longest path considered; 0 takes the default 6, others clamp into 1-12.",
+            minimum=0,
+            maximum=12,
+        ),
+    ] = 6
+
+
+class SearchRequest(msgspec.Struct, forbid_unknown_fields=True):  # GET search?q=&limit=
+    query: Annotated[str, _field("Words to search titles and texts for (no syntax).")]
+    limit: Annotated[
+        int,
+        _field(
+            "How many hits; 0 takes the default 10, others clamp into 1-50.", minimum=0, maximum=50
+        ),
+    ] = 10
+
+
+class ConceptRequest(msgspec.Struct, forbid_unknown_fields=True):  # GET concepts/{id}
+    id: Annotated[str, _field("The concept id, e.g. 'infra/dns'.")]
 
 
 # --- responses -----------------------------------------------------------------------------
@@ -75,6 +130,8 @@ class Seed(msgspec.Struct):
     id: str
     title: str
     weight: float
+    score: float
+    snippet: str
 
 
 class ContextResult(msgspec.Struct):
@@ -83,7 +140,7 @@ class ContextResult(msgspec.Struct):
     score: float
     hops: int
     via: str
-    snippet: str | UnsetType = UNSET
+    snippet: str
 
 
 class GraphContextResponse(msgspec.Struct, kw_only=True):
@@ -124,6 +181,7 @@ class GraphPathResponse(msgspec.Struct, kw_only=True):
 class SearchHit(msgspec.Struct):
     id: str
     title: str
+    score: float
     snippet: str
 
 
@@ -142,6 +200,7 @@ class ConceptResponse(msgspec.Struct):
     text: str
     version: int
     links: list[str]
+    backlinks: list[str]
 
 
 class StatusResponse(msgspec.Struct):
@@ -184,15 +243,27 @@ def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> Graph
         response.note = "no seed matched the query"
         return response
 
+    nodes, p = graphalgo.personalized_pagerank(view, list(weights.items()), ordered=False)
+    rounded = np.round(p, 4)
+    own: dict[int, float] = {}
+    for seed in weights:  # seeds carry their own score and never come back as results
+        at = nodes == seed
+        own[seed] = float(rounded[at][0]) if at.any() else 0.0
+        rounded[at] = 0.0
+
     total = sum(weights.values())
     seeds = [(node, round(weight / total, 4)) for node, weight in weights.items()]
     seeds.sort(key=lambda s: (-s[1], snap.ids[s[0]]))
-    response.seeds = [Seed(snap.ids[node], snap.titles[node], weight) for node, weight in seeds]
-
-    nodes, p = graphalgo.personalized_pagerank(view, list(weights.items()), ordered=False)
-    rounded = np.round(p, 4)
-    for seed in weights:  # seeds never come back as results
-        rounded[nodes == seed] = 0.0
+    response.seeds = [
+        Seed(
+            snap.ids[node],
+            snap.titles[node],
+            weight,
+            own[node],
+            snippet(snap.texts[node], terms),
+        )
+        for node, weight in seeds
+    ]
     keep = rounded > 0
     cand_nodes, cand_scores = nodes[keep], rounded[keep]
     if len(cand_nodes) > limit:
@@ -214,7 +285,7 @@ def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> Graph
             score=score,
             hops=hop,
             via=snap.ids[before],
-            snippet=snippet(snap.texts[node], terms) if req.query is not None else UNSET,
+            snippet=snippet(snap.texts[node], terms),  # no query: the text's start
         )
         for node, score, hop, before in rows
     ]
@@ -272,14 +343,16 @@ def search(snap: Snapshot, view: View, query: str, limit: int) -> SearchResponse
     nodes, scores = snap.index.search(query, view.mask)
     terms = query_terms(query)
     hits = [
-        SearchHit(snap.ids[node], snap.titles[node], snippet(snap.texts[node], terms))
-        for node, _ in top(nodes, scores, snap.ids, limit)
+        SearchHit(
+            snap.ids[node], snap.titles[node], round(score, 4), snippet(snap.texts[node], terms)
+        )
+        for node, score in top(nodes, scores, snap.ids, limit)
     ]
     return SearchResponse(query=query, hits=hits, count=len(hits))
 
 
 def concept(snap: Snapshot, view: View, concept_id: str) -> ConceptResponse:
-    """A visible concept with its declared links to concepts the caller may see."""
+    """A visible concept with its declared links to, and backlinks from, visible concepts."""
     node = visible_node(snap, view, concept_id)
     links = []
     for target_id in snap.declared_links(node):
@@ -295,7 +368,25 @@ def concept(snap: Snapshot, view: View, concept_id: str) -> ConceptResponse:
         text=snap.texts[node],
         version=snap.versions[node],
         links=links,
+        backlinks=backlinks(snap, view, node),
     )
+
+
+def backlinks(snap: Snapshot, view: View, node: int) -> list[str]:
+    """Ids of the visible concepts that link to ``node``, ascending.
+
+    A concept linking to ``node`` is one of its undirected neighbours (both exist), so only
+    those are checked, each by a look into its out-link block.
+    """
+    g = view.graph
+    start = int(g.und_off[node])
+    sources = []
+    for v in g.und[start : start + int(g.und_len[node])].tolist():
+        if view.mask[v]:
+            out_start = int(g.out_off[v])
+            if node in g.out[out_start : out_start + int(g.out_len[v])]:
+                sources.append(snap.ids[v])
+    return sorted(sources)
 
 
 def status(snap: Snapshot, view: View, kb: str) -> StatusResponse:

@@ -236,8 +236,10 @@ class Model:
         self.accepted: set[tuple[str, str]] = set()
         self.concepts: dict[str, ModelConcept] = {}
         self.applied = 0
+        self._backlinks: dict[str, list[str]] | None = None  # target -> linkers, on demand
 
     def apply(self, events: Sequence[dict[str, Any]]) -> Counts:
+        self._backlinks = None
         counts = Counts(accepted=len(events))
         for event in events:
             key = (event["source"], event["id"])
@@ -289,7 +291,20 @@ class Model:
         if concept is None or not concept.exists:
             return None
         links = sorted(t for t in concept.links if self._exists(t))
-        return {"id": concept_id, **concept.fields, "version": concept.version, "links": links}
+        if self._backlinks is None:
+            self._backlinks = {}
+            for source, other in sorted(self.concepts.items()):
+                if other.exists:
+                    for target in other.links:
+                        self._backlinks.setdefault(target, []).append(source)
+        backlinks = self._backlinks.get(concept_id, [])
+        return {
+            "id": concept_id,
+            **concept.fields,
+            "version": concept.version,
+            "links": links,
+            "backlinks": backlinks,
+        }
 
     def _exists(self, concept_id: str) -> bool:
         concept = self.concepts.get(concept_id)

@@ -151,8 +151,49 @@ def test_graph_context_shape_and_determinism(service: Service) -> None:
         assert result["hops"] >= 1 and result["score"] > 0
     order = [(-r["score"], r["hops"], r["id"]) for r in answer["results"]]
     assert order == sorted(order)
+    for seed in answer["seeds"]:
+        assert set(seed) == {"id", "title", "weight", "score", "snippet"}
+        assert 0 < seed["score"] <= 1 and len(seed["snippet"]) <= 160
+    by_id = {s["id"]: s for s in answer["seeds"]}
+    assert by_id["network/vlan"]["snippet"] == "VLAN 10 is for DNS."
+    # Around the query's terms: the restart runbook's snippet opens at its text's "restart".
+    assert by_id["ops/restart-dns"]["snippet"] == "How to restart the DNS resolver safely."
     only_ids = service.tool(ADMIN, KB, "graph_context", {"ids": ["infra/dns"]}, seq).json()
-    assert "query" not in only_ids and all("snippet" not in r for r in only_ids["results"])
+    assert "query" not in only_ids
+    texts = {
+        "infra/dns": "The resolver answers DNS queries for the lab.",
+        "infra/router": "Routes traffic between the VLANs.",
+        "network/vlan": "VLAN 10 is for DNS.",
+        "ops/restart-dns": "How to restart the DNS resolver safely.",
+        "journal/2026-01": "Restarted the resolver twice.",
+    }
+    for row in only_ids["seeds"] + only_ids["results"]:  # no query: the text's start
+        assert row["snippet"] == texts[row["id"]]
+
+
+def test_snippets_without_a_query_start_the_text(service: Service) -> None:
+    long_text = "alpha " * 20 + "omega " * 40
+    seq = service.write(KB, [upsert("t/a", links=["t/b"], text=long_text), upsert("t/b")])
+    answer = service.tool(ADMIN, KB, "graph_context", {"ids": ["t/b"]}, seq).json()
+    (result,) = answer["results"]
+    assert result["snippet"] == " ".join(long_text.split())[:159] + "…"
+    assert answer["seeds"][0]["snippet"] == ""
+    with_query = service.tool(ADMIN, KB, "graph_context", {"query": "omega", "ids": ["t/b"]}, seq)
+    seed = next(s for s in with_query.json()["seeds"] if s["id"] == "t/a")
+    assert seed["snippet"].startswith("…") and "omega" in seed["snippet"]
+
+
+def test_a_seed_scores_its_own_ppr_estimate(service: Service) -> None:
+    seq = service.write(KB, [upsert("i/alone"), upsert("p/a", links=["p/b"]), upsert("p/b")])
+    alone = service.tool(ADMIN, KB, "graph_context", {"ids": ["i/alone"]}, seq).json()
+    assert alone["seeds"] == [
+        {"id": "i/alone", "title": "i/alone", "weight": 1.0, "score": 1.0, "snippet": ""}
+    ]
+    # Two nodes, one edge, restart a = 0.25: ppr(a) = a + (1 - a) ppr(b), ppr(b) = (1 - a) ppr(a),
+    # so ppr(a) = 4/7; the push stops at most eps * deg = 1e-4 below it (then 4-decimal rounding).
+    pair = service.tool(ADMIN, KB, "graph_context", {"ids": ["p/a"]}, seq).json()
+    assert 4 / 7 - 1e-4 - 5e-5 <= pair["seeds"][0]["score"] <= 4 / 7 + 5e-5
+    assert abs(pair["seeds"][0]["score"] + pair["results"][0]["score"] - 1.0) <= 2e-4
 
 
 def test_graph_context_without_seed_has_note(service: Service) -> None:
@@ -265,7 +306,18 @@ def test_search_endpoint(service: Service) -> None:
     assert answer.status_code == 200
     body = answer.json()
     assert body["count"] == len(body["hits"]) >= 3
-    assert set(body["hits"][0]) == {"id", "title", "snippet"}
+    assert [list(hit) for hit in body["hits"]] == [["id", "title", "score", "snippet"]] * len(
+        body["hits"]
+    )
+    scores = [hit["score"] for hit in body["hits"]]
+    assert scores == sorted(scores, reverse=True) and all(round(s, 4) == s for s in scores)
+    index = service.app.state.projections.get(KB)
+    with index.read() as snap:  # the same BM25 the seeds use, rounded to 4 decimals
+        nodes, raw = snap.index.search("dns and", snap.view(None).mask)
+        expected = sorted((round(float(x), 4) for x in raw), reverse=True)
+    assert scores == expected[: len(scores)]
+    rare = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/search", seq, params={"q": "vlan"}).json()
+    assert [(hit["id"], hit["score"] > 0) for hit in rare["hits"]] == [("network/vlan", True)]
     missing_q = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/search", seq)
     assert missing_q.status_code == 422 and error(missing_q) == "'q' is required"
     bad_limit = service.call(
@@ -285,6 +337,26 @@ def test_concept_read_and_delete(service: Service) -> None:
     seq = service.write(KB, [upsert("infra/router", 3)])
     concept = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/concepts/infra/dns", seq).json()
     assert concept["links"] == ["infra/router", "network/vlan"]  # declared links survive
+
+
+def test_backlinks_are_visible_linkers_ascending(service: Service) -> None:
+    seq = homelab(service)
+
+    def read(token: str, concept_id: str) -> dict:
+        return service.call(token, "GET", f"/v1/kbs/{KB}/concepts/{concept_id}", seq).json()
+
+    assert read(ADMIN, "network/vlan")["backlinks"] == ["infra/dns", "infra/router"]
+    assert read(ADMIN, "infra/dns")["backlinks"] == ["ops/restart-dns"]
+    assert read(ADMIN, "journal/2026-01")["backlinks"] == []
+    assert read(INFRA, "infra/router")["backlinks"] == ["infra/dns"]
+    assert read(INFRA, "infra/dns")["backlinks"] == []  # ops/restart-dns is hidden from it
+    assert read(RUNBOOKS, "ops/restart-dns")["backlinks"] == []  # journal is a Note
+    # A reciprocal link is a link and a backlink; a deleted linker is no backlink any more.
+    seq = service.write(KB, [upsert("network/vlan", 2, links=["infra/dns"])])
+    assert read(ADMIN, "infra/dns")["links"] == ["infra/router", "network/vlan"]
+    assert read(ADMIN, "infra/dns")["backlinks"] == ["network/vlan", "ops/restart-dns"]
+    seq = service.write(KB, [delete("ops/restart-dns", 2)])
+    assert read(ADMIN, "infra/dns")["backlinks"] == ["network/vlan"]
 
 
 def test_service_endpoints(service: Service) -> None:

@@ -41,8 +41,9 @@ def test_model_applies_the_contract_rules() -> None:
     }  # fmt: skip
     assert model.expected("a/x") == {
         "id": "a/x", "title": "X", "type": "", "status": "", "tags": [], "text": "",
-        "version": 2, "links": ["a/y"],
+        "version": 2, "links": ["a/y"], "backlinks": [],
     }  # fmt: skip
+    assert model.expected("a/y")["backlinks"] == ["a/x"]  # type: ignore[index]
     again = model.apply([ev("concept.upserted", "a/x", 9, "1", title="dup")])
     assert (again.duplicates, again.applied) == (1, 0)
     stale = model.apply([ev("concept.upserted", "a/x", 2, "4", title="old")])
