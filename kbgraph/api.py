@@ -25,8 +25,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from kbgraph import graphalgo, ingest, search, tools
+from kbgraph import mcp as mcp_out
 from kbgraph.access import RuleSet
 from kbgraph.config import Config, TokenGrant, load_config
 from kbgraph.events import SignatureVerifier
@@ -129,20 +131,19 @@ async def open_kb(request: Request, kb: str) -> KBProjection:
     return projection
 
 
+async def gate(request: Request) -> tuple[KBProjection, RuleSet | None]:
+    """Token, the caller's rules for the path's KB, ``X-Min-Seq``: every read's first steps."""
+    grant = authenticate(request)
+    kb = request.path_params["kb"]
+    rules = rules_for(grant, kb)
+    return await open_kb(request, kb), rules
+
+
 def decode_body(body: bytes, request_type: type[Req]) -> Req:
     try:
-        return msgspec.json.decode(body or b"{}", type=request_type)
-    except msgspec.ValidationError as exc:
-        raise HTTPError(422, _where(str(exc))) from None
-    except msgspec.DecodeError as exc:
-        raise HTTPError(400, f"malformed JSON: {exc}") from None
-
-
-def _where(message: str) -> str:
-    """msgspec's "Expected `int`, got `str` - at `$.limit`" as "limit: Expected int, got str"."""
-    text, _, path = message.replace("`", "").partition(" - at $")
-    path = path.lstrip(".")
-    return f"{path}: {text}" if path else f"request: {text}"
+        return tools.decode_request(body, request_type)
+    except tools.ToolError as exc:
+        raise HTTPError(exc.status, exc.message) from None
 
 
 # --- endpoints -----------------------------------------------------------------------------
@@ -195,10 +196,7 @@ async def run_on_snapshot(
 
 def tool_route(name: str, request_type: type[Req], tool: Callable[..., Any]) -> Route:
     async def handler(request: Request) -> Response:
-        grant = authenticate(request)
-        kb = request.path_params["kb"]
-        rules = rules_for(grant, kb)
-        projection = await open_kb(request, kb)  # 404 for a missing KB before the body
+        projection, rules = await gate(request)  # 404 for a missing KB before the body
         req = decode_body(await request.body(), request_type)
         return await run_on_snapshot(
             request, projection, rules, lambda snap, view: tool(snap, view, req)
@@ -208,10 +206,7 @@ def tool_route(name: str, request_type: type[Req], tool: Callable[..., Any]) -> 
 
 
 async def search_handler(request: Request) -> Response:
-    grant = authenticate(request)
-    kb = request.path_params["kb"]
-    rules = rules_for(grant, kb)
-    projection = await open_kb(request, kb)
+    projection, rules = await gate(request)
     query = request.query_params.get("q")
     if query is None:
         raise HTTPError(422, "'q' is required")
@@ -226,24 +221,34 @@ async def search_handler(request: Request) -> Response:
 
 
 async def concept_handler(request: Request) -> Response:
-    grant = authenticate(request)
-    kb = request.path_params["kb"]
-    rules = rules_for(grant, kb)
+    projection, rules = await gate(request)
     concept_id = request.path_params["concept_id"]
-    projection = await open_kb(request, kb)
     return await run_on_snapshot(
         request, projection, rules, lambda snap, view: tools.concept(snap, view, concept_id)
     )
 
 
 async def status_handler(request: Request) -> Response:
-    grant = authenticate(request)
+    projection, rules = await gate(request)
     kb = request.path_params["kb"]
-    rules = rules_for(grant, kb)
-    projection = await open_kb(request, kb)
     return await run_on_snapshot(
         request, projection, rules, lambda snap, view: tools.status(snap, view, kb)
     )
+
+
+class MCPEndpoint:
+    """``/v1/kbs/{kb}/mcp``: the gate answers refusals as the API does (401, 404 JSON), then
+    hands the request, its caller in the scope, to the MCP SDK's session manager."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            projection, rules = await gate(request)
+        except HTTPError as exc:
+            await error_response(exc.status, exc.message, exc.headers)(scope, receive, send)
+            return
+        scope[mcp_out.SCOPE_KEY] = mcp_out.Caller(projection, rules)
+        await request.app.state.mcp.handle_request(scope, receive, send)
 
 
 async def starlette_error(request: Request, exc: Exception) -> Response:
@@ -405,9 +410,12 @@ def create_app(config: Config) -> Starlette:
         await anyio.to_thread.run_sync(projections.start)
         await anyio.to_thread.run_sync(graphalgo.warm_up)
         await anyio.to_thread.run_sync(search.warm_up)
+        mcp_manager = mcp_out.http_session_manager(lambda: tool_threads)
+        app.state.mcp = mcp_manager
         app.state.ready = True
         try:
-            yield
+            async with mcp_manager.run():  # the SDK's task group lives as long as the app
+                yield
         finally:
             app.state.ready = False
             tool_threads.close()
@@ -429,6 +437,7 @@ def create_app(config: Config) -> Starlette:
             methods=["GET"],
         ),
         Route("/v1/kbs/{kb}/status", observed("status", status_handler), methods=["GET"]),
+        Route("/v1/kbs/{kb}/mcp", MCPEndpoint(), methods=["GET", "POST", "DELETE"]),
         Route("/v1/tools", tools_json, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),

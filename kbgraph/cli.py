@@ -1,4 +1,5 @@
-"""The command line: ``kbgraph serve`` and the one-command ``kbgraph demo`` (SPEC section 5).
+"""The command line: ``kbgraph serve``, ``kbgraph mcp`` (stdio) and the one-command ``kbgraph
+demo`` (SPEC sections 5 and 6).
 
 ``serve`` checks the config before anything starts (a wrong config exits 2 with a message
 naming the key) and refuses, also with exit 2, to run with authentication off — no webhook
@@ -17,6 +18,7 @@ import ipaddress
 import os
 import secrets
 import shlex
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -129,6 +131,52 @@ def cmd_serve(args: argparse.Namespace) -> int:
     run_server(
         Path(args.config), args.host, args.port, args.workers, args.log_level, args.access_log
     )
+    return 0
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """``kbgraph mcp``: the MCP tools of one KB over stdio, as one token sees it (SPEC 6).
+
+    Reads the store read-only and follows its log as every server process does, so deliveries
+    the service acknowledges show up here too. Logs go to stderr: stdout is the protocol's.
+    """
+    config = _load(args.config)
+    if config is None:
+        return EXIT_USAGE
+    from kbgraph.names import is_kb_name
+
+    if not is_kb_name(args.kb):
+        return _fail(f"--kb: {args.kb!r} is not a KB name")
+    rules = None
+    if args.token is not None:
+        grants = [g for g in config.token_index().values() if g.name == args.token]
+        if not grants:
+            return _fail(f"--token: no token named {args.token!r} in {args.config}")
+        if not grants[0].admin:
+            rules = grants[0].rules.get(args.kb)
+            if not rules:
+                return _fail(f"--token: {args.token!r} has no rule for KB {args.kb!r}")
+    import anyio
+
+    from kbgraph import graphalgo, search
+    from kbgraph.mcp import serve_stdio
+    from kbgraph.projection import Projections
+    from kbgraph.store import Store
+
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
+    try:
+        store = Store(config.store.path, read_only=True)
+    except (OSError, sqlite3.Error) as exc:
+        return _fail(f"store {config.store.path}: {exc}")
+    projections = Projections(store)
+    try:
+        projections.start()
+        graphalgo.warm_up()
+        search.warm_up()
+        anyio.run(serve_stdio, projections, args.kb, rules)
+    finally:
+        projections.stop()
+        store.close()
     return 0
 
 
@@ -277,6 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--workers", type=int, default=1)
     serve.set_defaults(func=cmd_serve)
+
+    mcp = sub.add_parser("mcp", help="serve one KB's tools over MCP on stdin/stdout")
+    mcp.add_argument("--config", required=True, help="the TOML config file (its store is read)")
+    mcp.add_argument("--kb", required=True, help="the knowledge base to serve")
+    mcp.add_argument("--token", help="serve what this token (by name) may see; default: all")
+    mcp.set_defaults(func=cmd_mcp)
 
     demo = sub.add_parser("demo", help="write a demo config, seed a demo KB, serve it")
     demo.add_argument("--dir", default="demo")

@@ -263,22 +263,32 @@ def _lookup(
 class Store:
     """One SQLite file in WAL mode; safe to share between threads and between processes."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+        """Open (creating) the store; ``read_only`` opens an existing one for reading only
+        (``load``, ``read_log``: what a process that only follows the log needs)."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.read_only = read_only
         self._closed = False
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._idle_readers: list[sqlite3.Connection] = []
         self._all_readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
         self._lock_file = None
+        self.log = SqliteLog(self._reader)
+        if read_only:
+            if not self.path.is_file():
+                raise FileNotFoundError(f"no store at {self.path}")
+            self._thread: threading.Thread | None = None
+            with self._reader() as conn:
+                conn.execute("SELECT count(*) FROM kb").fetchone()
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         if fcntl is not None:
             self._lock_file = open(  # noqa: SIM115 - held for the store's lifetime
                 str(self.path) + ".writelock", "a+b"
             )
         self._writer_conn = self._connect()
         self._init_schema(self._writer_conn)
-        self.log = SqliteLog(self._reader)
         self._thread = threading.Thread(
             target=self._writer_loop, name=f"kbgraph-store-writer:{self.path.name}", daemon=True
         )
@@ -288,14 +298,16 @@ class Store:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
-            str(self.path),
+            f"{self.path.resolve().as_uri()}?mode=ro" if self.read_only else str(self.path),
             isolation_level=None,  # we issue BEGIN / COMMIT ourselves
             check_same_thread=False,
             cached_statements=512,
             timeout=BUSY_TIMEOUT_MS / 1000,
+            uri=self.read_only,
         )
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL"))
+        if not self.read_only:  # a read-only connection reads the WAL the writers keep
+            self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL"))
         conn.execute("PRAGMA synchronous = FULL")
         conn.execute("PRAGMA cache_size = -32000")
         conn.execute("PRAGMA temp_store = MEMORY")
@@ -418,6 +430,8 @@ class Store:
     def _submit(self, pending: _Pending) -> None:
         if self._closed:
             raise StoreClosed("store closed")
+        if self.read_only:
+            raise StoreClosed("store opened read-only")
         self._queue.put(pending)
 
     def _writer_loop(self) -> None:
@@ -847,8 +861,9 @@ class Store:
         if self._closed:
             return
         self._closed = True
-        self._queue.put(None)
-        self._thread.join()
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
         with self._readers_lock:
             for conn in self._all_readers:
                 with contextlib.suppress(sqlite3.Error):

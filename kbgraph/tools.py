@@ -9,7 +9,7 @@ on a KB where the hidden concepts were never written.
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import Annotated, Final, TypeVar
 
 import msgspec
 import numpy as np
@@ -23,6 +23,7 @@ from kbgraph.search import query_terms, snippet, top
 MAX_IDS: Final = 10
 SEARCH_SEEDS: Final = 5
 RETIRED: Final = frozenset({"deprecated", "superseded"})
+Req = TypeVar("Req")
 
 
 class ToolError(Exception):
@@ -37,6 +38,20 @@ class ToolError(Exception):
 def clamp(value: int, default: int, low: int, high: int) -> int:
     """SPEC 3: absent or 0 takes the default, anything else is clamped into [low, high]."""
     return default if value == 0 else min(max(value, low), high)
+
+
+def decode_request(body: bytes, request_type: type[Req]) -> Req:
+    """A request body as its struct; 422 naming the field (``limit: Expected int, got str``),
+    400 for malformed JSON. An empty body counts as ``{}``."""
+    try:
+        return msgspec.json.decode(body or b"{}", type=request_type)
+    except msgspec.ValidationError as exc:
+        # msgspec's "Expected `int`, got `str` - at `$.limit`" as "limit: Expected int, got str"
+        text, _, path = str(exc).replace("`", "").partition(" - at $")
+        path = path.lstrip(".")
+        raise ToolError(422, f"{path}: {text}" if path else f"request: {text}") from None
+    except msgspec.DecodeError as exc:
+        raise ToolError(400, f"malformed JSON: {exc}") from None
 
 
 def visible_node(snap: Snapshot, view: View, concept_id: str) -> int:
