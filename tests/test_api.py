@@ -313,7 +313,7 @@ def test_search_endpoint(service: Service) -> None:
     assert scores == sorted(scores, reverse=True) and all(round(s, 4) == s for s in scores)
     index = service.app.state.projections.get(KB)
     with index.read() as snap:  # the same BM25 the seeds use, rounded to 4 decimals
-        nodes, raw = snap.index.search("dns and", snap.view(None).mask)
+        _, raw = snap.index.search("dns and", snap.view(None).mask)
         expected = sorted((round(float(x), 4) for x in raw), reverse=True)
     assert scores == expected[: len(scores)]
     rare = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/search", seq, params={"q": "vlan"}).json()

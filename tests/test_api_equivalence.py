@@ -1,4 +1,5 @@
-"""Narrowed equals hidden-never-written, byte for byte, for every tool, search and concept reads.
+"""Narrowed equals hidden-never-written, byte for byte, for every tool, search and concept reads
+(seed scores and snippets, result snippets, search scores, links and backlinks included).
 
 For random KBs and random rule sets: the KB ``full-N`` gets every concept, ``ref-N`` only the
 ones the rules let through (their links to hidden concepts still written, as links to concepts

@@ -172,6 +172,7 @@ def test_http_structured_content_is_the_http_body(served: Served) -> None:
             return await same_as_http(served, session, ADMIN)
 
     context, ids_only, no_seed, suggest, path, search, concept = run(main)
+    assert suggest.startswith("link_suggest for [infra/dns]:")
     lines = context.splitlines()
     assert lines[0].startswith("graph_context for query 'dns backup':")
     assert any(line.startswith("S1. ") and "score" in line for line in lines)
@@ -239,7 +240,8 @@ def test_narrowed_token_gets_what_admin_gets_without_the_hidden(served: Served) 
     async def as_token(token: str, kb: str) -> list[tuple[str, str, bool]]:
         answers = []
         async with http_session(served, token, kb) as session:
-            for tool, arguments, *_ in CALLS + [("get_concept", {"id": "network/vlan"}, "", "", None)]:
+            hidden = ("get_concept", {"id": "network/vlan"}, "", "", None)
+            for tool, arguments, *_ in [*CALLS, hidden]:
                 result = await session.call_tool(tool, arguments)
                 text = result.content[0].text
                 answers.append((canonical(result.structured_content), text, result.is_error))
