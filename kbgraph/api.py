@@ -377,6 +377,13 @@ def openapi_document() -> dict[str, Any]:
             "responses": answers("ConceptResponse", 401, 404, 503),
         }
     }
+    paths["/v1/kbs/{kb}/mcp"] = {"post": {
+        "operationId": "mcp", "parameters": [kb_param],
+        "summary": "MCP streamable HTTP (stateless, JSON answers): the tools as MCP tools.",
+        "requestBody": {"required": True, "content": {"application/json": {}}},
+        "responses": {"200": {"description": "a JSON-RPC answer"},
+                      **{k: v for k, v in answers("StatusResponse", 401, 404, 503).items()
+                         if k != "200"}}}}  # fmt: skip
     paths["/v1/kbs/{kb}/status"] = {"get": {
         "operationId": "status", "parameters": [kb_param],
         "responses": answers("StatusResponse", 401, 404, 503)}}  # fmt: skip

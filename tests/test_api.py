@@ -372,6 +372,9 @@ def test_service_endpoints(service: Service) -> None:
     schemas = spec["components"]["schemas"]
     assert set(schemas["GraphContextRequest"]["properties"]) == {"query", "ids", "limit"}
     assert "/v1/kbs/{kb}/tools/graph_path" in spec["paths"]
+    assert "401" in spec["paths"]["/v1/kbs/{kb}/mcp"]["post"]["responses"]
+    assert "backlinks" in schemas["ConceptResponse"]["properties"]
+    assert "score" in schemas["SearchHit"]["properties"]
     listing = {tool["name"]: tool for tool in service.client.get("/v1/tools").json()}
     assert listing["graph_path"]["advanced"] is True
     assert listing["graph_context"]["advanced"] is False
