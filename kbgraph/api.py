@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
 from starlette.applications import Starlette
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -32,6 +32,7 @@ from kbgraph import mcp as mcp_out
 from kbgraph.access import RuleSet
 from kbgraph.config import Config, TokenGrant, load_config
 from kbgraph.events import SignatureVerifier
+from kbgraph.health import WriteProbe
 from kbgraph.ingest import error_response
 from kbgraph.names import is_kb_name
 from kbgraph.projection import KBProjection, Projections, Snapshot
@@ -40,6 +41,7 @@ from kbgraph.threads import ToolThreads
 
 CONFIG_ENV: Final = "KBGRAPH_CONFIG"
 TOOL_THREADS: Final = 2  # one per core: the kernels run in parallel, the Python parts share the GIL
+MAX_SEQ_DIGITS: Final = 19  # X-Min-Seq: plain decimal digits only
 _ADMIN: Final = TokenGrant(name="anonymous-admin", admin=True, rules={})
 
 REQUEST_SECONDS = Histogram(
@@ -118,10 +120,10 @@ async def open_kb(request: Request, kb: str) -> KBProjection:
     projections: Projections = request.app.state.projections
     raw = request.headers.get("x-min-seq")
     if raw is not None:
-        try:
-            min_seq = int(raw)
-        except ValueError:
-            raise HTTPError(422, f"X-Min-Seq: expected an integer, got {raw!r}") from None
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= MAX_SEQ_DIGITS):
+            shown = raw if len(raw) <= 40 else raw[:40] + "…"
+            raise HTTPError(422, f"X-Min-Seq: expected up to 19 digits 0-9, got {shown!r}")
+        min_seq = int(raw)
         timeout = request.app.state.config.server.min_seq_wait_seconds
         if min_seq > 0 and not await projections.wait_for(kb, min_seq, timeout):
             raise HTTPError(503, f"not yet at seq {min_seq}: try again", {"Retry-After": "1"})
@@ -137,6 +139,29 @@ async def gate(request: Request) -> tuple[KBProjection, RuleSet | None]:
     kb = request.path_params["kb"]
     rules = rules_for(grant, kb)
     return await open_kb(request, kb), rules
+
+
+async def read_body(request: Request) -> bytes:
+    """The body, refused with 413 past ``[limits] max_request_bytes``: from Content-Length
+    before reading, else as soon as the bytes read pass it (nothing bigger is buffered)."""
+    limit: int = request.app.state.config.limits.max_request_bytes
+    too_large = HTTPError(
+        413, f"request body over the limit of {limit} bytes", {"Connection": "close"}
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise HTTPError(400, "client disconnected before the body was complete") from None
+    return b"".join(chunks)
 
 
 def decode_body(body: bytes, request_type: type[Req]) -> Req:
@@ -197,7 +222,7 @@ async def run_on_snapshot(
 def tool_route(name: str, request_type: type[Req], tool: Callable[..., Any]) -> Route:
     async def handler(request: Request) -> Response:
         projection, rules = await gate(request)  # 404 for a missing KB before the body
-        req = decode_body(await request.body(), request_type)
+        req = decode_body(await read_body(request), request_type)
         return await run_on_snapshot(
             request, projection, rules, lambda snap, view: tool(snap, view, req)
         )
@@ -269,12 +294,16 @@ async def healthz(request: Request) -> Response:
 
 async def readyz(request: Request) -> Response:
     """Ready once the projection is built and the kernels compiled; not ready again if the
-    follower stopped (it does when applying a record fails, rather than serve a stale graph)."""
+    follower stopped (it does when applying a record fails, rather than serve a stale graph)
+    or while the store cannot write (``kbgraph.health.WriteProbe``)."""
     if not getattr(request.app.state, "ready", False):
         return error_response(503, "starting: building the projection")
     failure = request.app.state.projections.error
     if failure is not None:
         return error_response(503, f"projection stopped following the log: {failure!r}")
+    problem = await request.app.state.write_probe.problem()
+    if problem is not None:
+        return error_response(503, problem)
     return json_response({"status": "ready"})
 
 
@@ -460,7 +489,9 @@ def create_app(config: Config) -> Starlette:
             Exception: internal_error,  # a bug: JSON too, and nothing of it in the body
         },
     )
+    app.router.redirect_slashes = False  # its redirect would echo the Host header: 404 instead
     app.state.config = config
+    app.state.write_probe = WriteProbe(config.store.path)
     app.state.tokens = config.token_index()
     app.state.verifier = SignatureVerifier(list(config.webhooks.secrets))
     app.state.ready = False

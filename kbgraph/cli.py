@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from kbgraph.config import Config, ConfigError, load_config
+from kbgraph.health import store_problem
 
 CONFIG_ENV: Final = "KBGRAPH_CONFIG"  # read by kbgraph.api.app_from_env
 APP_FACTORY: Final = "kbgraph.cli:app_factory"
@@ -87,6 +88,7 @@ def app_factory() -> Any:
 
 
 def run_server(
+    config: Config,
     config_path: Path,
     host: str,
     port: int,
@@ -94,8 +96,11 @@ def run_server(
     log_level: str = "info",
     access_log: bool = False,
 ) -> None:
-    """Serve with uvicorn (uvloop + httptools); the app factory reads the config path from env."""
+    """Serve with uvicorn (uvloop + httptools, bounded by ``kbgraph.server``); the app factory
+    and the protocol read the config path from env."""
     import uvicorn
+
+    from kbgraph.server import PROTOCOL
 
     os.environ[CONFIG_ENV] = str(config_path.resolve())
     loop = "auto"
@@ -112,7 +117,9 @@ def run_server(
         port=port,
         workers=workers,
         loop=loop,
-        http="httptools",
+        http=PROTOCOL,
+        ws="none",
+        timeout_keep_alive=config.limits.keep_alive_seconds,  # type: ignore[arg-type]
         log_level=log_level,
         access_log=access_log,
         timeout_graceful_shutdown=10,
@@ -128,8 +135,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _fail(problem)
     if args.workers < 1:
         return _fail("--workers: expected at least 1")
+    problem = store_problem(config.store.path)
+    if problem:
+        return _fail(problem)
     run_server(
-        Path(args.config), args.host, args.port, args.workers, args.log_level, args.access_log
+        config,
+        Path(args.config),
+        args.host,
+        args.port,
+        args.workers,
+        args.log_level,
+        args.access_log,
     )
     return 0
 
@@ -292,6 +308,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.size < 1:
         return _fail("--size: expected at least 1")
+    problem = store_problem(config.store.path)
+    if problem:
+        return _fail(problem)
     seq = seed_demo(config.store.path, args.size)
     print(f"KB {DEMO_KB!r} at seq {seq} in {config.store.path}")
     admin = next((t for t in config.tokens if t.admin and t.token), None)
@@ -306,7 +325,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"  curl -s -H {auth} '{base}/search?q=router&limit=3'\n")
     else:
         print("(no plain admin token in the config: use your own token with the API)")
-    run_server(config_path, "127.0.0.1", args.port, 1, args.log_level, args.access_log)
+    run_server(config, config_path, "127.0.0.1", args.port, 1, args.log_level, args.access_log)
     return 0
 
 

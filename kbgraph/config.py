@@ -15,6 +15,13 @@ secrets = ["whsec_..."]
 max_body_bytes = 16777216
 min_seq_wait_seconds = 5.0
 
+[limits]                       # optional; the defaults, see README "Limits"
+max_request_bytes = 1048576
+max_header_bytes = 16384
+header_timeout_seconds = 10.0
+keep_alive_seconds = 5.0
+max_connections = 1000
+
 [[tokens]]
 name = "ops-agent"
 token_sha256 = "..."           # or token = "..."; exactly one of the two
@@ -62,6 +69,16 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     min_seq_wait_seconds: Annotated[float, msgspec.Meta(ge=0)] = 5.0
 
 
+class LimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Per-connection and per-request bounds of the HTTP server (README "Limits")."""
+
+    max_request_bytes: Annotated[int, msgspec.Meta(ge=1)] = 1 << 20  # agent API bodies: 413
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 << 10  # request head: 431
+    header_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0  # head not complete
+    keep_alive_seconds: Annotated[float, msgspec.Meta(gt=0)] = 5.0  # idle between requests
+    max_connections: Annotated[int, msgspec.Meta(ge=1)] = 1000  # per worker process
+
+
 class RuleConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     kb: str
     collections: list[str] = []
@@ -95,6 +112,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     store: StoreConfig = StoreConfig()
     webhooks: WebhooksConfig = WebhooksConfig()
     server: ServerConfig = ServerConfig()
+    limits: LimitsConfig = LimitsConfig()
     tokens: list[TokenConfig] = []
 
     @property
@@ -200,6 +218,11 @@ def _check(config: Config) -> None:
             raise ConfigError(f"{where}: exactly one of token or token_sha256 is required")
         if token.token is not None and not token.token:
             raise ConfigError(f"{where}.token: empty")
+        if token.token is not None and token.token != token.token.strip():
+            # A caller's bearer token is stripped, so this one could never authenticate.
+            raise ConfigError(
+                f"{where}.token: leading or trailing whitespace in the token of {token.name!r}"
+            )
         if token.token_sha256 is not None and not _HEX64.fullmatch(token.token_sha256):
             raise ConfigError(f"{where}.token_sha256: expected 64 hex digits (sha256 of the token)")
         digest = token.sha256()

@@ -1,0 +1,84 @@
+"""Can the store write? Checked once before serving, and by ``/readyz`` while serving.
+
+``store_problem`` opens the store as the service will (schema, WAL, lock file) and turns any
+failure into one line naming the path and the cause, so ``kbgraph serve`` can exit 2 without
+a traceback. ``WriteProbe`` answers ``/readyz``: at most once per ``interval`` it opens a fresh
+connection to the store file (permissions and read-only file systems are checked at open, so
+the store's long-lived connection cannot tell), takes the write lock and releases it, and
+creates and removes a file in the store's folder (SQLite creates ``-wal``/``-shm`` files there).
+A store merely busy with another writer counts as writable.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+import uuid
+from pathlib import Path
+from typing import Final
+
+import anyio.to_thread
+
+_BUSY: Final = ("SQLITE_BUSY", "SQLITE_LOCKED")
+
+
+def describe(exc: BaseException) -> str:
+    """The cause of a store failure in a few words (no traceback, no repr)."""
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror or exc}{where}"
+    return str(exc) or type(exc).__name__
+
+
+def store_problem(path: str) -> str | None:
+    """None when the store at ``path`` opens for writing, else "store <path>: <cause>"."""
+    from kbgraph.store import Store
+
+    try:
+        Store(path).close()
+    except (OSError, sqlite3.Error) as exc:
+        return f"store {path}: {describe(exc)}"
+    return None
+
+
+def write_problem(path: str) -> str | None:
+    """None when a new connection can take the store's write lock and its folder takes a new
+    file; else why not."""
+    try:
+        conn = sqlite3.connect(
+            Path(path).as_uri() + "?mode=rw", uri=True, timeout=0, isolation_level=None
+        )
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        if getattr(exc, "sqlite_errorname", "") not in _BUSY:
+            return f"store {path} cannot write: {describe(exc)}"
+    probe = Path(path).parent / f".kbgraph-probe-{uuid.uuid4().hex}"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"store folder {probe.parent} cannot write: {describe(exc)}"
+    return None
+
+
+class WriteProbe:
+    """``write_problem`` for ``/readyz``, run off the event loop, at most once per interval."""
+
+    def __init__(self, path: str, interval: float = 1.0) -> None:
+        self.path = path
+        self.interval = interval
+        self._checked_at = -float("inf")
+        self._problem: str | None = None
+
+    async def problem(self) -> str | None:
+        now = time.monotonic()
+        if now - self._checked_at >= self.interval:
+            self._checked_at = now
+            self._problem = await anyio.to_thread.run_sync(write_problem, self.path)
+        return self._problem

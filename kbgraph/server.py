@@ -1,0 +1,143 @@
+"""uvicorn's httptools protocol with the connection limits it lacks (README "Limits").
+
+uvicorn with httptools bounds neither the request head nor the time a client may take to send
+it: a connection that never sends a request is never closed, and a 100 MB header is parsed
+(with quadratic copying) on the event loop. ``BoundedHttpToolsProtocol`` adds, per worker:
+
+- ``max_header_bytes``: the request line and headers past this many bytes answer ``431`` and
+  the connection closes; the parser is never fed more than that of one head.
+- ``header_timeout_seconds``: from the moment a connection waits for a request (just opened,
+  or its previous response sent) to the end of the request's head; past it the connection
+  closes. Trickling bytes does not extend it.
+- ``max_connections``: a new connection past the bound closes the connection that has waited
+  longest for a request (idle keep-alive or half-sent); with none waiting, the new connection
+  gets ``503`` and closes. Idle sockets therefore cannot lock out working clients.
+
+uvicorn's own ``timeout_keep_alive`` closes a connection idle after a response. The limits
+come from the config named by ``KBGRAPH_CONFIG`` (as for the app), read once per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+from collections import OrderedDict
+from typing import Any, ClassVar, Final
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from kbgraph.config import LimitsConfig, load_config
+
+CONFIG_ENV: Final = "KBGRAPH_CONFIG"
+PROTOCOL: Final = "kbgraph.server:BoundedHttpToolsProtocol"
+
+
+@functools.cache
+def limits() -> LimitsConfig:
+    """This process's limits, from the config file in ``KBGRAPH_CONFIG``."""
+    path = os.environ.get(CONFIG_ENV)
+    return load_config(path).limits if path else LimitsConfig()
+
+
+def _refusal(status: int, reason: str, message: str) -> bytes:
+    body = b'{"error":"' + message.encode() + b'"}'
+    return b"".join(
+        [
+            f"HTTP/1.1 {status} {reason}\r\n".encode(),
+            b"content-type: application/json\r\n",
+            b"content-length: " + str(len(body)).encode() + b"\r\n",
+            b"connection: close\r\n\r\n",
+            body,
+        ]
+    )
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """``HttpToolsProtocol`` plus a head size bound, a head deadline and a connection bound."""
+
+    # Per worker process: connections waiting for a request, the longest-waiting first.
+    _waiting: ClassVar[OrderedDict[BoundedHttpToolsProtocol, None]] = OrderedDict()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        bounds = limits()
+        self._max_head = bounds.max_header_bytes
+        self._head_timeout = bounds.header_timeout_seconds
+        self._max_connections = bounds.max_connections
+        self._head_bytes: int | None = 0  # bytes of the head being read; None while in a body
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    # -- connection bound and head deadline --------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self._max_connections:
+            if self._waiting:
+                oldest, _ = self._waiting.popitem(last=False)
+                oldest.transport.close()
+            else:
+                transport.write(_refusal(503, "Service Unavailable", "too many connections"))
+                transport.close()
+                return
+        self._wait_for_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_done()
+        super().connection_lost(exc)
+
+    def _wait_for_head(self) -> None:
+        self._waiting[self] = None
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self._head_timeout, self._head_expired)
+
+    def _head_done(self) -> None:
+        self._waiting.pop(self, None)
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        self._waiting.pop(self, None)
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    # -- head size ---------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        while data:
+            if self._head_bytes is None:  # in a body: the app bounds it
+                super().data_received(data)
+                return
+            room = self._max_head - self._head_bytes
+            piece, data = data[:room], data[room:]
+            self._head_bytes += len(piece)
+            super().data_received(piece)
+            if self.transport.is_closing():
+                return
+            if data and self._head_bytes is not None and self._head_bytes >= self._max_head:
+                self._head_done()
+                message = f"request head over the limit of {self._max_head} bytes"
+                self.transport.write(_refusal(431, "Request Header Fields Too Large", message))
+                self.transport.close()
+                return
+
+    def on_headers_complete(self) -> None:
+        self._head_bytes = None
+        self._head_done()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._head_bytes = 0  # the next head (pipelined or not) is counted from here
+        if self.cycle.response_complete and not self.transport.is_closing():
+            self._wait_for_head()  # answered before the body ended (a 413, say)
+
+    def on_response_complete(self) -> None:
+        if self._head_bytes is None and not self.transport.is_closing():
+            self.transport.close()  # answered before the body ended: never read the rest
+        busy = bool(self.pipeline)  # super() starts the next pipelined request, if any
+        super().on_response_complete()
+        if not busy and self._head_bytes is not None and not self.transport.is_closing():
+            self._wait_for_head()
