@@ -4,7 +4,7 @@
 failure into one line naming the path and the cause, so ``kbgraph serve`` can exit 2 without
 a traceback. ``WriteProbe`` answers ``/readyz``: at most once per ``interval`` it opens a fresh
 connection to the store file (permissions and read-only file systems are checked at open, so
-the store's long-lived connection cannot tell), takes the write lock and releases it, and
+the store's long-lived connection cannot tell), writes a page and rolls it back, and
 creates and removes a file in the store's folder (SQLite creates ``-wal``/``-shm`` files there).
 A store merely busy with another writer counts as writable.
 """
@@ -35,6 +35,14 @@ def store_problem(path: str) -> str | None:
     """None when the store at ``path`` opens for writing, else "store <path>: <cause>"."""
     from kbgraph.store import Store
 
+    target = Path(path)
+    if target.is_dir():
+        return f"store {path}: is a directory"
+    for folder in target.parents:
+        if folder.exists():
+            if not folder.is_dir():
+                return f"store {path}: {folder} is not a directory"
+            break
     try:
         Store(path).close()
     except (OSError, sqlite3.Error) as exc:
@@ -43,15 +51,19 @@ def store_problem(path: str) -> str | None:
 
 
 def write_problem(path: str) -> str | None:
-    """None when a new connection can take the store's write lock and its folder takes a new
-    file; else why not."""
+    """None when a new connection can write the store and its folder takes a new file; else
+    why not."""
     try:
         conn = sqlite3.connect(
             Path(path).as_uri() + "?mode=rw", uri=True, timeout=0, isolation_level=None
         )
         try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute("ROLLBACK")
+            try:  # a real write (the lock alone succeeds on a read-only file), rolled back
+                conn.execute(f"PRAGMA user_version = {int(version)}")
+            finally:
+                conn.execute("ROLLBACK")
         finally:
             conn.close()
     except sqlite3.Error as exc:

@@ -35,7 +35,10 @@ K1 = 1.2
 B = 0.75
 SNIPPET_WIDTH = 160
 
+MAX_QUERY_TERMS = 32  # distinct terms of a query used for ranking and snippets; the rest ignored
+
 _ASCII_TOKEN = re.compile(r"[a-z0-9]+")
+_ASCII_ALNUM = "abcdefghijklmnopqrstuvwxyz0123456789"
 _TOKEN = re.compile(r"[^\W_]+")
 
 
@@ -122,8 +125,9 @@ def tokenize(text: str) -> list[str]:
 
 
 def query_terms(query: str) -> list[str]:
-    """The distinct terms of a query, in order of first appearance."""
-    return list(dict.fromkeys(tokenize(query)))
+    """The first ``MAX_QUERY_TERMS`` distinct terms of a query, in order of first appearance
+    (bounding the work of one query: BM25 postings and snippet scans are per term)."""
+    return list(dict.fromkeys(tokenize(query)))[:MAX_QUERY_TERMS]
 
 
 class _Postings:
@@ -304,19 +308,21 @@ def top(
 
 
 def _first_ascii_hit(lowered: str, terms: tuple[str, ...]) -> int:
-    """``_first_hit`` on lower-cased ASCII text: ``str.find`` plus a token-boundary check."""
-    best = -1
-    for term in terms:
-        at = lowered.find(term)
-        while at >= 0 and (best < 0 or at < best):
-            end = at + len(term)
-            if (at == 0 or not lowered[at - 1].isalnum()) and (
-                end == len(lowered) or not lowered[end].isalnum()
-            ):
-                best = at
-                break
-            at = lowered.find(term, at + 1)
-    return max(best, 0)
+    """``_first_hit`` on lower-cased ASCII text, in time linear in the text.
+
+    ``str.find`` gives each term's first raw occurrence (a C scan per term, at most
+    ``MAX_QUERY_TERMS`` of them); tokens are then matched one by one from the start of the
+    token holding the earliest occurrence, so no position is looked at twice.
+    """
+    first = min((at for term in terms if (at := lowered.find(term)) >= 0), default=-1)
+    if first < 0:
+        return 0
+    start = len(lowered[:first].rstrip(_ASCII_ALNUM))  # the start of the token holding it
+    wanted = set(terms)
+    for match in _ASCII_TOKEN.finditer(lowered, start):
+        if match.group() in wanted:
+            return match.start()
+    return 0
 
 
 def _first_hit(text: str, terms: tuple[str, ...]) -> int:

@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbgraph.search import SNIPPET_WIDTH, SearchIndex, query_terms, snippet, tokenize, top
+from kbgraph.search import (
+    MAX_QUERY_TERMS,
+    SNIPPET_WIDTH,
+    SearchIndex,
+    query_terms,
+    snippet,
+    tokenize,
+    top,
+)
 
 WORDS = ["dns", "resolver", "router", "backup", "nas", "café", "cafe", "Zürich", "vlan", "ups"]
 
@@ -126,3 +134,70 @@ def test_snippet_is_bounded_and_centred_on_a_term() -> None:
     assert cut.startswith("…") and cut.endswith("…")
     assert snippet("short text", ["zz"]) == "short text"
     assert len(snippet("x" * 5000, [])) == SNIPPET_WIDTH
+
+
+def _first_hit_before_issue_10(text: str, terms: tuple[str, ...]) -> int:
+    """The oracle: the quadratic first-hit scan ASCII snippets used before issue 10."""
+    assert text.isascii()
+    if not terms:
+        return 0
+    lowered, best = text.lower(), -1
+    for term in terms:
+        at = lowered.find(term)
+        while at >= 0 and (best < 0 or at < best):
+            end = at + len(term)
+            if (at == 0 or not lowered[at - 1].isalnum()) and (
+                end == len(lowered) or not lowered[end].isalnum()
+            ):
+                best = at
+                break
+            at = lowered.find(term, at + 1)
+    return max(best, 0)
+
+
+def _old_snippet(text: str, terms: list[str]) -> str:
+    hit = _first_hit_before_issue_10(text, tuple(terms))
+    start = max(0, hit - SNIPPET_WIDTH // 4)
+    end = start + 2 * SNIPPET_WIDTH
+    prefix = "…" if start > 0 else ""
+    body = " ".join(text[start:end].split())
+    room = SNIPPET_WIDTH - len(prefix)
+    if len(body) > room or end < len(text):
+        body = body[: room - 1].rstrip() + "…"
+    return prefix + body
+
+
+snippet_text = st.lists(
+    st.sampled_from(["dns", "dnsx", "xdns", "a", "aa", "ab", "b", "ba", " ", ". ", "\n", "9"]),
+    max_size=300,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=snippet_text,
+    terms=st.lists(st.sampled_from(["dns", "a", "aa", "ab", "b", "9", "zz"]), max_size=5),
+)
+def test_snippet_equals_the_old_scan(text: str, terms: list[str]) -> None:
+    terms = list(dict.fromkeys(terms))
+    assert snippet(text, terms) == _old_snippet(text, terms)
+    upper = text.upper()
+    assert snippet(upper, terms) == _old_snippet(upper, terms)
+
+
+def test_query_terms_are_capped() -> None:
+    query = " ".join(f"t{i}" for i in range(200)) + " t0 t1"
+    assert query_terms(query) == [f"t{i}" for i in range(MAX_QUERY_TERMS)]
+    index = SearchIndex()
+    index.put(0, "late", f"t{MAX_QUERY_TERMS}")  # only the 33rd term: not searched
+    index.put(1, "early", "t0")
+    nodes, _ = index.search(query, np.ones(2, np.uint8))
+    assert nodes.tolist() == [1]
+
+
+def test_snippet_of_a_long_run_without_breaks_finds_the_later_word() -> None:
+    text = "a" * (1 << 20) + " a tail"
+    terms = [("a" * n) for n in range(1, MAX_QUERY_TERMS + 1)]
+    cut = snippet(text, terms)  # the old scan took ~0.2 s per term here
+    assert cut == "…" + "a" * (SNIPPET_WIDTH // 4 - 1) + " a tail"  # the lone "a" is the hit
+    assert snippet(text, ["tail"]) == _old_snippet(text, ["tail"])
