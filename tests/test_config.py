@@ -191,3 +191,55 @@ def test_demo_config_and_seed(tmp_path: Path) -> None:
         concepts = store.load().kbs["demo"].concepts
         assert len(concepts) == 50 and all(c.text for c in concepts)
         assert sum(len(c.links) for c in concepts) > 0
+
+
+def test_limits_defaults_and_keys() -> None:
+    limits = parse_config("").limits
+    assert limits.max_request_bytes == 1 << 20 and limits.max_header_bytes == 16 << 10
+    assert limits.header_timeout_seconds == 10.0 and limits.keep_alive_seconds == 5.0
+    assert limits.max_connections == 1000
+    set_ = parse_config("[limits]\nmax_request_bytes = 10\nmax_connections = 3\n").limits
+    assert (set_.max_request_bytes, set_.max_connections) == (10, 3)
+    with pytest.raises(ConfigError, match=r"^limits.max_header_bytes: Expected int >= 1024"):
+        parse_config("[limits]\nmax_header_bytes = 10\n")
+    with pytest.raises(ConfigError, match=r"^unknown key limits.max_body"):
+        parse_config("[limits]\nmax_body = 10\n")
+
+
+@pytest.mark.parametrize("token", [" spaced", "spaced ", "\tspaced", "spaced\n"])
+def test_a_token_with_outer_whitespace_is_refused_naming_it(token: str) -> None:
+    escaped = token.encode("unicode_escape").decode()  # a TOML basic string takes \t, \n
+    with pytest.raises(ConfigError) as info:
+        parse_config(f'[[tokens]]\nname = "ops-agent"\ntoken = "{escaped}"\n')
+    assert str(info.value) == (
+        "tokens[0].token: leading or trailing whitespace in the token of 'ops-agent'"
+    )
+
+
+def _one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def test_serve_exits_2_with_one_line_on_a_bad_store(tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt.db"
+    corrupt.write_bytes(b"not a database, not at all. " * 10)
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    cases = {
+        "corrupt.db": "file is not a database",
+        "file/kb.db": f"{a_file} is not a directory",
+        ".": "is a directory",
+    }
+    for store, cause in cases.items():
+        path = tmp_path / "kbgraph.toml"
+        path.write_text(f'[store]\npath = "{store}"\n')
+        done = run_cli("serve", "--config", str(path), "--port", "1")
+        assert done.returncode == 2
+        line = _one_line(done.stderr)
+        assert line.startswith(f"kbgraph: store {(tmp_path / store).resolve()}")
+        assert line.endswith(cause), line
+    missing = run_cli("serve", "--config", str(tmp_path / "none.toml"))
+    assert missing.returncode == 2
+    assert "cannot read config file" in _one_line(missing.stderr)
