@@ -2,11 +2,12 @@
 
 ``store_problem`` opens the store as the service will (schema, WAL, lock file) and turns any
 failure into one line naming the path and the cause, so ``kbgraph serve`` can exit 2 without
-a traceback. ``WriteProbe`` answers ``/readyz``: at most once per ``interval`` it opens a fresh
-connection to the store file (permissions and read-only file systems are checked at open, so
-the store's long-lived connection cannot tell), writes a page and rolls it back, and
-creates and removes a file in the store's folder (SQLite creates ``-wal``/``-shm`` files there).
-A store merely busy with another writer counts as writable.
+a traceback. ``WriteProbe`` answers ``/readyz``: at most once per ``interval`` it asks the
+kernel whether the store file and its folder are writable (permissions, the immutable flag and
+read-only mounts are checked at open, so the store's long-lived connections cannot tell; SQLite
+creates ``-wal``/``-shm`` files in the folder), then writes a page on a new connection and rolls
+it back (a missing or corrupt file). A store merely busy with another writer is writable;
+a full disk is only seen when a delivery fails.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-import uuid
 from pathlib import Path
 from typing import Final
 
@@ -51,11 +51,17 @@ def store_problem(path: str) -> str | None:
 
 
 def write_problem(path: str) -> str | None:
-    """None when a new connection can write the store and its folder takes a new file; else
-    why not."""
+    """None when the store file and its folder are writable and a new connection can write
+    the store; else why not."""
+    store = Path(path)
+    for target, what in ((store, "store"), (store.parent, "store folder")):
+        # access() sees permissions, the immutable flag and read-only mounts without opening
+        # the file (closing an fd of it would drop this process's SQLite locks).
+        if not os.access(target, os.W_OK):
+            return f"{what} {target} cannot write: not writable"
     try:
         conn = sqlite3.connect(
-            Path(path).as_uri() + "?mode=rw", uri=True, timeout=0, isolation_level=None
+            store.as_uri() + "?mode=rw", uri=True, timeout=0, isolation_level=None
         )
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -69,13 +75,6 @@ def write_problem(path: str) -> str | None:
     except sqlite3.Error as exc:
         if getattr(exc, "sqlite_errorname", "") not in _BUSY:
             return f"store {path} cannot write: {describe(exc)}"
-    probe = Path(path).parent / f".kbgraph-probe-{uuid.uuid4().hex}"
-    try:
-        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        return f"store folder {probe.parent} cannot write: {describe(exc)}"
     return None
 
 
