@@ -1,0 +1,422 @@
+"""Abuse (issue 10): does one hostile client hurt the others?
+
+``python -m loadtest.abuse`` starts a real ``kbgraph serve`` (1 worker, the default limits,
+a webhook secret, an admin and a narrowed token) on loopback, loads a small KB, and then:
+
+- measures ``/healthz`` latency (answered on the event loop, so it shows any blocking) from a
+  separate process with no attack;
+- runs each attack for ``--seconds`` while that probe and a well-behaved client (status,
+  search and graph_context with the narrowed token, reconnecting as a browser would) keep
+  going: a 100 MB agent body, a 100 MB header, 2,000 idle sockets, 40 slow 15 MB uploads to
+  the events endpoint (one byte held back), a flood of signed deliveries creating new KBs, and
+  a snippet bomb (a concept with 1 MiB of text without a word break, 200-term queries).
+
+Per attack: the probe's p50/p99, the server's RSS growth (peak during the attack over the RSS
+before it), and the well-behaved client's failures. Aims: p99 <= 50 ms, RSS growth <= 200 MB,
+no failure. Bounded: every attack stops after ``--seconds``; loopback only. The LAST line is
+one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import http.client
+import json
+import multiprocessing as mp
+import socket
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+import psutil
+
+from loadtest import kbgen, report
+from loadtest.driver import HOST, KB, Credentials, ServiceProcess, write_config
+
+P99_AIM_MS: Final = 50.0
+RSS_AIM_MB: Final = 200.0
+SNIPPET_KB: Final = "bomb"
+MB: Final = 1 << 20
+
+
+# --- signed deliveries -----------------------------------------------------------------------
+
+
+def delivery(signer: kbgen.Signer, events: list[dict[str, Any]]) -> tuple[dict[str, str], bytes]:
+    body = json.dumps(events).encode()
+    sent = kbgen.Delivery("abuse", events, body, "application/cloudevents-batch+json",
+                          f"msg-{uuid.uuid4().hex}")  # fmt: skip
+    return signer.headers(sent), body
+
+
+def upsert(concept_id: str, text: str = "", title: str = "") -> dict[str, Any]:
+    return {"specversion": "1.0", "id": f"ev-{uuid.uuid4().hex}", "source": "abuse",
+            "type": "concept.upserted", "subject": concept_id,
+            "data": {"version": 1, "title": title or concept_id, "text": text,
+                     "links": [], "tags": []}}  # fmt: skip
+
+
+# --- the probe and the well-behaved client (a separate process) ------------------------------
+
+
+def _probe_main(port: int, token: str, stop: Any, out: Any) -> None:
+    """Time /healthz on one keep-alive connection every 10 ms; meanwhile a polite client."""
+    failures: list[str] = []
+    polite_done = [0]
+
+    def polite() -> None:
+        queries = [
+            ("GET", f"/v1/kbs/{KB}/status", None),
+            ("GET", f"/v1/kbs/{KB}/search?q=dns+backup&limit=5", None),
+            ("POST", f"/v1/kbs/{KB}/tools/graph_context", b'{"query": "dns backup"}'),
+        ]
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=10.0) as client:
+            i = 0
+            while not stop.is_set():
+                method, path, body = queries[i % len(queries)]
+                i += 1
+                try:
+                    answer = client.request(method, path, content=body, headers=headers)
+                    if answer.status_code != 200:
+                        failures.append(f"{path}: {answer.status_code} {answer.text[:80]}")
+                except httpx.HTTPError as exc:
+                    failures.append(f"{path}: {type(exc).__name__} {exc}")
+                polite_done[0] += 1
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=polite, daemon=True)
+    thread.start()
+    latencies: list[float] = []
+    conn: http.client.HTTPConnection | None = None
+    while not stop.is_set():
+        started = time.perf_counter()
+        try:
+            if conn is None:
+                conn = http.client.HTTPConnection(HOST, port, timeout=10.0)
+            conn.request("GET", "/healthz")
+            answer = conn.getresponse()
+            answer.read()
+            if answer.status != 200:
+                failures.append(f"/healthz: {answer.status}")
+        except (OSError, http.client.HTTPException) as exc:
+            failures.append(f"/healthz: {type(exc).__name__}")
+            conn = None
+            continue
+        latencies.append(time.perf_counter() - started)
+        time.sleep(0.01)
+    thread.join(15)
+    out.put({"latencies": latencies, "failures": failures, "polite": polite_done[0]})
+
+
+class Probe:
+    def __init__(self, port: int, token: str) -> None:
+        ctx = mp.get_context("spawn")
+        self.stop = ctx.Event()
+        self.out = ctx.Queue()
+        self.proc = ctx.Process(target=_probe_main, args=(port, token, self.stop, self.out))
+
+    def __enter__(self) -> Probe:
+        self.proc.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.result = self.out.get(timeout=60)
+        self.proc.join(30)
+
+
+class RssSampler:
+    """The server's peak RSS while a block runs (sampled every 50 ms)."""
+
+    def __init__(self, pid: int) -> None:
+        self.process = psutil.Process(pid)
+        self.before = self.process.memory_info().rss
+        self.peak = self.before
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            with contextlib.suppress(psutil.Error):
+                self.peak = max(self.peak, self.process.memory_info().rss)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# --- the attacks: each a function (port, creds, seconds) that stops after ``seconds`` --------
+
+
+def _send_until_closed(sock: socket.socket, head: bytes, total: int, stop_at: float) -> int:
+    piece = b"a" * 65536
+    sent = 0
+    try:
+        sock.sendall(head)
+        while sent < total and time.monotonic() < stop_at:
+            sock.sendall(piece)
+            sent += len(piece)
+    except OSError:
+        pass
+    return sent
+
+
+def attack_huge_body(port: int, creds: Credentials, seconds: float) -> dict[str, Any]:
+    """100 MB graph_context bodies from the narrowed token, one after another."""
+    stop_at = time.monotonic() + seconds
+    sent = rounds = 0
+    while time.monotonic() < stop_at:
+        with socket.create_connection((HOST, port), timeout=5) as sock:
+            head = (f"POST /v1/kbs/{KB}/tools/graph_context HTTP/1.1\r\nHost: x\r\n"
+                    f"Authorization: Bearer {creds.agent}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {100 * MB}\r\n\r\n").encode()  # fmt: skip
+            sent += _send_until_closed(sock, head, 100 * MB, stop_at)
+            rounds += 1
+    return {"requests": rounds, "body_bytes_sent": sent}
+
+
+def attack_huge_header(port: int, creds: Credentials, seconds: float) -> dict[str, Any]:
+    """100 MB request heads (no credential), one after another."""
+    stop_at = time.monotonic() + seconds
+    sent = rounds = 0
+    while time.monotonic() < stop_at:
+        with socket.create_connection((HOST, port), timeout=5) as sock:
+            head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: "
+            sent += _send_until_closed(sock, head, 100 * MB, stop_at)
+            rounds += 1
+    return {"requests": rounds, "header_bytes_sent": sent}
+
+
+def attack_idle_sockets(port: int, creds: Credentials, seconds: float) -> dict[str, Any]:
+    """2,000 connections that never send a byte, held for the whole attack."""
+    socks = []
+    for _ in range(2000):
+        with contextlib.suppress(OSError):
+            socks.append(socket.create_connection((HOST, port), timeout=5))
+    time.sleep(seconds)
+    open_left = 0
+    for sock in socks:
+        sock.setblocking(False)
+        try:
+            open_left += sock.recv(1) != b""
+        except BlockingIOError:
+            open_left += 1
+        except OSError:
+            pass
+        sock.close()
+    return {"opened": len(socks), "still_open_at_end": open_left}
+
+
+def attack_slow_uploads(port: int, creds: Credentials, seconds: float) -> dict[str, Any]:
+    """40 unsigned 15 MB uploads to the events endpoint, each holding back its last byte."""
+    stop_at = time.monotonic() + seconds
+    size = 15 * MB
+    sent = [0] * 40
+    socks: list[socket.socket] = []
+
+    def upload(i: int) -> None:
+        try:
+            sock = socket.create_connection((HOST, port), timeout=5)
+        except OSError:
+            return
+        socks.append(sock)
+        head = (
+            f"POST /v1/kbs/{KB}/events HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Type: application/cloudevents+json\r\nContent-Length: {size}\r\n\r\n"
+        )
+        sent[i] = _send_until_closed(sock, head.encode(), size - 65536, stop_at)
+        with contextlib.suppress(OSError):
+            sock.sendall(b"a" * (65536 - 1))  # all but one byte
+
+    threads = [threading.Thread(target=upload, args=(i,)) for i in range(40)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds + 10)
+    time.sleep(max(0.0, stop_at - time.monotonic()))
+    for sock in socks:
+        sock.close()
+    return {"uploads": 40, "bytes_sent": sum(sent)}
+
+
+def attack_kb_flood(port: int, creds: Credentials, seconds: float) -> dict[str, Any]:
+    """Signed deliveries, each to a KB that does not exist yet, from 4 threads."""
+    stop_at = time.monotonic() + seconds
+    signer = kbgen.Signer(creds.secret)
+    statuses: dict[int, int] = {}
+    run = uuid.uuid4().hex[:8]
+    counter = iter(range(10**9))
+
+    def flood() -> None:
+        with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=30.0) as client:
+            while time.monotonic() < stop_at:
+                name = f"flood-{run}-{next(counter)}"
+                headers, body = delivery(signer, [upsert("a/b")])
+                try:
+                    status = client.post(f"/v1/kbs/{name}/events", content=body,
+                                         headers=headers).status_code  # fmt: skip
+                except httpx.HTTPError:
+                    status = 0
+                statuses[status] = statuses.get(status, 0) + 1
+
+    threads = [threading.Thread(target=flood) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds + 60)
+    return {"deliveries": sum(statuses.values()), "statuses": statuses}
+
+
+def attack_snippet_bomb(port: int, creds: Credentials, seconds: float) -> dict[str, Any]:
+    """Search and graph_context with 200-term queries over a 1 MiB text without word breaks."""
+    stop_at = time.monotonic() + seconds
+    terms = " ".join("a" * n for n in range(1, 201))
+    statuses: dict[int, int] = {}
+    slowest = [0.0]
+
+    def bomb() -> None:
+        headers = {"Authorization": f"Bearer {creds.admin}"}
+        with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=60.0) as client:
+            while time.monotonic() < stop_at:
+                started = time.perf_counter()
+                try:
+                    status = client.get(f"/v1/kbs/{SNIPPET_KB}/search",
+                                        params={"q": terms, "limit": 50},
+                                        headers=headers).status_code  # fmt: skip
+                except httpx.HTTPError:
+                    status = 0
+                slowest[0] = max(slowest[0], time.perf_counter() - started)
+                statuses[status] = statuses.get(status, 0) + 1
+
+    threads = [threading.Thread(target=bomb) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds + 120)
+    return {"searches": sum(statuses.values()), "statuses": statuses,
+            "slowest_search_ms": round(slowest[0] * 1000, 1)}  # fmt: skip
+
+
+ATTACKS: Final[dict[str, Callable[[int, Credentials, float], dict[str, Any]]]] = {
+    "huge_body": attack_huge_body,
+    "huge_header": attack_huge_header,
+    "idle_sockets": attack_idle_sockets,
+    "slow_uploads": attack_slow_uploads,
+    "kb_flood": attack_kb_flood,
+    "snippet_bomb": attack_snippet_bomb,
+}
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def seed(port: int, creds: Credentials) -> None:
+    """A small KB for the polite client, and the snippet bomb's KB (1 MiB without a break)."""
+    signer = kbgen.Signer(creds.secret)
+    words = ["dns", "backup", "router", "vpn", "disk"]
+    events = [upsert(f"infra/c{i}", text=" ".join(words[j % 5] for j in range(i, i + 30)))
+              for i in range(200)]  # fmt: skip
+    bomb = [upsert(f"x/{n}", text="a" * MB) for n in range(4)]
+    with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=60.0) as client:
+        for kb, batch in ((KB, events), (SNIPPET_KB, bomb)):
+            headers, body = delivery(signer, batch)
+            answer = client.post(f"/v1/kbs/{kb}/events", content=body, headers=headers)
+            answer.raise_for_status()
+            seq = answer.json()["seq"]
+            auth = {"Authorization": f"Bearer {creds.admin}", "X-Min-Seq": str(seq)}
+            client.get(f"/v1/kbs/{kb}/status", headers=auth).raise_for_status()
+
+
+def measure(service: ServiceProcess, creds: Credentials, name: str, seconds: float) -> dict:
+    assert service.proc is not None
+    attack = ATTACKS.get(name)
+    with RssSampler(service.proc.pid) as rss, Probe(service.port, creds.agent) as probe:
+        time.sleep(0.5)  # the probe's process is up and measuring
+        detail = attack(service.port, creds, seconds) if attack else time.sleep(seconds) or {}
+    got = probe.result
+    quantiles = report.percentiles(got["latencies"])
+    return {
+        "healthz_p50_ms": quantiles["p50"],
+        "healthz_p99_ms": quantiles["p99"],
+        "healthz_max_ms": quantiles["max"],
+        "probes": len(got["latencies"]),
+        "rss_growth_mb": round((rss.peak - rss.before) / MB, 1),
+        "polite_requests": got["polite"],
+        "failures": len(got["failures"]),
+        "failure_examples": got["failures"][:3],
+        "attack": detail,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    creds = Credentials()
+    with tempfile.TemporaryDirectory(prefix="kbgraph-abuse-") as tmp:
+        service = ServiceProcess(write_config(Path(tmp), creds))
+        service.start()
+        try:
+            asyncio.run(service.wait_ready())
+            seed(service.port, creds)
+            results = {"no_attack": measure(service, creds, "none", args.seconds)}
+            for name in args.attacks:
+                results[name] = measure(service, creds, name, args.seconds)
+                print(f"{name}: {results[name]}", file=sys.stderr)
+                time.sleep(1.0)  # let the server settle between attacks
+        finally:
+            service.stop()
+    return results
+
+
+def figures(results: dict[str, Any]) -> dict[str, Any]:
+    aims = {}
+    for name, row in results.items():
+        if name == "no_attack":
+            continue
+        p99 = row["healthz_p99_ms"]
+        aims[name] = {
+            "p99_within_50ms": p99 is not None and p99 <= P99_AIM_MS,
+            "rss_growth_within_200mb": row["rss_growth_mb"] <= RSS_AIM_MB,
+            "no_failed_polite_request": row["failures"] == 0,
+        }
+    return {
+        "kind": "abuse",
+        "server": "kbgraph serve, 1 worker, default limits",
+        "results": results,
+        "aims": aims,
+        "all_aims_met": all(all(a.values()) for a in aims.values()),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=6.0, help="per attack")
+    parser.add_argument("--attacks", nargs="*", default=list(ATTACKS), choices=list(ATTACKS))
+    args = parser.parse_args(argv)
+    out = figures(run(args))
+    rows = [
+        [name, row["healthz_p50_ms"], row["healthz_p99_ms"], row["rss_growth_mb"],
+         row["polite_requests"], row["failures"]]
+        for name, row in out["results"].items()
+    ]  # fmt: skip
+    print(report.table(rows, ["attack", "p50 ms", "p99 ms", "RSS +MB", "polite req", "failed"]))
+    for name, aims in out["aims"].items():
+        missed = [aim for aim, met in aims.items() if not met]
+        print(f"aim {name}: {'met' if not missed else 'NOT met: ' + ', '.join(missed)}")
+    print(json.dumps(out, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
