@@ -68,9 +68,13 @@ def upsert(concept_id: str, text: str = "", title: str = "") -> dict[str, Any]:
 
 
 def _probe_main(port: int, token: str, stop: Any, out: Any) -> None:
-    """Time /healthz on one keep-alive connection every 10 ms; meanwhile a polite client."""
-    failures: list[str] = []
-    polite_done = [0]
+    """Time /healthz on one keep-alive connection every 10 ms; meanwhile a polite client.
+
+    Runs for the whole benchmark; every record carries its ``time.monotonic()`` (system-wide
+    on Linux), so the parent cuts the records into the windows of its attacks.
+    """
+    failures: list[tuple[float, str]] = []
+    polite_done: list[float] = []
 
     def polite() -> None:
         queries = [
@@ -87,15 +91,17 @@ def _probe_main(port: int, token: str, stop: Any, out: Any) -> None:
                 try:
                     answer = client.request(method, path, content=body, headers=headers)
                     if answer.status_code != 200:
-                        failures.append(f"{path}: {answer.status_code} {answer.text[:80]}")
+                        failures.append(
+                            (time.monotonic(), f"{path}: {answer.status_code} {answer.text[:80]}")
+                        )
                 except httpx.HTTPError as exc:
-                    failures.append(f"{path}: {type(exc).__name__} {exc}")
-                polite_done[0] += 1
+                    failures.append((time.monotonic(), f"{path}: {type(exc).__name__} {exc}"))
+                polite_done.append(time.monotonic())
                 time.sleep(0.02)
 
     thread = threading.Thread(target=polite, daemon=True)
     thread.start()
-    latencies: list[float] = []
+    latencies: list[tuple[float, float]] = []
     conn: http.client.HTTPConnection | None = None
     while not stop.is_set():
         started = time.perf_counter()
@@ -106,32 +112,38 @@ def _probe_main(port: int, token: str, stop: Any, out: Any) -> None:
             answer = conn.getresponse()
             answer.read()
             if answer.status != 200:
-                failures.append(f"/healthz: {answer.status}")
+                failures.append((time.monotonic(), f"/healthz: {answer.status}"))
         except (OSError, http.client.HTTPException) as exc:
-            failures.append(f"/healthz: {type(exc).__name__}")
+            failures.append((time.monotonic(), f"/healthz: {type(exc).__name__}"))
             conn = None
             continue
-        latencies.append(time.perf_counter() - started)
+        latencies.append((time.monotonic(), time.perf_counter() - started))
         time.sleep(0.01)
     thread.join(15)
-    out.put({"latencies": latencies, "failures": failures, "polite": polite_done[0]})
+    out.put({"latencies": latencies, "failures": failures, "polite": polite_done})
 
 
 class Probe:
+    """The probe process: started once, stopped once; ``window`` cuts its records."""
+
     def __init__(self, port: int, token: str) -> None:
         ctx = mp.get_context("spawn")
         self.stop = ctx.Event()
         self.out = ctx.Queue()
         self.proc = ctx.Process(target=_probe_main, args=(port, token, self.stop, self.out))
-
-    def __enter__(self) -> Probe:
         self.proc.start()
-        return self
+        self.records: dict[str, Any] = {}
 
-    def __exit__(self, *exc: object) -> None:
+    def finish(self) -> None:
         self.stop.set()
-        self.result = self.out.get(timeout=60)
+        self.records = self.out.get(timeout=120)
         self.proc.join(30)
+
+    def window(self, start: float, end: float) -> dict[str, Any]:
+        inside = [lat for at, lat in self.records["latencies"] if start <= at <= end]
+        failures = [what for at, what in self.records["failures"] if start <= at <= end]
+        polite = sum(start <= at <= end for at in self.records["polite"])
+        return {"latencies": inside, "failures": failures, "polite": polite}
 
 
 class RssSampler:
@@ -281,33 +293,39 @@ def attack_kb_flood(port: int, creds: Credentials, seconds: float) -> dict[str, 
 
 
 def attack_snippet_bomb(port: int, creds: Credentials, seconds: float) -> dict[str, Any]:
-    """Search and graph_context with 200-term queries over a 1 MiB text without word breaks."""
+    """graph_context with 200-term queries (and search with 100) over concepts of 1 MiB text
+    without a word break, every term a run of "a" (the worst case of the old snippet scan)."""
     stop_at = time.monotonic() + seconds
-    terms = " ".join("a" * n for n in range(1, 201))
+    body = json.dumps({"query": " ".join("a" * n for n in range(1, 201)), "limit": 30}).encode()
+    search = {"q": " ".join("a" * n for n in range(1, 101)), "limit": 50}
     statuses: dict[int, int] = {}
     slowest = [0.0]
 
-    def bomb() -> None:
-        headers = {"Authorization": f"Bearer {creds.admin}"}
-        with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=60.0) as client:
+    def bomb(i: int) -> None:
+        headers = {"Authorization": f"Bearer {creds.admin}", "Content-Type": "application/json"}
+        with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=120.0) as client:
             while time.monotonic() < stop_at:
                 started = time.perf_counter()
                 try:
-                    status = client.get(f"/v1/kbs/{SNIPPET_KB}/search",
-                                        params={"q": terms, "limit": 50},
-                                        headers=headers).status_code  # fmt: skip
+                    if i % 2:
+                        path = f"/v1/kbs/{SNIPPET_KB}/tools/graph_context"
+                        answer = client.post(path, content=body, headers=headers)
+                    else:
+                        path = f"/v1/kbs/{SNIPPET_KB}/search"
+                        answer = client.get(path, params=search, headers=headers)
+                    status = answer.status_code
                 except httpx.HTTPError:
                     status = 0
                 slowest[0] = max(slowest[0], time.perf_counter() - started)
                 statuses[status] = statuses.get(status, 0) + 1
 
-    threads = [threading.Thread(target=bomb) for _ in range(4)]
+    threads = [threading.Thread(target=bomb, args=(i,)) for i in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(seconds + 120)
-    return {"searches": sum(statuses.values()), "statuses": statuses,
-            "slowest_search_ms": round(slowest[0] * 1000, 1)}  # fmt: skip
+        thread.join(seconds + 300)
+    return {"requests": sum(statuses.values()), "statuses": statuses,
+            "slowest_ms": round(slowest[0] * 1000, 1)}  # fmt: skip
 
 
 ATTACKS: Final[dict[str, Callable[[int, Credentials, float], dict[str, Any]]]] = {
@@ -340,20 +358,27 @@ def seed(port: int, creds: Credentials) -> None:
             client.get(f"/v1/kbs/{kb}/status", headers=auth).raise_for_status()
 
 
-def measure(service: ServiceProcess, creds: Credentials, name: str, seconds: float) -> dict:
+def attack_window(
+    service: ServiceProcess, creds: Credentials, name: str, seconds: float
+) -> tuple[float, float, dict[str, Any], float]:
+    """Run one attack (or nothing): its window, its detail and the server's RSS growth."""
     assert service.proc is not None
     attack = ATTACKS.get(name)
-    with RssSampler(service.proc.pid) as rss, Probe(service.port, creds.agent) as probe:
-        time.sleep(0.5)  # the probe's process is up and measuring
+    with RssSampler(service.proc.pid) as rss:
+        start = time.monotonic()
         detail = attack(service.port, creds, seconds) if attack else time.sleep(seconds) or {}
-    got = probe.result
+        end = time.monotonic()
+    return start, end, detail, round((rss.peak - rss.before) / MB, 1)
+
+
+def summarise(got: dict[str, Any], detail: dict[str, Any], rss_growth: float) -> dict[str, Any]:
     quantiles = report.percentiles(got["latencies"])
     return {
         "healthz_p50_ms": quantiles["p50"],
         "healthz_p99_ms": quantiles["p99"],
         "healthz_max_ms": quantiles["max"],
         "probes": len(got["latencies"]),
-        "rss_growth_mb": round((rss.peak - rss.before) / MB, 1),
+        "rss_growth_mb": rss_growth,
         "polite_requests": got["polite"],
         "failures": len(got["failures"]),
         "failure_examples": got["failures"][:3],
@@ -369,14 +394,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             asyncio.run(service.wait_ready())
             seed(service.port, creds)
-            results = {"no_attack": measure(service, creds, "none", args.seconds)}
-            for name in args.attacks:
-                results[name] = measure(service, creds, name, args.seconds)
-                print(f"{name}: {results[name]}", file=sys.stderr)
-                time.sleep(1.0)  # let the server settle between attacks
+            probe = Probe(service.port, creds.agent)
+            windows = {}
+            try:
+                time.sleep(3.0)  # the probe process is up and measuring
+                for name in ["no_attack", *args.attacks]:
+                    windows[name] = attack_window(service, creds, name, args.seconds)
+                    print(f"{name}: {windows[name][2]}", file=sys.stderr)
+                    time.sleep(1.0)  # let the server settle between attacks
+            finally:
+                probe.finish()
         finally:
             service.stop()
-    return results
+    return {
+        name: summarise(probe.window(start, end), detail, rss)
+        for name, (start, end, detail, rss) in windows.items()
+    }
 
 
 def figures(results: dict[str, Any]) -> dict[str, Any]:
