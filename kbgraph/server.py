@@ -67,6 +67,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._max_connections = bounds.max_connections
         self._head_bytes: int | None = 0  # bytes of the head being read; None while in a body
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_deadline: float | None = None  # loop time the current head must end by
 
     # -- connection bound and head deadline --------------------------------------------------
 
@@ -84,22 +85,29 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_done()
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
         super().connection_lost(exc)
 
     def _wait_for_head(self) -> None:
         self._waiting[self] = None
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self._head_timeout, self._head_expired)
+        self._head_deadline = self.loop.time() + self._head_timeout
+        if self._head_timer is None:  # one timer per connection, re-armed only when it fires
+            self._head_timer = self.loop.call_at(self._head_deadline, self._head_expired)
 
     def _head_done(self) -> None:
         self._waiting.pop(self, None)
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._head_deadline = None
 
     def _head_expired(self) -> None:
         self._head_timer = None
-        self._waiting.pop(self, None)
+        if self._head_deadline is None:  # a request came in time
+            return
+        if self.loop.time() < self._head_deadline:  # waiting again since: sleep on
+            self._head_timer = self.loop.call_at(self._head_deadline, self._head_expired)
+            return
+        self._head_done()
         if not self.transport.is_closing():
             self.transport.close()
 
