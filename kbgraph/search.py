@@ -326,15 +326,23 @@ def _first_ascii_hit(lowered: str, terms: tuple[str, ...]) -> int:
 
 
 def _first_hit(text: str, terms: tuple[str, ...]) -> int:
-    """Where the first token of ``text`` that is one of ``terms`` starts (0 when none is)."""
+    """Where the first token of ``text`` that is one of ``terms`` starts (0 when none is).
+
+    Linear in the text: ASCII text see ``_first_ascii_hit``; non-ASCII text folds each
+    distinct token once (in one batch), then walks the tokens only when one of them matches.
+    """
     if not terms:
         return 0
-    if text.isascii():  # case folding is all there is to do
+    if text.isascii():
         return _first_ascii_hit(text.lower(), terms)
+    distinct = list(set(_TOKEN.findall(text)))
+    folded = _fold("\n".join(distinct)).split("\n")  # a token never holds a newline
     wanted = set(terms)
-    for match in _TOKEN.finditer(text):
-        if _fold(match.group()) in wanted:
-            return match.start()
+    hits = {token for token, fold in zip(distinct, folded, strict=True) if fold in wanted}
+    if hits:
+        for match in _TOKEN.finditer(text):
+            if match.group() in hits:
+                return match.start()
     return 0
 
 
