@@ -335,7 +335,12 @@ def _first_hit(text: str, terms: tuple[str, ...]) -> int:
         return 0
     if text.isascii():
         return _first_ascii_hit(text.lower(), terms)
-    distinct = list(set(_TOKEN.findall(text)))
+    # Folding never shortens a token (every letter or digit keeps at least its base
+    # character), so a token longer than every term cannot match and is never folded.
+    longest = max(len(term) for term in terms)
+    distinct = [token for token in set(_TOKEN.findall(text)) if len(token) <= longest]
+    if not distinct:
+        return 0
     folded = _fold("\n".join(distinct)).split("\n")  # a token never holds a newline
     wanted = set(terms)
     hits = {token for token, fold in zip(distinct, folded, strict=True) if fold in wanted}

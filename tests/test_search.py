@@ -222,3 +222,9 @@ def test_snippet_of_a_long_run_without_breaks_finds_the_later_word() -> None:
     cut = snippet(text, terms)  # the old scan took ~0.2 s per term here
     assert cut == "…" + "a" * (SNIPPET_WIDTH // 4 - 1) + " a tail"  # the lone "a" is the hit
     assert snippet(text, ["tail"]) == _old_snippet(text, ["tail"])
+
+
+def test_folding_never_shortens_a_token_character() -> None:
+    """What lets snippets skip folding tokens longer than every query term."""
+    token_chars = (chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
+    assert all(len(_fold(ch)) >= 1 for ch in token_chars if re.fullmatch(r"[^\W_]", ch))
