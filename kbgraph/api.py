@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
 from starlette.applications import Starlette
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -30,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 from kbgraph import graphalgo, ingest, search, tools
 from kbgraph import mcp as mcp_out
 from kbgraph.access import RuleSet
+from kbgraph.bodies import BodyRefused, read_body, replay
 from kbgraph.config import Config, TokenGrant, load_config
 from kbgraph.events import SignatureVerifier
 from kbgraph.health import WriteProbe
@@ -141,29 +142,6 @@ async def gate(request: Request) -> tuple[KBProjection, RuleSet | None]:
     return await open_kb(request, kb), rules
 
 
-async def read_body(request: Request) -> bytes:
-    """The body, refused with 413 past ``[limits] max_request_bytes``: from Content-Length
-    before reading, else as soon as the bytes read pass it (nothing bigger is buffered)."""
-    limit: int = request.app.state.config.limits.max_request_bytes
-    too_large = HTTPError(
-        413, f"request body over the limit of {limit} bytes", {"Connection": "close"}
-    )
-    declared = request.headers.get("content-length", "")
-    if declared.isascii() and declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise HTTPError(400, "client disconnected before the body was complete") from None
-    return b"".join(chunks)
-
-
 def decode_body(body: bytes, request_type: type[Req]) -> Req:
     try:
         return tools.decode_request(body, request_type)
@@ -185,7 +163,7 @@ def observed(route: str, handler: Handler) -> Handler:
         started = time.perf_counter()
         try:
             response = await handler(request)
-        except HTTPError as exc:
+        except (HTTPError, BodyRefused) as exc:
             response = error_response(exc.status, exc.message, exc.headers)
         except tools.ToolError as exc:
             response = error_response(exc.status, exc.message)
@@ -269,7 +247,9 @@ class MCPEndpoint:
         request = Request(scope, receive)
         try:
             projection, rules = await gate(request)
-        except HTTPError as exc:
+            if scope["method"] == "POST":  # the SDK would read any size: bound it first
+                receive = replay(await read_body(request), receive)
+        except (HTTPError, BodyRefused) as exc:
             await error_response(exc.status, exc.message, exc.headers)(scope, receive, send)
             return
         scope[mcp_out.SCOPE_KEY] = mcp_out.Caller(projection, rules)

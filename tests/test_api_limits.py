@@ -76,3 +76,16 @@ def test_write_problem_names_a_missing_store_and_an_unusable_folder(tmp_path: Pa
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("")
     assert "cannot write" in str(write_problem(str(not_a_folder / "kb.db")))
+
+
+def test_an_mcp_body_past_the_limit_is_413_before_the_sdk_reads_it(small: Service) -> None:
+    headers = {
+        "Authorization": f"Bearer {ADMIN}",
+        "X-Min-Seq": "1",
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+    }
+    big = b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "pad": "' + b"x" * LIMIT + b'"}'
+    response = small.client.post(f"/v1/kbs/{KB}/mcp", content=big, headers=headers)
+    assert response.status_code == 413
+    assert response.json() == {"error": f"request body over the limit of {LIMIT} bytes"}

@@ -1,0 +1,59 @@
+"""Agent request bodies, bounded: read at most ``[limits] max_request_bytes`` of them.
+
+The limit is checked from ``Content-Length`` before any body byte is read, then on the bytes
+read so far, so nothing larger than the limit is ever buffered or decoded. A refusal answers
+``413`` with ``Connection: close`` (the rest of the body is never read; see
+``kbgraph.server``).
+"""
+
+from __future__ import annotations
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.types import Message, Receive
+
+
+class BodyRefused(Exception):
+    """A body the API will not take: ``status``, ``message`` and ``headers`` of the answer."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+async def read_body(request: Request) -> bytes:
+    """The body, or ``BodyRefused`` (413 past the limit, 400 on a client gone midway)."""
+    limit: int = request.app.state.config.limits.max_request_bytes
+    too_large = BodyRefused(
+        413, f"request body over the limit of {limit} bytes", {"Connection": "close"}
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise BodyRefused(400, "client disconnected before the body was complete") from None
+    return b"".join(chunks)
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives ``body`` whole once, then whatever ``receive`` gives next
+    (the disconnect), for an ASGI app downstream of ``read_body``."""
+    pending = True
+
+    async def again() -> Message:
+        nonlocal pending
+        if pending:
+            pending = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return again
