@@ -126,8 +126,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 return
             if data and self._head_bytes is not None and self._head_bytes >= self._max_head:
                 self._head_done()
-                message = f"request head over the limit of {self._max_head} bytes"
-                self.transport.write(_refusal(431, "Request Header Fields Too Large", message))
+                if self.cycle is None or self.cycle.response_complete:  # else mid-response
+                    message = f"request head over the limit of {self._max_head} bytes"
+                    refusal = _refusal(431, "Request Header Fields Too Large", message)
+                    self.transport.write(refusal)
                 self.transport.close()
                 return
 
