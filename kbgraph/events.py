@@ -18,9 +18,13 @@ from kbgraph.names import concept_id_problem
 
 MAX_TEXT_BYTES: Final = 1 << 20
 MAX_VERSION: Final = (1 << 63) - 1
+MAX_ALIASES: Final = 64
+MAX_ALIAS_CHARS: Final = 1024
 
 Version = Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+Alias = Annotated[str, msgspec.Meta(max_length=MAX_ALIAS_CHARS)]
+Aliases = Annotated[list[Alias], msgspec.Meta(max_length=MAX_ALIASES)]
 Status = Literal["", "draft", "active", "superseded", "disputed", "deprecated"]
 
 
@@ -29,6 +33,7 @@ class UpsertData(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     version: Version
     title: str = ""
+    aliases: Aliases = []
     type: str = ""
     status: Status = ""
     tags: list[str] = []

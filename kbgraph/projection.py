@@ -534,6 +534,7 @@ class Snapshot:
 
     __slots__ = (
         "_kb",
+        "aliases",
         "graph",
         "ids",
         "index",
@@ -562,6 +563,7 @@ class Snapshot:
         self.index: SearchIndex = kb.index
         self.ids: Sequence[str] = kb.ids
         self.titles: Sequence[str] = kb.titles
+        self.aliases: Sequence[list[str]] = kb.aliases
         self.types: Sequence[str] = kb.types
         self.statuses: Sequence[str] = kb.statuses
         self.tags: Sequence[list[str]] = kb.tags
@@ -616,6 +618,7 @@ class KBProjection:
         self._index_of: dict[str, int] = {}
         self.ids: list[str] = []
         self.titles: list[str] = []
+        self.aliases: list[list[str]] = []
         self.types: list[str] = []
         self.statuses: list[str] = []
         self.tags: list[list[str]] = []
@@ -713,6 +716,7 @@ class KBProjection:
         self._keys = _Keys(ids, node_cap)
         missing = n - n0
         self.titles = [c.title for c in concepts] + [""] * missing
+        self.aliases = [c.aliases for c in concepts] + [[] for _ in range(missing)]
         self.types = [c.type for c in concepts] + [""] * missing
         self.statuses = [c.status for c in concepts] + [""] * missing
         self.tags = [c.tags for c in concepts] + [[] for _ in range(missing)]
@@ -724,7 +728,7 @@ class KBProjection:
         self._cls = np.zeros(node_cap, np.int32)
         self._cls[:n] = np.fromiter(map(self._class, self.collections, self.types), np.int32, n)
         for u, c in enumerate(concepts):
-            self.index.put(u, c.title, c.text)
+            self.index.put(u, c.title, c.text, c.aliases)
         self.seq = state.seq
 
     def _collection(self, concept_id: str) -> str:
@@ -857,6 +861,7 @@ class KBProjection:
         collection = self._collection(concept_id)
         self.collections.append(collection)
         self.titles.append("")
+        self.aliases.append([])
         self.types.append("")
         self.statuses.append("")
         self.tags.append([])
@@ -889,8 +894,14 @@ class KBProjection:
         links.discard(u)
         alive = self._alive
         # An unchanged title and text leave the search index as it is: no re-tokenizing.
-        reindex = not was_alive or self.titles[u] != data.title or self.texts[u] != data.text
+        reindex = (
+            not was_alive
+            or self.titles[u] != data.title
+            or self.texts[u] != data.text
+            or self.aliases[u] != data.aliases
+        )
         self.titles[u] = data.title
+        self.aliases[u] = list(data.aliases)
         self.statuses[u] = data.status
         self.tags[u] = list(data.tags)
         self.texts[u] = data.text
@@ -938,7 +949,7 @@ class KBProjection:
         if src:
             self._declare_alive(src, dst)
         if reindex:
-            self.index.put(u, data.title, data.text)
+            self.index.put(u, data.title, data.text, data.aliases)
 
     def _pools(self) -> tuple[np.ndarray, ...]:
         """The arrays the removing kernels (``_drop``, ``_undeclare``) take, in their order."""
@@ -970,6 +981,7 @@ class KBProjection:
         self.versions[u] = event.data.version
         self.texts[u] = ""
         self.tags[u] = []
+        self.aliases[u] = []
         self.index.remove(u)
 
     def _link_event(self, event: LinkAdded | LinkRemoved) -> None:

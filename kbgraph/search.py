@@ -1,4 +1,4 @@
-"""Full-text search over a KB's visible concepts: BM25 on title and text, snippets.
+"""Full-text search over a KB's visible concepts: BM25 on title, aliases and text, snippets.
 
 Why in memory, beside the store's FTS5 index: SQLite's ``bm25()`` takes its statistics (row
 count, average length, document frequencies) from the whole table, so a narrowed caller's
@@ -6,15 +6,15 @@ ranking would carry the concepts it may not see. Here the statistics are recompu
 visible subset at query time, and the index is patched in the same write-locked step as the
 graph, so the hits that seed ``graph_context`` come from the very snapshot the graph does.
 
-Scoring is FTS5's ``bm25(fts, 10.0, 1.0)`` to the letter (title weighted 10, text 1), with
-N, avgdl and df those of the visible concepts (Robertson & Zaragoza, "The Probabilistic
-Relevance Framework: BM25 and Beyond", 2009)::
+Scoring is FTS5's ``bm25(fts, 10.0, 10.0, 1.0)`` to the letter (title and aliases weighted
+10, text 1), with N, avgdl and df those of the visible concepts (Robertson & Zaragoza, "The
+Probabilistic Relevance Framework: BM25 and Beyond", 2009)::
 
-    f(t, d)   = 10 * hits of t in d's title + hits of t in d's text
+    f(t, d)   = 10 * hits of t in d's title and aliases + hits of t in d's text
     idf(t)    = max(1e-6, ln((N - df(t) + 0.5) / (df(t) + 0.5)))
     score(d)  = sum over terms t of idf(t) * f * (k1 + 1) / (f + k1 * (1 - b + b * |d| / avgdl))
 
-with k1 = 1.2, b = 0.75 and |d| the token count of title and text. The tokenizer mirrors
+with k1 = 1.2, b = 0.75 and |d| the token count of title, aliases and text. The tokenizer mirrors
 FTS5's ``unicode61 remove_diacritics 2``: case folded, diacritics stripped, tokens are runs of
 letters and digits. A query is only ever split into terms, so no character in it is syntax.
 """
@@ -25,7 +25,7 @@ import math
 import re
 import threading
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from numba import njit
@@ -131,8 +131,8 @@ def query_terms(query: str) -> list[str]:
 
 
 class _Postings:
-    """One term's postings: ``freq`` node -> 10 * title hits + text hits; ``arrays`` (nodes,
-    freqs) built on demand by ``search`` and dropped when ``freq`` changes."""
+    """One term's postings: ``freq`` node -> 10 * title and alias hits + text hits;
+    ``arrays`` (nodes, freqs) built on demand by ``search`` and dropped when ``freq`` changes."""
 
     __slots__ = ("arrays", "freq")
 
@@ -156,9 +156,11 @@ class SearchIndex:
         self.version = 0  # bumped on every change; keys the cached visible statistics
         self._stats: dict[tuple[int, int], tuple[np.ndarray, int, int]] = {}
 
-    def put(self, node: int, title: str, text: str) -> None:
-        """Index (or re-index) ``node`` with its current title and text."""
+    def put(self, node: int, title: str, text: str, aliases: Sequence[str] = ()) -> None:
+        """Index (or re-index) ``node`` with its current title, text and aliases."""
         title_terms = tokenize(title)
+        for alias in aliases:  # weighed as the title: other names of the concept
+            title_terms.extend(tokenize(alias))
         text_terms = tokenize(text)
         freq: dict[str, int] = {}
         get = freq.get

@@ -66,7 +66,7 @@ try:  # POSIX only; elsewhere the writers rely on SQLite's busy handler alone.
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2  # 2: concept.aliases, FTS5 (title, aliases, text)
 BUSY_TIMEOUT_MS: Final = 5_000
 BUSY_RETRY_SECONDS: Final = 60.0  # give up on the write lock after this long (then 503)
 MAX_GROUP_DELIVERIES: Final = 512
@@ -94,6 +94,7 @@ CREATE TABLE IF NOT EXISTS concept (
     id TEXT NOT NULL,
     version INTEGER NOT NULL,
     title TEXT NOT NULL,
+    aliases TEXT NOT NULL DEFAULT '[]',
     type TEXT NOT NULL,
     status TEXT NOT NULL,
     tags TEXT NOT NULL,
@@ -144,6 +145,7 @@ class ConceptState(msgspec.Struct, frozen=True):
     tags: list[str]
     text: str
     links: list[str]  # declared out-links, deduplicated, sorted, also to missing targets
+    aliases: list[str] = []
 
 
 class KBState(msgspec.Struct, frozen=True):
@@ -167,6 +169,13 @@ class StoreBusy(RuntimeError):
 def fts_table(kid: int) -> str:
     """The FTS5 table of one KB: one per KB, so BM25 statistics never mix KBs."""
     return f"fts_{int(kid)}"
+
+
+FTS_COLUMNS: Final = "title, aliases, text"
+FTS_WEIGHTS: Final = "10.0, 10.0, 1.0"  # aliases are searched like the title
+# A concept's aliases as the FTS5 column holds them: one per line (a JSON escape such as
+# ``\n`` must not become a token, so the JSON list is never indexed as it is).
+_FTS_ALIASES: Final = "(SELECT coalesce(group_concat(value, char(10)), '') FROM json_each({}))"
 
 
 def fts_match(terms: list[str]) -> str:
@@ -346,12 +355,38 @@ class Store:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         conn.execute(statement)
+                if found == 1:
+                    self._migrate_from_1(conn)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 self._retry_busy(lambda: conn.execute("COMMIT"))
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+
+    @staticmethod
+    def _migrate_from_1(conn: sqlite3.Connection) -> None:
+        """Schema 1 -> 2: concepts gain ``aliases``; each KB's FTS5 table gains the column."""
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(concept)")}
+        if "aliases" not in columns:
+            conn.execute("ALTER TABLE concept ADD COLUMN aliases TEXT NOT NULL DEFAULT '[]'")
+        for (kid,) in conn.execute("SELECT kid FROM kb").fetchall():
+            fts = fts_table(kid)
+            conn.execute(f"DROP TABLE IF EXISTS {fts}")
+            Store._create_fts(conn, kid)
+            conn.execute(
+                f"INSERT INTO {fts} (rowid, {FTS_COLUMNS}) SELECT rid, title,"
+                f" {_FTS_ALIASES.format('aliases')}, text FROM concept WHERE kid = ?",
+                (kid,),
+            )
+
+    @staticmethod
+    def _create_fts(conn: sqlite3.Connection, kid: int) -> None:
+        # Its own content (not external): a row leaves the index by rowid alone.
+        conn.execute(
+            f"CREATE VIRTUAL TABLE {fts_table(kid)} USING fts5({FTS_COLUMNS},"
+            " tokenize = 'unicode61 remove_diacritics 2')"
+        )
 
     @staticmethod
     def _retry_busy(action: Callable[[], _T]) -> _T:
@@ -544,17 +579,17 @@ class Store:
     )
     # New and rewritten concepts in one statement (an updated row keeps its rid).
     _UPSERT: Final = _Bulk(
-        "INSERT INTO concept (kid, id, version, title, type, status, tags, text)"
+        "INSERT INTO concept (kid, id, version, title, type, status, tags, text, aliases)"
         " SELECT ?2, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4,"
-        " value ->> 5, value ->> 6 FROM json_each(?1) WHERE true"
+        " value ->> 5, value ->> 6, value ->> 7 FROM json_each(?1) WHERE true"
         " ON CONFLICT (kid, id) DO UPDATE SET version = excluded.version,"
         " title = excluded.title, type = excluded.type, status = excluded.status,"
-        " tags = excluded.tags, text = excluded.text",
-        "INSERT INTO concept (kid, id, version, title, type, status, tags, text)"
-        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+        " tags = excluded.tags, text = excluded.text, aliases = excluded.aliases",
+        "INSERT INTO concept (kid, id, version, title, type, status, tags, text, aliases)"
+        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
         " ON CONFLICT (kid, id) DO UPDATE SET version = excluded.version,"
         " title = excluded.title, type = excluded.type, status = excluded.status,"
-        " tags = excluded.tags, text = excluded.text",
+        " tags = excluded.tags, text = excluded.text, aliases = excluded.aliases",
     )
     _SET_VERSION: Final = _Bulk(
         "UPDATE concept SET version = j.value ->> 1 FROM json_each(?1) AS j"
@@ -599,11 +634,13 @@ class Store:
             ),
             # indexed straight from the concept rows just written: the text travels once
             _Bulk(
-                f"INSERT INTO {fts} (rowid, title, text) SELECT c.rid, c.title, c.text"
+                f"INSERT INTO {fts} (rowid, {FTS_COLUMNS}) SELECT c.rid, c.title,"
+                f" {_FTS_ALIASES.format('c.aliases')}, c.text"
                 " FROM json_each(?1) AS j CROSS JOIN concept AS c"
                 " ON c.kid = ?2 AND c.id = j.value ->> 0",
-                f"INSERT INTO {fts} (rowid, title, text)"
-                " SELECT rid, title, text FROM concept WHERE kid = ?1 AND id = ?2",
+                f"INSERT INTO {fts} (rowid, {FTS_COLUMNS})"
+                f" SELECT rid, title, {_FTS_ALIASES.format('aliases')}, text FROM concept"
+                " WHERE kid = ?1 AND id = ?2",
             ),
         )
 
@@ -612,11 +649,7 @@ class Store:
         if row is not None:
             return row[0], row[1]
         kid = conn.execute(self._KB_NEW, (kb,)).fetchone()[0]
-        # Its own content (not external): a row leaves the index by rowid alone.
-        conn.execute(
-            f"CREATE VIRTUAL TABLE {fts_table(kid)} USING fts5(title, text,"
-            " tokenize = 'unicode61 remove_diacritics 2')"
-        )
+        self._create_fts(conn, kid)
         return kid, 0
 
     def _load_kb(self, conn: sqlite3.Connection, kb: str, deliveries: list[list[Event]]) -> _KBWork:
@@ -732,7 +765,7 @@ class Store:
         """The net effect of the group on each touched concept, one statement per kind."""
         fts_delete: list[tuple[int]] = []
         fts_insert: list[tuple[str]] = []
-        upsert_rows: list[tuple[str, int, str, str, str, str, str]] = []
+        upsert_rows: list[tuple[str, int, str, str, str, str, str, str]] = []
         set_version: list[tuple[int, int]] = []
         delete_rows: list[tuple[int]] = []
         tombstones: list[tuple[str, int]] = []
@@ -751,9 +784,11 @@ class Store:
                 if subject.fields is not None:
                     data = subject.fields.data
                     tags = encode_tags(data.tags).decode()
+                    aliases = encode_tags(data.aliases).decode()
                     upsert_rows.append(
-                        (cid, version, data.title, data.type, data.status, tags, data.text)
-                    )
+                        (cid, version, data.title, data.type, data.status, tags, data.text,
+                         aliases)
+                    )  # fmt: skip
                     if rid is not None:
                         fts_delete.append((rid,))
                     fts_insert.append((cid,))
@@ -801,14 +836,14 @@ class Store:
             gid = conn.execute("SELECT coalesce(max(gid), 0) FROM log").fetchone()[0]
             kbs = conn.execute("SELECT kid, name, seq FROM kb WHERE seq > 0").fetchall()
             rows = conn.execute(
-                "SELECT kid, id, version, title, type, status, tags, text FROM concept"
+                "SELECT kid, id, version, title, type, status, tags, text, aliases FROM concept"
             ).fetchall()
             link_rows = conn.execute("SELECT kid, src, dst FROM link").fetchall()
         links: dict[tuple[int, str], list[str]] = {}
         for kid, src, dst in link_rows:
             links.setdefault((kid, src), []).append(dst)
         concepts: dict[int, list[ConceptState]] = {}
-        for kid, cid, version, title, ctype, status, tags, text in rows:
+        for kid, cid, version, title, ctype, status, tags, text, aliases in rows:
             concepts.setdefault(kid, []).append(
                 ConceptState(
                     id=cid,
@@ -819,6 +854,7 @@ class Store:
                     tags=_tags_decoder.decode(tags),
                     text=text,
                     links=sorted(links.get((kid, cid), ())),
+                    aliases=_tags_decoder.decode(aliases),
                 )
             )
         return StoreSnapshot(
@@ -836,7 +872,7 @@ class Store:
         return 0 if row is None else row[1]
 
     def fts_search(self, kb: str, terms: list[str], limit: int) -> list[tuple[str, float]]:
-        """(id, -bm25(title 10, text 1)) from the KB's FTS5 index, best first (an oracle).
+        """(id, -bm25(title 10, aliases 10, text 1)) from the KB's FTS5 index, best first (an oracle).
 
         Ties break by id. Every term is quoted, so no search syntax is ever interpreted.
         """
@@ -849,7 +885,7 @@ class Store:
                 return []
             fts = fts_table(row[0])
             rows = conn.execute(
-                f"SELECT c.id, -bm25({fts}, 10.0, 1.0) AS score FROM {fts}"
+                f"SELECT c.id, -bm25({fts}, {FTS_WEIGHTS}) AS score FROM {fts}"
                 f" JOIN concept AS c ON c.rid = {fts}.rowid"
                 f" WHERE {fts} MATCH ? ORDER BY score DESC, c.id LIMIT ?",
                 (fts_match(terms), limit),

@@ -209,6 +209,7 @@ class SearchResponse(msgspec.Struct):
 class ConceptResponse(msgspec.Struct):
     id: str
     title: str
+    aliases: list[str]
     type: str
     status: str
     tags: list[str]
@@ -377,6 +378,7 @@ def concept(snap: Snapshot, view: View, concept_id: str) -> ConceptResponse:
     return ConceptResponse(
         id=concept_id,
         title=snap.titles[node],
+        aliases=list(snap.aliases[node]),
         type=snap.types[node],
         status=snap.statuses[node],
         tags=list(snap.tags[node]),

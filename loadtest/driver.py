@@ -268,6 +268,7 @@ class Model:
                 concept.exists = True
                 concept.fields = {
                     "title": data.get("title", ""),
+                    "aliases": list(data.get("aliases", [])),
                     "type": data.get("type", ""),
                     "status": data.get("status", ""),
                     "tags": list(data.get("tags", [])),

@@ -156,8 +156,9 @@ def _apply_state(state: dict[str, ConceptState], e: Event) -> None:
     if isinstance(e, ConceptUpserted):
         d = e.data
         state[s] = ConceptState(
-            s, d.version, d.title, d.type, d.status, list(d.tags), d.text, sorted(set(d.links))
-        )
+            s, d.version, d.title, d.type, d.status, list(d.tags), d.text, sorted(set(d.links)),
+            list(d.aliases),
+        )  # fmt: skip
     elif isinstance(e, ConceptDeleted):
         state.pop(s, None)
     else:
@@ -168,5 +169,5 @@ def _apply_state(state: dict[str, ConceptState], e: Event) -> None:
         else:
             links.discard(e.data.target)
         state[s] = ConceptState(
-            s, e.data.version, c.title, c.type, c.status, c.tags, c.text, sorted(links)
+            s, e.data.version, c.title, c.type, c.status, c.tags, c.text, sorted(links), c.aliases
         )

@@ -40,8 +40,8 @@ def test_model_applies_the_contract_rules() -> None:
         "accepted": 3, "applied": 2, "duplicates": 0, "stale": 0, "ignored": 1,
     }  # fmt: skip
     assert model.expected("a/x") == {
-        "id": "a/x", "title": "X", "type": "", "status": "", "tags": [], "text": "",
-        "version": 2, "links": ["a/y"], "backlinks": [],
+        "id": "a/x", "title": "X", "aliases": [], "type": "", "status": "", "tags": [],
+        "text": "", "version": 2, "links": ["a/y"], "backlinks": [],
     }  # fmt: skip
     assert model.expected("a/y")["backlinks"] == ["a/x"]  # type: ignore[index]
     again = model.apply([ev("concept.upserted", "a/x", 9, "1", title="dup")])

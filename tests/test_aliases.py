@@ -1,0 +1,121 @@
+"""``aliases`` (SPEC sections 1 and 2): decoded with bounds, stored, migrated, searched like
+the title, and returned by ``GET concepts/{id}``."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+from kbgraph.events import (
+    MAX_ALIAS_CHARS,
+    MAX_ALIASES,
+    ConceptUpserted,
+    DeliveryError,
+    UpsertData,
+    decode_delivery,
+)
+from kbgraph.projection import KBProjection
+from kbgraph.store import Store
+
+
+def upsert(subject: str, version: int = 1, **data: object) -> ConceptUpserted:
+    return ConceptUpserted(
+        specversion="1.0",
+        id=f"{subject}-{version}",
+        source="test://aliases",
+        subject=subject,
+        data=UpsertData(version=version, **data),  # type: ignore[arg-type]
+    )
+
+
+def body(aliases: object) -> bytes:
+    return msgspec.json.encode(
+        {
+            "specversion": "1.0",
+            "id": "1",
+            "source": "s",
+            "type": "concept.upserted",
+            "subject": "a",
+            "data": {"version": 1, "aliases": aliases},
+        }
+    )
+
+
+def test_aliases_decode_within_bounds() -> None:
+    (event,) = decode_delivery(body(["Pi-hole", "x" * MAX_ALIAS_CHARS]), "application/json")
+    assert event.data.aliases == ["Pi-hole", "x" * MAX_ALIAS_CHARS]
+    (plain,) = decode_delivery(body([]), "application/json")
+    assert plain.data.aliases == []
+
+
+@pytest.mark.parametrize(
+    ("aliases", "where"),
+    [
+        (["a"] * (MAX_ALIASES + 1), "event.data.aliases: Expected `array` of length <= 64"),
+        (["x" * (MAX_ALIAS_CHARS + 1)], "event.data.aliases[0]: Expected `str` of length <= 1024"),
+        ("one", "event.data.aliases: Expected `array`, got `str`"),
+        ([1], "event.data.aliases[0]: Expected `str`, got `int`"),
+    ],
+)
+def test_aliases_out_of_bounds_are_422_naming_the_field(aliases: object, where: str) -> None:
+    with pytest.raises(DeliveryError) as info:
+        decode_delivery(body(aliases), "application/json")
+    assert info.value.status == 422
+    assert info.value.message == where.replace("`", "")
+
+
+def test_aliases_are_stored_and_searched_like_the_title(tmp_path: Path) -> None:
+    with Store(tmp_path / "kb.db") as store:
+        store.append("kb", [upsert("dns", title="DNS", aliases=["Pi-hole", "sinkhole\nresolver"])])
+        store.append("kb", [upsert("other", title="Other", text="pihole sinkhole sinkhole")])
+        (dns, other) = store.load().kbs["kb"].concepts
+        assert dns.aliases == ["Pi-hole", "sinkhole\nresolver"] and other.aliases == []
+        hits = store.fts_search("kb", ["sinkhole"], 5)
+        assert [cid for cid, _ in hits] == ["dns", "other"]  # alias weight 10 beats text 2
+        assert [cid for cid, _ in store.fts_search("kb", ["resolver"], 5)] == ["dns"]
+        # the in-memory index agrees with the store's FTS5 index
+        projection = KBProjection("kb")
+        projection.build(store.load().kbs["kb"])
+        with projection.read() as snap:
+            mask = np.ones(len(snap.ids), np.uint8)
+            nodes, scores = snap.index.search("sinkhole", mask)
+            ours = {snap.ids[n]: s for n, s in zip(nodes.tolist(), scores.tolist(), strict=True)}
+        assert ours == pytest.approx(dict(hits), rel=1e-9)
+        # a re-upsert without aliases clears them, in the state and in the index
+        store.append("kb", [upsert("dns", 2, title="DNS")])
+        assert store.load().kbs["kb"].concepts[0].aliases == []
+        assert store.fts_search("kb", ["resolver"], 5) == []
+
+
+def test_schema_1_store_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        """
+        CREATE TABLE kb (kid INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE,
+                         seq INTEGER NOT NULL DEFAULT 0);
+        CREATE TABLE concept (rid INTEGER PRIMARY KEY, kid INTEGER NOT NULL, id TEXT NOT NULL,
+            version INTEGER NOT NULL, title TEXT NOT NULL, type TEXT NOT NULL,
+            status TEXT NOT NULL, tags TEXT NOT NULL, text TEXT NOT NULL, UNIQUE (kid, id));
+        CREATE VIRTUAL TABLE fts_1 USING fts5(title, text,
+            tokenize = 'unicode61 remove_diacritics 2');
+        INSERT INTO kb VALUES (1, 'kb', 1);
+        INSERT INTO concept VALUES (1, 1, 'a', 1, 'Router', '', '', '[]', 'old text');
+        INSERT INTO fts_1 (rowid, title, text) VALUES (1, 'Router', 'old text');
+        PRAGMA user_version = 1;
+        """
+    )
+    conn.close()
+    with Store(path) as store:
+        (a,) = store.load().kbs["kb"].concepts
+        assert (a.title, a.aliases, a.text) == ("Router", [], "old text")
+        assert [cid for cid, _ in store.fts_search("kb", ["router"], 5)] == ["a"]
+        store.append("kb", [upsert("a", 2, title="Router", aliases=["Gateway"])])
+        assert [cid for cid, _ in store.fts_search("kb", ["gateway"], 5)] == ["a"]
+    with Store(path) as store:  # reopening a migrated file changes nothing
+        assert store.load().kbs["kb"].concepts[0].aliases == ["Gateway"]
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
