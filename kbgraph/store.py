@@ -872,7 +872,7 @@ class Store:
         return 0 if row is None else row[1]
 
     def fts_search(self, kb: str, terms: list[str], limit: int) -> list[tuple[str, float]]:
-        """(id, -bm25(title 10, aliases 10, text 1)) from the KB's FTS5 index, best first (an oracle).
+        """(id, -bm25(title 10, aliases 10, text 1)) from the KB's FTS5 index, best first.
 
         Ties break by id. Every term is quoted, so no search syntax is ever interpreted.
         """
