@@ -1,5 +1,6 @@
 """The command line: ``kbgraph serve``, ``kbgraph mcp`` (stdio) and the one-command ``kbgraph
-demo`` (SPEC sections 5 and 6).
+demo`` (SPEC sections 5 and 6); ``kbgraph import`` and ``kbgraph sync`` live in
+``kbgraph.vault.command`` (section 7).
 
 ``serve`` checks the config before anything starts (a wrong config exits 2 with a message
 naming the key) and refuses, also with exit 2, to run with authentication off — no webhook
@@ -356,6 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=8080)
     demo.add_argument("--size", type=int, default=1000)
     demo.set_defaults(func=cmd_demo)
+
+    from kbgraph.vault.command import add_commands
+
+    add_commands(sub)
 
     for command in (serve, demo):
         command.add_argument(

@@ -1,0 +1,118 @@
+"""``kbgraph import DIR --kb KB`` and ``kbgraph sync DIR --kb KB [--watch]`` (SPEC section 7).
+
+Both send only what changed since the last run (the manifest, see ``manifest``); ``import``
+is ``sync`` without ``--watch``. The destination is the local store of ``--config FILE``
+(through ``Store.append``, the webhook's own path) or a remote kbgraph at ``--url URL`` by
+signed webhook, the secret read from ``KBGRAPH_WEBHOOK_SECRET``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Final
+
+from kbgraph.names import is_kb_name
+from kbgraph.vault.manifest import Manifest
+from kbgraph.vault.sinks import SECRET_ENV, LocalSink, Sink, SyncError, WebhookSink
+from kbgraph.vault.sync import SyncReport, sync_once, watch
+
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+PROGRESS_MIN: Final = 200  # show progress when a run sends at least this many notes
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    for name, text in (
+        ("import", "load a folder of markdown notes (an Obsidian vault) into a KB"),
+        ("sync", "send a folder's changes since the last run; --watch keeps it current"),
+    ):
+        command = sub.add_parser(name, help=text, description=text)
+        command.add_argument("dir", metavar="DIR", help="the vault folder")
+        command.add_argument("--kb", required=True, help="the KB to write into")
+        where = command.add_mutually_exclusive_group(required=True)
+        where.add_argument("--config", help="the TOML config of the local store to write into")
+        where.add_argument("--url", help=f"a remote kbgraph's base URL (secret from ${SECRET_ENV})")
+        command.add_argument(
+            "--retries", type=int, default=5, help="retries of a failed delivery (--url)"
+        )
+        command.add_argument("--quiet", action="store_true", help="print only problems")
+        if name == "sync":
+            command.add_argument("--watch", action="store_true", help="keep syncing on changes")
+        command.set_defaults(func=run_command, watch=False)
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> int:
+    print(f"kbgraph: {message}", file=sys.stderr)
+    return code
+
+
+def open_sink(args: argparse.Namespace) -> Sink | str:
+    """The destination of ``args``, or why there is none."""
+    if args.url:
+        if not args.url.startswith(("http://", "https://")):
+            return f"--url {args.url!r}: expected an http:// or https:// URL"
+        return WebhookSink(args.url, os.environ.get(SECRET_ENV), attempts=args.retries + 1)
+    from kbgraph.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        return f"config {args.config}: {exc}"
+    return LocalSink(config.store.path)
+
+
+def run_command(args: argparse.Namespace, stop_event: threading.Event | None = None) -> int:
+    root = Path(args.dir)
+    if not root.exists():
+        return _fail(f"{args.dir}: no such folder")
+    if not root.is_dir():
+        return _fail(f"{args.dir}: not a folder")
+    if not is_kb_name(args.kb):
+        return _fail(f"--kb {args.kb!r}: expected a KB name matching [a-z0-9][a-z0-9_-]{{0,63}}")
+    if args.retries < 0:
+        return _fail("--retries: expected at least 0")
+    sink = open_sink(args)
+    if isinstance(sink, str):
+        return _fail(sink)
+    try:
+        with Manifest.for_vault(root) as manifest:
+            code = _run(root, args, sink, manifest)
+            if code == 0 and args.watch:
+                print(f"watching {root} (Ctrl-C stops)", file=sys.stderr)
+                watch(
+                    root,
+                    lambda: _run(root, args, sink, manifest),
+                    lambda exc: print(f"kbgraph: {exc}", file=sys.stderr),
+                    stop_event,
+                )
+            return code
+    finally:
+        sink.close()
+
+
+def _run(root: Path, args: argparse.Namespace, sink: Sink, manifest: Manifest) -> int:
+    show = not args.quiet and sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        if show and total >= PROGRESS_MIN:
+            end = "\n" if done == total else ""
+            print(f"\r  sent {done:,} of {total:,}", end=end, file=sys.stderr, flush=True)
+
+    try:
+        report = sync_once(root, args.kb, sink, manifest, progress)
+    except SyncError as exc:  # reported; under --watch the next change tries again
+        return _fail(str(exc), EXIT_FAILED)
+    _print(report, args.quiet)
+    return 0
+
+
+def _print(report: SyncReport, quiet: bool) -> None:
+    text = report.summary()
+    if quiet:
+        text = "\n".join(line for line in text.splitlines()[1:])
+    if text:
+        print(text, file=sys.stderr if quiet else sys.stdout)

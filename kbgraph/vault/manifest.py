@@ -1,0 +1,107 @@
+"""What sync sent where: a small SQLite file, durable before anything it vouches for is sent.
+
+Kept in the vault's own ``.kbgraph/manifest.sqlite`` (a dot folder, so never read as notes),
+per destination (the local store's file, or the remote URL) and KB:
+
+- ``sent``: id -> (digest of the concept state sent, version sent), written after the
+  destination acknowledged the delivery;
+- ``clock``: the highest version handed out. Versions are reserved here, and this commit is
+  fsynced, BEFORE a delivery is sent, and a reservation starts at least at the wall clock in
+  microseconds: so versions only grow, across a crash mid-sync and even when the manifest is
+  lost (as long as the clock does not go back).
+
+A crash after a send and before its record only means the next run sends those notes again
+with higher versions: the same state applied once more, nothing lost, nothing resurrected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+MANIFEST_DIR: Final = ".kbgraph"
+MANIFEST_FILE: Final = "manifest.sqlite"
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS sent (
+    dest TEXT NOT NULL, kb TEXT NOT NULL, id TEXT NOT NULL,
+    digest TEXT NOT NULL, version INTEGER NOT NULL,
+    PRIMARY KEY (dest, kb, id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS clock (
+    dest TEXT NOT NULL, kb TEXT NOT NULL, version INTEGER NOT NULL,
+    PRIMARY KEY (dest, kb)
+) WITHOUT ROWID;
+"""
+
+
+class Manifest:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._conn = sqlite3.connect(str(path), isolation_level=None, timeout=30)
+        self._conn.execute("PRAGMA journal_mode = WAL")
+        self._conn.execute("PRAGMA synchronous = FULL")
+        self._conn.executescript(_SCHEMA)
+
+    @classmethod
+    def for_vault(cls, root: Path) -> Manifest:
+        return cls(root / MANIFEST_DIR / MANIFEST_FILE)
+
+    def sent(self, dest: str, kb: str) -> dict[str, tuple[str, int]]:
+        rows = self._conn.execute(
+            "SELECT id, digest, version FROM sent WHERE dest = ? AND kb = ?", (dest, kb)
+        )
+        return {cid: (digest, version) for cid, digest, version in rows}
+
+    def reserve(self, dest: str, kb: str, count: int) -> int:
+        """The first of ``count`` fresh versions, durably handed out before it is used."""
+        now = time.time_ns() // 1000
+        with self._transaction():
+            row = self._conn.execute(
+                "SELECT version FROM clock WHERE dest = ? AND kb = ?", (dest, kb)
+            ).fetchone()
+            first = max(0 if row is None else row[0], now) + 1
+            self._conn.execute(
+                "INSERT OR REPLACE INTO clock (dest, kb, version) VALUES (?, ?, ?)",
+                (dest, kb, first + count - 1),
+            )
+        return first
+
+    def record(
+        self, dest: str, kb: str, upserted: list[tuple[str, str, int]], deleted: list[str]
+    ) -> None:
+        """Remember an acknowledged delivery: (id, digest, version) upserted, ids deleted."""
+        with self._transaction():
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO sent (dest, kb, id, digest, version)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [(dest, kb, cid, digest, version) for cid, digest, version in upserted],
+            )
+            self._conn.executemany(
+                "DELETE FROM sent WHERE dest = ? AND kb = ? AND id = ?",
+                [(dest, kb, cid) for cid in deleted],
+            )
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Manifest:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,117 @@
+"""One note's markdown, parsed with markdown-it-py: front matter, links, embeds, inline tags.
+
+Nothing is found by a regex over the raw note. markdown-it-py splits the note into blocks and
+inline tokens; code blocks, fenced code, inline code and raw HTML never reach the inline text
+we read, so link-like text inside them yields nothing. Wikilinks are an inline rule of the
+parser (``[[t]]``, ``[[t|label]]``, ``[[t#heading]]``, ``[[t#^block]]``, ``![[t]]``), markdown
+links come from its ``link_open`` tokens, front matter from mdit-py-plugins' front_matter
+plugin read by PyYAML's ``safe_load``, and ``#tags`` from the text tokens only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from markdown_it import MarkdownIt
+from markdown_it.rules_inline import StateInline
+from markdown_it.token import Token
+from mdit_py_plugins.front_matter import front_matter_plugin
+
+# Obsidian's inline tag: after a line start or whitespace, letters, digits, _ - /, not all digits.
+_TAG = re.compile(r"(?:(?<=\s)|^)#([\w/-]+)")
+
+
+@dataclass(frozen=True, slots=True)
+class LinkRef:
+    """A link as written: ``target`` without heading, block ref or label."""
+
+    target: str
+    markdown: bool = False  # a markdown link (a path, maybe percent-encoded) vs a wikilink
+    embed: bool = False
+
+
+@dataclass(slots=True)
+class ParsedNote:
+    front_matter: dict[str, Any]
+    body: str
+    links: list[LinkRef] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def _wikilink_rule(state: StateInline, silent: bool) -> bool:
+    """``[[...]]`` or ``![[...]]`` on one line: one ``wikilink`` token, target in ``meta``."""
+    src, pos = state.src, state.pos
+    embed = src.startswith("![[", pos)
+    if not embed and not src.startswith("[[", pos):
+        return False
+    start = pos + (3 if embed else 2)
+    end = src.find("]]", start)
+    if end < 0:
+        return False
+    inner = src[start:end]
+    if "\n" in inner or "[[" in inner:
+        return False
+    if not silent:
+        token = state.push("wikilink", "", 0)
+        # in a table cell the label's pipe is escaped: [[target\|label]]
+        target = inner.replace("\\|", "|").split("|", 1)[0]
+        token.meta = {"target": target.split("#", 1)[0], "embed": embed}
+        token.content = inner
+    state.pos = end + 2
+    return True
+
+
+def _parser() -> MarkdownIt:
+    md = MarkdownIt("commonmark").enable("table").enable("strikethrough")
+    md.use(front_matter_plugin)
+    md.inline.ruler.before("link", "wikilink", _wikilink_rule)
+    return md
+
+
+_MD = _parser()
+
+
+def parse(source: str) -> ParsedNote:
+    """Parse one note. Never raises on bad markdown or YAML: problems are listed instead."""
+    tokens = _MD.parse(source)
+    note = ParsedNote(front_matter={}, body=source)
+    if tokens and tokens[0].type == "front_matter":
+        fm = tokens[0]
+        note.body = "".join(source.splitlines(keepends=True)[fm.map[1] :]) if fm.map else ""
+        try:
+            loaded = yaml.safe_load(fm.content) if fm.content.strip() else {}
+        except yaml.YAMLError as exc:
+            note.problems.append(f"front matter is not valid YAML ({_first_line(exc)})")
+            loaded = {}
+        if isinstance(loaded, dict):
+            note.front_matter = {str(k): v for k, v in loaded.items()}
+        elif loaded is not None:
+            note.problems.append("front matter is not a mapping")
+    for token in tokens:
+        if token.type == "inline" and token.children:
+            _read_inline(token.children, note)
+    return note
+
+
+def _read_inline(children: list[Token], note: ParsedNote) -> None:
+    for child in children:
+        if child.type == "wikilink":
+            note.links.append(LinkRef(child.meta["target"], embed=child.meta["embed"]))
+        elif child.type == "link_open":
+            href = child.attrGet("href")
+            if isinstance(href, str):
+                note.links.append(LinkRef(href, markdown=True))
+        elif child.type == "image":
+            src = child.attrGet("src")
+            if isinstance(src, str):
+                note.links.append(LinkRef(src, markdown=True, embed=True))
+        elif child.type == "text":
+            note.tags.extend(tag for tag in _TAG.findall(child.content) if not tag.isdigit())
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

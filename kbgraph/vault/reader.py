@@ -1,0 +1,173 @@
+"""A folder of markdown notes read into concept states (SPEC section 7).
+
+- A note is a ``.md`` file; its id is its path relative to the folder without ``.md``, in NFC
+  (so an NFD file name from macOS gives the same id). A path that breaks the id rules, or
+  whose id another file already took (NFC and NFD twins), is reported and skipped.
+- Skipped without a word: dot files and dot folders (``.obsidian/``, ``.trash/``, ``.git/``,
+  ``.kbgraph/``, editors' ``.#x.md`` and ``.x.md.swp``), and files not ending in ``.md``
+  (``x.md~`` backups included), which are attachments for link resolution.
+- title: front-matter ``title``, else the file name; ``aliases`` (``alias``), ``tags``
+  (``tag``; a list, or a string split on commas and spaces; a leading ``#`` dropped) plus the
+  inline ``#tags`` outside code; ``type``; ``status`` (one of SPEC's, else reported and left
+  empty); text: the body without the front matter.
+- A file that cannot be read (vanished, no permission, not UTF-8) is reported as unreadable:
+  sync leaves what it sent for it alone, it is not a deletion.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, get_args
+
+import msgspec
+
+from kbgraph.events import MAX_ALIAS_CHARS, MAX_ALIASES, MAX_TEXT_BYTES, Status, UpsertData
+from kbgraph.names import concept_id_problem
+from kbgraph.vault.markdown import parse
+from kbgraph.vault.resolve import Resolver
+
+STATUSES: Final = frozenset(get_args(Status))
+_hash_encoder = msgspec.msgpack.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class NoteState:
+    """One note as a concept: its data without a version, and the hash of that data."""
+
+    id: str
+    path: str  # relative to the vault, as on disk
+    data: UpsertData  # version 0; the sender sets the real one
+    digest: str
+    unresolved: int
+
+
+@dataclass(slots=True)
+class VaultRead:
+    notes: dict[str, NoteState] = field(default_factory=dict)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why), not sent
+    unreadable: set[str] = field(default_factory=set)  # ids whose file could not be read
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # (path, what), still sent
+    attachments: int = 0
+
+    @property
+    def links(self) -> int:
+        return sum(len(note.data.links) for note in self.notes.values())
+
+    @property
+    def unresolved(self) -> int:
+        return sum(note.unresolved for note in self.notes.values())
+
+
+def is_ignored(relative: str) -> bool:
+    """Dot files and anything under a dot folder (``.obsidian``, ``.trash``, ``.kbgraph``)."""
+    return any(part.startswith(".") for part in relative.split("/"))
+
+
+def walk(root: Path) -> tuple[list[str], list[str]]:
+    """(markdown paths, other file paths) under ``root``, relative, ``/``-separated, sorted."""
+    notes: list[str] = []
+    files: list[str] = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        base = Path(folder).relative_to(root).as_posix()
+        for name in names:
+            if name.startswith("."):
+                continue
+            relative = name if base == "." else f"{base}/{name}"
+            (notes if name.endswith(".md") else files).append(relative)
+    return sorted(notes), sorted(files)
+
+
+def read_vault(root: Path) -> VaultRead:
+    """Every note of the vault at ``root`` as a concept state, links resolved."""
+    paths, files = walk(root)
+    out = VaultRead()
+    ids: dict[str, str] = {}  # id -> path
+    for path in paths:
+        nid = unicodedata.normalize("NFC", path[:-3])
+        problem = concept_id_problem(nid)
+        if problem:
+            out.skipped.append((path, problem.replace("concept id", "id from path")))
+        elif nid in ids:
+            out.skipped.append((path, f"same id {nid!r} as {ids[nid]!r} (NFC/NFD twins)"))
+        else:
+            ids[nid] = path
+    resolver = Resolver(ids, [unicodedata.normalize("NFC", f) for f in files])
+    for nid, path in ids.items():
+        try:
+            source = (root / path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            out.skipped.append((path, f"unreadable: {exc.__class__.__name__}"))
+            out.unreadable.add(nid)
+            continue
+        note = _note(nid, path, source, resolver, out)
+        if note is not None:
+            out.notes[nid] = note
+    return out
+
+
+def _note(nid: str, path: str, source: str, resolver: Resolver, out: VaultRead) -> NoteState | None:
+    parsed = parse(source.removeprefix("\ufeff"))
+    warn = out.warnings.append
+    for problem in parsed.problems:
+        warn((path, problem))
+    fm = parsed.front_matter
+    if len(parsed.body) > MAX_TEXT_BYTES // 4 and len(parsed.body.encode()) > MAX_TEXT_BYTES:
+        out.skipped.append((path, "text longer than 1 MiB"))
+        return None
+    status = _scalar(fm.get("status"))
+    if status not in STATUSES:
+        warn((path, f"status {status!r} is not one of {', '.join(sorted(STATUSES - {''}))}"))
+        status = ""
+    aliases = _strings(fm.get("aliases", fm.get("alias")), split_spaces=False)
+    if len(aliases) > MAX_ALIASES or any(len(a) > MAX_ALIAS_CHARS for a in aliases):
+        warn((path, f"aliases cut to {MAX_ALIASES} of at most {MAX_ALIAS_CHARS} characters"))
+        aliases = [a[:MAX_ALIAS_CHARS] for a in aliases[:MAX_ALIASES]]
+    tags = _strings(fm.get("tags", fm.get("tag")), split_spaces=True) + parsed.tags
+    links: dict[str, None] = {}
+    unresolved = 0
+    for ref in parsed.links:
+        found = resolver.resolve(ref, nid)
+        if found.attachment or found.target is None:
+            out.attachments += found.attachment
+            if found.problem:
+                warn((path, f"link {ref.target!r} dropped: {found.problem}"))
+            continue
+        if found.target != nid:
+            links.setdefault(found.target, None)
+            unresolved += not found.resolved
+    data = UpsertData(
+        version=0,
+        title=_scalar(fm.get("title")) or path.rsplit("/", 1)[-1][:-3],
+        aliases=aliases,
+        type=_scalar(fm.get("type")),
+        status=status,  # type: ignore[arg-type]
+        tags=list(dict.fromkeys(tag.lstrip("#") for tag in tags if tag.lstrip("#"))),
+        text=parsed.body,
+        links=list(links),
+    )
+    digest = hashlib.sha256(_hash_encoder.encode(data)).hexdigest()
+    return NoteState(nid, path, data, digest, unresolved)
+
+
+def _scalar(value: Any) -> str:
+    """A front-matter scalar as text (numbers and dates too); lists and mappings give ""."""
+    if value is None or isinstance(value, (list, dict)):
+        return ""
+    return str(value).strip()
+
+
+def _strings(value: Any, *, split_spaces: bool) -> list[str]:
+    """A front-matter list, or a string of comma (and for tags space) separated items."""
+    if value is None:
+        return []
+    items = value if isinstance(value, list) else str(value).split(",")
+    out: list[str] = []
+    for item in items:
+        text = _scalar(item)
+        out.extend(text.split() if split_spaces else [text] if text else [])
+    return [unicodedata.normalize("NFC", item) for item in out if item]

@@ -1,0 +1,175 @@
+"""Sync a vault into a destination: send only what changed since the manifest's record.
+
+One run: read the vault (``reader``), compare each note's digest with what the manifest says
+was sent, and send deletes (a note gone, or renamed away) and upserts (new or changed), in
+deliveries of at most ``BATCH_EVENTS`` events and about ``BATCH_BYTES`` bytes. Per delivery:
+reserve its versions in the manifest (durable), send, record. Event ids are derived from
+(kb, path, version, digest), so a delivery re-sent after a lost answer is all duplicates.
+
+A note's digest covers its whole concept state, resolved links included: a new note that
+changes how another note's ``[[name]]`` resolves re-sends that other note too, so the state
+after any sequence of syncs equals a fresh import of the final folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from kbgraph.events import ConceptDeleted, ConceptUpserted, DeleteData, Event
+from kbgraph.vault.manifest import Manifest
+from kbgraph.vault.reader import NoteState, VaultRead, is_ignored, read_vault
+from kbgraph.vault.sinks import Sink
+
+SOURCE: Final = "kbgraph-vault"
+BATCH_EVENTS: Final = 500
+BATCH_BYTES: Final = 4 << 20
+WATCH_DEBOUNCE_MS: Final = 1600  # the longest burst one save is grouped over
+WATCH_STEP_MS: Final = 100  # a quiet gap this long ends a burst
+
+
+@dataclass(slots=True)
+class SyncReport:
+    read: VaultRead
+    upserted: int = 0
+    deleted: int = 0
+    unchanged: int = 0
+    results: list[tuple[int, int, int]] = field(default_factory=list)  # applied, dup, stale
+
+    def summary(self) -> str:
+        r = self.read
+        lines = [
+            f"{len(r.notes)} notes, {r.links} links ({r.unresolved} unresolved), "
+            f"{r.attachments} attachment links; sent {self.upserted} upserts and "
+            f"{self.deleted} deletes, {self.unchanged} notes unchanged"
+        ]
+        lines += [f"skipped {path}: {why}" for path, why in r.skipped]
+        lines += [f"warning {path}: {what}" for path, what in r.warnings]
+        return "\n".join(lines)
+
+
+def event_id(kb: str, path: str, version: int, digest: str) -> str:
+    key = f"{kb}\0{path}\0{version}\0{digest}".encode()
+    return hashlib.sha256(key).hexdigest()[:40]
+
+
+def sync_once(
+    root: Path,
+    kb: str,
+    sink: Sink,
+    manifest: Manifest,
+    progress: Callable[[int, int], None] | None = None,
+) -> SyncReport:
+    """One pass: read the vault, send what changed, record it. Raises SyncError on refusal."""
+    read = read_vault(root)
+    report = SyncReport(read)
+    sent = manifest.sent(sink.dest, kb)
+    # gone from the folder (and not merely unreadable right now): deleted
+    deletes = sorted(cid for cid in sent if cid not in read.notes and cid not in read.unreadable)
+    changed = [n for cid, n in sorted(read.notes.items()) if sent.get(cid, ("",))[0] != n.digest]
+    report.unchanged = len(read.notes) - len(changed)
+    work: list[str | NoteState] = [*deletes, *changed]
+    done = 0
+    for batch in _batches(work):
+        first = manifest.reserve(sink.dest, kb, len(batch))
+        events: list[Event] = []
+        upserted: list[tuple[str, str, int]] = []
+        deleted: list[str] = []
+        for offset, item in enumerate(batch):
+            version = first + offset
+            if isinstance(item, str):
+                events.append(_deleted(kb, item, version))
+                deleted.append(item)
+            else:
+                events.append(_upserted(kb, item, version))
+                upserted.append((item.id, item.digest, version))
+        result = sink.send(kb, events)
+        manifest.record(sink.dest, kb, upserted, deleted)
+        report.upserted += len(upserted)
+        report.deleted += len(deleted)
+        report.results.append((result.applied, result.duplicates, result.stale))
+        done += len(batch)
+        if progress is not None:
+            progress(done, len(work))
+    return report
+
+
+def _batches(work: list[str | NoteState]) -> list[list[str | NoteState]]:
+    batches: list[list[str | NoteState]] = []
+    current: list[str | NoteState] = []
+    size = 0
+    for item in work:
+        weight = 200 if isinstance(item, str) else 400 + 2 * len(item.data.text)
+        if current and (len(current) >= BATCH_EVENTS or size + weight > BATCH_BYTES):
+            batches.append(current)
+            current, size = [], 0
+        current.append(item)
+        size += weight
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _upserted(kb: str, note: NoteState, version: int) -> ConceptUpserted:
+    return ConceptUpserted(
+        specversion="1.0",
+        id=event_id(kb, note.path, version, note.digest),
+        source=SOURCE,
+        subject=note.id,
+        data=msgspec.structs.replace(note.data, version=version),
+    )
+
+
+def _deleted(kb: str, concept_id: str, version: int) -> ConceptDeleted:
+    return ConceptDeleted(
+        specversion="1.0",
+        id=event_id(kb, concept_id, version, "deleted"),
+        source=SOURCE,
+        subject=concept_id,
+        data=DeleteData(version=version),
+    )
+
+
+def watch(
+    root: Path,
+    run: Callable[[], object],
+    on_error: Callable[[Exception], None],
+    stop_event: threading.Event | None = None,
+) -> None:
+    """Run ``run`` after every burst of changes under ``root`` until ``stop_event`` is set.
+
+    watchfiles groups a burst (an editor's temp file + rename, several writes) into one
+    batch: it waits until nothing changed for ``WATCH_STEP_MS``, at most ``WATCH_DEBOUNCE_MS``.
+    Every run re-reads the vault, so a half-written note read now is sent again once its last
+    write lands. An error is reported and watching goes on.
+    """
+    import watchfiles
+
+    resolved = root.resolve()
+
+    def relevant(_change: watchfiles.Change, path: str) -> bool:
+        try:
+            relative = Path(path).resolve().relative_to(resolved).as_posix()
+        except ValueError:
+            return False
+        return not is_ignored(relative)
+
+    for _changes in watchfiles.watch(
+        root,
+        watch_filter=relevant,
+        debounce=WATCH_DEBOUNCE_MS,
+        step=WATCH_STEP_MS,
+        stop_event=stop_event,
+        rust_timeout=500,
+        raise_interrupt=False,
+    ):
+        try:
+            run()
+        except Exception as exc:
+            on_error(exc)
