@@ -142,7 +142,7 @@ def _note(nid: str, path: str, source: str, resolver: Resolver, out: VaultRead) 
             unresolved += not found.resolved
     data = UpsertData(
         version=0,
-        title=_scalar(fm.get("title")) or path.rsplit("/", 1)[-1][:-3],
+        title=_scalar(fm.get("title")) or nid.rsplit("/", 1)[-1],
         aliases=aliases,
         type=_scalar(fm.get("type")),
         status=status,  # type: ignore[arg-type]

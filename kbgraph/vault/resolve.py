@@ -5,7 +5,8 @@ A wikilink target (or a markdown link's decoded path) names, in this order:
    ignored);
 2. else the unique note of that name: the notes whose path ends with the target (``note``
    matches ``a/note`` and ``b/c/note``; ``c/note`` only the second), case-insensitively;
-3. else, of several, the one with the shortest path (then the smallest path, by code point).
+3. else, of several, the one with the shortest path: the fewest folders deep, then the
+   smallest path by code point.
 Aliases are not link targets. A target naming a file that is not a note (an image, a pdf, a
 canvas: any non-``.md`` file of the vault, or a target with an attachment's extension) is an
 attachment, not a concept. Anything else is unresolved and kept as written, normalised like
@@ -54,7 +55,7 @@ class Resolver:
         self._notes = set(note_ids)
         self._folded: dict[str, list[str]] = {}
         self._by_name: dict[str, list[str]] = {}
-        for nid in sorted(self._notes, key=lambda n: (len(n), n)):  # shortest path first
+        for nid in sorted(self._notes, key=lambda n: (n.count("/"), n)):  # shortest path first
             self._folded.setdefault(_fold(nid), []).append(nid)
             self._by_name.setdefault(_fold(posixpath.basename(nid)), []).append(nid)
         self._files = {_fold(f) for f in files}

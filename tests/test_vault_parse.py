@@ -1,0 +1,181 @@
+"""The vault reader: markdown structure, front matter, every link form, Obsidian's resolution,
+attachments, ids from paths (NFC, bad paths skipped)."""
+
+from __future__ import annotations
+
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+from kbgraph.vault.markdown import LinkRef, parse
+from kbgraph.vault.reader import read_vault
+from kbgraph.vault.resolve import Resolver
+from tests.vault_files import write_vault
+
+
+def links_of(root: Path, note: str) -> list[str]:
+    return read_vault(root).notes[note].data.links
+
+
+def test_code_never_yields_links_tags_or_a_title(tmp_path: Path) -> None:
+    write_vault(tmp_path, {"Setup.md": (
+        "```bash\n# not a title\necho [[InFence]] #infence\n```\n\n"
+        "    [[Indented]] #indented\n\n"
+        "Run `[[Inline]]` and `#inline`, then see [[Real]] #real.\n"
+        "<div>[[InHtml]]</div>\n"
+    )})  # fmt: skip
+    note = read_vault(tmp_path).notes["Setup"]
+    assert note.data.title == "Setup"
+    assert note.data.links == ["Real"]
+    assert note.data.tags == ["real"]
+    assert "[[InFence]]" in note.data.text  # the body is kept whole for search
+
+
+def test_every_wikilink_form() -> None:
+    parsed = parse(
+        "[[a]] [[b|label]] [[c#Heading]] [[d#^block1]] ![[e]] ![[f|300]] [[g.md]] [[#local]]\n"
+        "\n| col | col |\n|---|---|\n| [[h\\|in a table]] | x |\n"
+    )
+    assert [(link.target, link.embed) for link in parsed.links] == [
+        ("a", False), ("b", False), ("c", False), ("d", False), ("e", True), ("f", True),
+        ("g.md", False), ("", False), ("h", False),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("front", "title", "aliases", "tags", "status", "warned"),
+    [
+        ("", "Note", [], [], "", False),
+        ("---\n---\n", "Note", [], [], "", False),
+        ("---\ntitle: Real Title\naliases: [One, Two]\ntags: [x, '#y']\nstatus: active\n---\n",
+         "Real Title", ["One", "Two"], ["x", "y"], "active", False),
+        ("---\ntitle: 2024\nalias: Solo, Other\ntags: a, b c\n---\n",
+         "2024", ["Solo", "Other"], ["a", "b", "c"], "", False),
+        ("---\ntag: '#single'\nstatus: wip\n---\n", "Note", [], ["single"], "", True),
+        ("---\ntitle: [unclosed\n---\n", "Note", [], [], "", True),
+        ("---\n- a list\n---\n", "Note", [], [], "", True),
+        ("---\ntitle:\naliases:\ntags:\n---\n", "Note", [], [], "", False),
+    ],
+)  # fmt: skip
+def test_front_matter_variants(
+    tmp_path: Path, front: str, title: str, aliases: list[str], tags: list[str], status: str,
+    warned: bool,
+) -> None:  # fmt: skip
+    write_vault(tmp_path, {"Note.md": front + "Body text.\n"})
+    read = read_vault(tmp_path)
+    data = read.notes["Note"].data
+    assert (data.title, data.aliases, data.tags, data.status) == (title, aliases, tags, status)
+    assert data.text == "Body text.\n"  # the body without the front matter
+    assert bool(read.warnings) == warned
+
+
+def test_type_and_inline_tags_join_front_matter_tags(tmp_path: Path) -> None:
+    write_vault(tmp_path, {"n.md": (
+        "---\ntype: Runbook\ntags: [ops]\n---\n## Restore #ops #wip\n"
+        "Text #net/vlan and #2024 and a#b and (#paren).\n"
+    )})  # fmt: skip
+    data = read_vault(tmp_path).notes["n"].data
+    assert data.type == "Runbook"
+    assert data.tags == ["ops", "wip", "net/vlan"]
+
+
+def test_markdown_links_relative_percent_encoded_and_urls(tmp_path: Path) -> None:
+    write_vault(tmp_path, {
+        "guides/start.md": (
+            "[up](../Top%20Note.md) [side](peer.md#part) [abs](/guides/deep/x.md) "
+            "[angle](<deep/x.md>) [web](https://example.com/a.md) [mail](mailto:a@b.c) "
+            "[pic](img.png) [new](new%20page.md)"
+        ),
+        "guides/peer.md": "",
+        "guides/deep/x.md": "",
+        "Top Note.md": "",
+    })  # fmt: skip
+    assert links_of(tmp_path, "guides/start") == [
+        "Top Note", "guides/peer", "guides/deep/x", "guides/new page",
+    ]  # fmt: skip
+
+
+def test_resolution_as_obsidian() -> None:
+    notes = ["Router", "a/b/x", "c/x", "net/Switch", "y/Switch", "z/deep/Switch", "Café"]
+    resolver = Resolver(notes, ["assets/diagram.PNG", "files/data.csv"])
+
+    def target(text: str, source: str = "Router") -> tuple[str | None, bool, bool]:
+        found = resolver.resolve(LinkRef(text), source)
+        return found.target, found.resolved, found.attachment
+
+    assert target("router") == ("Router", True, False)  # case-insensitive
+    assert target("x") == ("c/x", True, False)  # the shortest path of that name
+    assert target("b/x") == ("a/b/x", True, False)  # a path suffix
+    assert target("A/B/X") == ("a/b/x", True, False)  # the exact path, any case
+    assert target("switch") == ("net/Switch", True, False)  # shortest, then smallest path
+    assert target("Cafe\u0301") == ("Café", True, False)  # NFD target, NFC id
+    assert target("net/Switch.md") == ("net/Switch", True, False)
+    for attachment in ["diagram.png", "assets/diagram.png", "doc.pdf", "board.canvas", "data.csv"]:
+        assert target(attachment) == (None, True, True), attachment
+    assert target(" Not Yet.md ") == ("Not Yet", False, False)  # kept as written, normalised
+    assert target("v1.2 release") == ("v1.2 release", False, False)  # a dot is not an extension
+
+
+def test_aliases_are_not_link_targets(tmp_path: Path) -> None:
+    write_vault(tmp_path, {
+        "DNS.md": "---\naliases: [Pi-hole]\n---\n",
+        "Router.md": "[[Pi-hole]] [[dns]]",
+    })  # fmt: skip
+    read = read_vault(tmp_path)
+    assert read.notes["Router"].data.links == ["Pi-hole", "DNS"]
+    assert read.notes["Router"].unresolved == 1
+
+
+def test_attachments_are_not_concepts(tmp_path: Path) -> None:
+    write_vault(tmp_path, {
+        "n.md": "![[photo.jpg]] [[Board.canvas]] ![[scan.pdf]] [[notes.txt]] ![](img/x.png)",
+        "photo.jpg": b"\xff\xd8", "Board.canvas": "{}", "scan.pdf": b"%PDF", "notes.txt": "x",
+    })  # fmt: skip
+    read = read_vault(tmp_path)
+    assert set(read.notes) == {"n"}
+    assert read.notes["n"].data.links == []
+    assert read.attachments == 5
+
+
+def test_ignored_folders_and_editor_files(tmp_path: Path) -> None:
+    write_vault(tmp_path, {
+        "keep.md": "", ".obsidian/workspace.md": "", ".trash/old.md": "", ".hidden/x.md": "",
+        ".keep.md.swp": "", ".#keep.md": "", "keep.md~": "", "sub/.git/y.md": "",
+    })  # fmt: skip
+    assert set(read_vault(tmp_path).notes) == {"keep"}
+
+
+def test_nfd_file_names_become_nfc_ids_and_twins_are_skipped(tmp_path: Path) -> None:
+    nfd = unicodedata.normalize("NFD", "Café")
+    write_vault(tmp_path, {f"menu/{nfd}.md": "[[café]]", "links.md": "[[Café]]"})
+    read = read_vault(tmp_path)
+    assert set(read.notes) == {"menu/Café", "links"}
+    assert read.notes["links"].data.links == ["menu/Café"]
+    assert read.notes["menu/Café"].data.title == "Café"
+    write_vault(tmp_path, {"menu/Café.md": "twin"})  # the NFC spelling beside the NFD one
+    twins = read_vault(tmp_path)
+    assert len(twins.skipped) == 1 and "NFC/NFD twins" in twins.skipped[0][1]
+    assert "menu/Café" in twins.notes
+
+
+def test_a_bad_path_is_reported_and_skipped(tmp_path: Path) -> None:
+    long_path = "/".join(["x" * 250, "y" * 250, "z" * 20]) + ".md"  # each name fits the disk
+    write_vault(tmp_path, {"bad\x01name.md": "[[good]]", "good.md": "", long_path: ""})
+    read = read_vault(tmp_path)
+    assert set(read.notes) == {"good"}
+    whys = sorted(why for _, why in read.skipped)
+    assert whys == ["invalid id from path: control character",
+                    "invalid id from path: longer than 512 characters"]  # fmt: skip
+
+
+def test_unreadable_and_non_utf8_files_are_reported(tmp_path: Path) -> None:
+    write_vault(tmp_path, {"ok.md": "", "latin.md": b"caf\xe9"})
+    read = read_vault(tmp_path)
+    assert set(read.notes) == {"ok"} and read.unreadable == {"latin"}
+    assert read.skipped == [("latin.md", "unreadable: UnicodeDecodeError")]
+
+
+def test_self_links_and_duplicates_carry_nothing(tmp_path: Path) -> None:
+    write_vault(tmp_path, {"a.md": "[[a]] [[#top]] [[b]] [[B]] [[b|again]]", "b.md": ""})
+    assert links_of(tmp_path, "a") == ["b"]
