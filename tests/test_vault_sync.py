@@ -1,0 +1,190 @@
+"""Sync: any sequence of edits with syncs in between ends where a fresh import of the final
+folder does; a crash mid-sync converges on a re-run and never lowers a version; --watch
+picks up an edit."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kbgraph.events import Event
+from kbgraph.store import DeliveryResult, Store
+from kbgraph.vault import sync as sync_module
+from kbgraph.vault.command import run_command
+from kbgraph.vault.manifest import Manifest
+from kbgraph.vault.sinks import LocalSink
+from kbgraph.vault.sync import sync_once
+from tests.vault_files import comparable, write_vault
+
+NAMES = ["Router", "router", "DNS", "net/Router", "net/deep/Switch", "Switch", "Café", "a b"]
+BODIES = [
+    "",
+    "Links [[Router]] and [[switch|the switch]].",
+    "---\ntitle: Named\naliases: [Other]\ntags: [x]\n---\nSee [[DNS#Setup]] #inline",
+    "![[Switch]] [md](net/Router.md) [[Nowhere]] `[[Code]]`",
+    "---\nstatus: active\ntype: Runbook\n---\n[[café]] [[A B]] ![[pic.png]]",
+]
+
+op = st.one_of(
+    st.tuples(st.just("write"), st.sampled_from(NAMES), st.sampled_from(BODIES)),
+    st.tuples(st.just("delete"), st.sampled_from(NAMES)),
+    st.tuples(st.just("rename"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
+    st.tuples(st.just("sync")),
+)
+
+
+def apply(root: Path, action: tuple) -> None:
+    if action[0] == "write":
+        write_vault(root, {action[1] + ".md": action[2]})
+    elif action[0] == "delete":
+        (root / (action[1] + ".md")).unlink(missing_ok=True)
+    elif action[0] == "rename":
+        source, target = root / (action[1] + ".md"), root / (action[2] + ".md")
+        if source.exists() and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source.rename(target)
+
+
+def state(store: Store, kb: str = "kb") -> dict[str, tuple]:
+    kbstate = store.load().kbs.get(kb)
+    return comparable(kbstate.concepts) if kbstate else {}
+
+
+def versions(store: Store, kb: str = "kb") -> dict[str, int]:
+    kbstate = store.load().kbs.get(kb)
+    return {c.id: c.version for c in kbstate.concepts} if kbstate else {}
+
+
+def fresh_import(root: Path, store_path: Path) -> dict[str, tuple]:
+    sink = LocalSink(store_path)
+    try:
+        with Manifest(store_path.with_suffix(".manifest")) as manifest:
+            sync_once(root, "kb", sink, manifest)
+        return state(sink.store)
+    finally:
+        sink.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(actions=st.lists(op, max_size=14))
+def test_sync_equals_a_fresh_import(actions: list[tuple]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "vault"
+        root.mkdir()
+        sink = LocalSink(Path(tmp) / "synced.db")
+        try:
+            with Manifest.for_vault(root) as manifest:
+                seen: dict[str, int] = {}
+                for action in [*actions, ("sync",)]:
+                    if action[0] != "sync":
+                        apply(root, action)
+                        continue
+                    report = sync_once(root, "kb", sink, manifest)
+                    assert all(stale == 0 for _, _, stale in report.results)
+                    now = versions(sink.store)
+                    assert all(now[cid] > seen[cid] for cid in now.keys() & seen.keys()
+                               if now[cid] != seen[cid])  # fmt: skip
+                    seen.update(now)
+                synced = state(sink.store)
+                again = sync_once(root, "kb", sink, manifest)  # nothing changed: nothing sent
+                assert (again.upserted, again.deleted) == (0, 0)
+        finally:
+            sink.close()
+        assert synced == fresh_import(root, Path(tmp) / "fresh.db")
+
+
+class CrashingSink:
+    """Delegates ``sends`` deliveries, then dies: before the next send or right after it."""
+
+    def __init__(self, inner: LocalSink, sends: int, after_send: bool) -> None:
+        self.inner, self.dest = inner, inner.dest
+        self.sends, self.after_send = sends, after_send
+
+    def send(self, kb: str, events: list[Event]) -> DeliveryResult:
+        if self.sends == 0:
+            if self.after_send:
+                self.inner.send(kb, events)  # delivered, but the run dies before recording it
+            raise KeyboardInterrupt("killed mid-sync")
+        self.sends -= 1
+        return self.inner.send(kb, events)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("after_send", [False, True])
+@pytest.mark.parametrize("sends", [0, 1, 2, 4])
+def test_crash_mid_sync_converges_and_never_lowers_a_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sends: int, after_send: bool
+) -> None:
+    monkeypatch.setattr(sync_module, "BATCH_EVENTS", 3)
+    root = write_vault(tmp_path / "vault", {
+        f"n{i}.md": f"note {i} [[n{(i + 1) % 12}]] [[N{(i + 5) % 12}]]" for i in range(12)
+    })  # fmt: skip
+    sink = LocalSink(tmp_path / "kb.db")
+    try:
+        with Manifest.for_vault(root) as manifest:
+            sync_once(root, "kb", sink, manifest)
+            for i in range(0, 12, 3):
+                (root / f"n{i}.md").unlink()  # deleted
+            (root / "n1.md").rename(root / "renamed.md")
+            for i in (2, 5, 7):
+                write_vault(root, {f"n{i}.md": f"edited {i} [[renamed]]"})
+            write_vault(root, {"new.md": "[[n2]]", "n0.md": "back again"})
+            before = versions(sink.store)
+            with pytest.raises(KeyboardInterrupt):
+                sync_once(root, "kb", CrashingSink(sink, sends, after_send), manifest)  # type: ignore[arg-type]
+            during = versions(sink.store)
+            assert all(during[c] >= before[c] for c in during.keys() & before.keys())
+            report = sync_once(root, "kb", sink, manifest)
+            assert all(stale == 0 for _, _, stale in report.results)
+            after = versions(sink.store)
+            assert all(after[c] >= during[c] for c in after.keys() & during.keys())
+            synced = state(sink.store)
+        assert "n3" not in synced and "n1" not in synced and "renamed" in synced  # no resurrection
+    finally:
+        sink.close()
+    assert synced == fresh_import(root, tmp_path / "fresh.db")
+
+
+def test_watch_picks_up_an_edit(tmp_path: Path) -> None:
+    root = write_vault(tmp_path / "vault", {"a.md": "first", "b.md": "[[a]]"})
+    config = tmp_path / "kbgraph.toml"
+    config.write_text('[store]\npath = "kb.db"\n')
+    args = argparse.Namespace(
+        dir=str(root), kb="kb", config=str(config), url=None, retries=0, quiet=True, watch=True
+    )
+    stop = threading.Event()
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(run_command(args, stop)))
+    thread.start()
+    try:
+        with Store(tmp_path / "kb.db") as store:
+            deadline = time.monotonic() + 60
+            while "a" not in state(store) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert state(store)["a"][5] == "first"
+            # an editor's save: a temp file written, then renamed over the note
+            (root / ".a.md.tmp").write_text("second [[c]]")
+            (root / ".a.md.tmp").replace(root / "a.md")
+            write_vault(root, {"c.md": "new"})
+            while time.monotonic() < deadline and (
+                state(store).get("a", ())[5:6] != ("second [[c]]",) or "c" not in state(store)
+            ):
+                time.sleep(0.1)
+            assert state(store)["a"][5:7] == ("second [[c]]", ["c"])
+            (root / "c.md").unlink()
+            while "c" in state(store) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "c" not in state(store)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert codes == [0]
