@@ -1,0 +1,100 @@
+"""``kbgraph import/sync --url``: signed deliveries to a real ``kbgraph serve``; a re-sent
+delivery is all duplicates; clear failures for a wrong secret and an unreachable URL."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kbgraph.vault.manifest import Manifest
+from kbgraph.vault.reader import read_vault
+from kbgraph.vault.sinks import SECRET_ENV, SyncError, WebhookSink
+from kbgraph.vault.sync import _upserted, sync_once
+from tests.test_crash import ADMIN, SECRET, free_port, start_server, stop, write_config
+from tests.vault_files import write_vault
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    folder = tmp_path_factory.mktemp("remote")
+    port = free_port()
+    proc = start_server(write_config(folder), port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
+
+
+def cli(*args: str, secret: str | None = SECRET) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+    if secret is not None:
+        env[SECRET_ENV] = secret
+    return subprocess.run(
+        [sys.executable, "-m", "kbgraph", *args],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+
+
+def get(url: str, path: str) -> httpx.Response:
+    return httpx.get(url + path, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
+
+
+def test_import_and_sync_over_the_webhook(server: str, tmp_path: Path) -> None:
+    root = write_vault(tmp_path / "vault", {
+        "infra/DNS.md": "---\naliases: [Pi-hole]\nstatus: active\n---\nUses [[router]].",
+        "Router.md": "# Router\nSee [dns](infra/DNS.md).",
+    })  # fmt: skip
+    done = cli("import", str(root), "--kb", "remote", "--url", server)
+    assert done.returncode == 0, done.stderr
+    assert "2 notes, 2 links (0 unresolved)" in done.stdout
+    dns = get(server, "/v1/kbs/remote/concepts/infra/DNS").json()
+    assert (dns["aliases"], dns["status"], dns["links"]) == (["Pi-hole"], "active", ["Router"])
+    (root / "Router.md").rename(root / "Gateway.md")
+    done = cli("sync", str(root), "--kb", "remote", "--url", server)
+    assert done.returncode == 0, done.stderr
+    assert "sent 2 upserts and 1 deletes" in done.stdout  # DNS's [[router]] is unresolved now
+    assert get(server, "/v1/kbs/remote/concepts/Router").status_code == 404
+    assert get(server, "/v1/kbs/remote/concepts/Gateway").json()["links"] == ["infra/DNS"]
+    again = cli("sync", str(root), "--kb", "remote", "--url", server)
+    assert "sent 0 upserts and 0 deletes, 2 notes unchanged" in again.stdout
+
+
+def test_a_resent_delivery_is_all_duplicates(server: str, tmp_path: Path) -> None:
+    root = write_vault(tmp_path / "vault", {"a.md": "[[b]]", "b.md": "text"})
+    sink = WebhookSink(server, SECRET)
+    try:
+        notes = read_vault(root).notes
+        events = [_upserted("dup", note, 7 + i) for i, note in enumerate(notes.values())]
+        first = sink.send("dup", events)
+        second = sink.send("dup", events)  # an answer lost, the same delivery sent again
+        assert (first.applied, first.duplicates) == (2, 0)
+        assert (second.applied, second.duplicates, second.seq) == (0, 2, first.seq)
+        with Manifest.for_vault(root) as manifest:  # a sync over it: newer versions, applied
+            report = sync_once(root, "dup", sink, manifest)
+        assert report.results == [(2, 0, 0)]
+    finally:
+        sink.close()
+
+
+def test_wrong_secret_and_unreachable_url_are_clear(server: str, tmp_path: Path) -> None:
+    root = write_vault(tmp_path / "vault", {"a.md": ""})
+    wrong = cli("import", str(root), "--kb", "kb", "--url", server,
+                secret="whsec_" + "A" * 32)  # fmt: skip
+    assert wrong.returncode == 1
+    assert "refused the delivery (401)" in wrong.stderr
+    dead = f"http://127.0.0.1:{free_port()}"
+    down = cli("import", str(root), "--kb", "kb", "--url", dead, "--retries", "1")
+    assert down.returncode == 1
+    assert f"cannot reach {dead}/v1/kbs/kb/events" in down.stderr
+    assert "gave up after 2 attempts" in down.stderr
+    with pytest.raises(SyncError, match="cannot reach"):
+        WebhookSink(dead, SECRET, attempts=1).send("kb", [])
