@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 
 KB_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 MAX_ID_LENGTH = 512
@@ -20,13 +21,20 @@ def _is_control(ch: str) -> bool:
     return code < 0x20 or 0x7F <= code <= 0x9F
 
 
+def _is_format(ch: str) -> bool:
+    return unicodedata.category(ch) == "Cf"
+
+
 def concept_id_problem(concept_id: str) -> str | None:
     """Why ``concept_id`` is not a valid concept id, or None when it is.
 
-    An id is 1-512 characters, segments separated by ``/``, none empty, no control characters.
+    An id is 1-512 characters, segments separated by ``/``, none empty, no control characters
+    and no format characters (Unicode category Cf: bidi overrides, zero-width marks).
     """
     if len(concept_id) <= MAX_ID_LENGTH and _VALID_ID.fullmatch(concept_id):
-        return None
+        if concept_id.isascii() or not any(map(_is_format, concept_id)):
+            return None
+        return "invalid concept id: format character (Unicode Cf)"
     if not concept_id:
         return "invalid concept id: empty"
     if len(concept_id) > MAX_ID_LENGTH:
