@@ -115,6 +115,9 @@ class CrashingSink:
         self.sends -= 1
         return self.inner.send(kb, events)
 
+    def kb_seq(self, kb: str) -> int | None:
+        return self.inner.kb_seq(kb)
+
     def close(self) -> None:
         pass
 
@@ -159,7 +162,14 @@ def test_watch_picks_up_an_edit(tmp_path: Path) -> None:
     config = tmp_path / "kbgraph.toml"
     config.write_text('[store]\npath = "kb.db"\n')
     args = argparse.Namespace(
-        dir=str(root), kb="kb", config=str(config), url=None, retries=0, quiet=True, watch=True
+        dir=str(root),
+        kb="kb",
+        config=str(config),
+        url=None,
+        retries=0,
+        quiet=True,
+        watch=True,
+        manifest=None,
     )
     stop = threading.Event()
     codes: list[int] = []
@@ -188,3 +198,23 @@ def test_watch_picks_up_an_edit(tmp_path: Path) -> None:
         stop.set()
         thread.join(60)
     assert codes == [0]
+
+
+def test_a_replaced_store_gets_every_note_again(tmp_path: Path) -> None:
+    root = write_vault(tmp_path / "vault", {"a.md": "[[b]]", "b.md": ""})
+    with Manifest.for_vault(root) as manifest:
+        sink = LocalSink(tmp_path / "kb.db")
+        try:
+            assert sync_once(root, "kb", sink, manifest).upserted == 2
+        finally:
+            sink.close()
+        for leftover in tmp_path.glob("kb.db*"):
+            leftover.unlink()  # the store is deleted; the vault's manifest stays
+        sink = LocalSink(tmp_path / "kb.db")
+        try:
+            report = sync_once(root, "kb", sink, manifest)
+            assert (report.reset, report.upserted) == (True, 2)
+            assert sorted(state(sink.store)) == ["a", "b"]
+            assert sync_once(root, "kb", sink, manifest).upserted == 0
+        finally:
+            sink.close()

@@ -39,6 +39,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         command.add_argument(
             "--retries", type=int, default=5, help="retries of a failed delivery (--url)"
         )
+        command.add_argument(
+            "--manifest",
+            help="what was sent, for re-runs (default DIR/.kbgraph/manifest.sqlite)",
+        )
         command.add_argument("--quiet", action="store_true", help="print only problems")
         if name == "sync":
             command.add_argument("--watch", action="store_true", help="keep syncing on changes")
@@ -79,7 +83,8 @@ def run_command(args: argparse.Namespace, stop_event: threading.Event | None = N
     if isinstance(sink, str):
         return _fail(sink)
     try:
-        with Manifest.for_vault(root) as manifest:
+        manifest_path = Path(args.manifest) if args.manifest else Manifest.default_path(root)
+        with Manifest(manifest_path) as manifest:
             code = _run(root, args, sink, manifest)
             if code == 0 and args.watch:
                 print(f"watching {root} (Ctrl-C stops)", file=sys.stderr)

@@ -1,14 +1,18 @@
 """What sync sent where: a small SQLite file, durable before anything it vouches for is sent.
 
-Kept in the vault's own ``.kbgraph/manifest.sqlite`` (a dot folder, so never read as notes),
+Kept in the vault's own ``.kbgraph/manifest.sqlite`` (a dot folder, so never read as notes;
+``--manifest FILE`` puts it elsewhere, as the demo does for the repository's example vault),
 per destination (the local store's file, or the remote URL) and KB:
 
 - ``sent``: id -> (digest of the concept state sent, version sent), written after the
   destination acknowledged the delivery;
-- ``clock``: the highest version handed out. Versions are reserved here, and this commit is
-  fsynced, BEFORE a delivery is sent, and a reservation starts at least at the wall clock in
+- ``clock``: the highest version handed out, and the destination's log position (``seq``)
+  after the last acknowledged delivery. Versions are reserved here, and this commit is
+  fsynced, BEFORE a delivery is sent; a reservation starts at least at the wall clock in
   microseconds: so versions only grow, across a crash mid-sync and even when the manifest is
-  lost (as long as the clock does not go back).
+  lost (as long as the clock does not go back). A local store whose KB is behind the recorded
+  position was replaced (deleted, restored from an old copy): the record of what was sent to
+  it is dropped and every note is sent again.
 
 A crash after a send and before its record only means the next run sends those notes again
 with higher versions: the same state applied once more, nothing lost, nothing resurrected.
@@ -34,6 +38,7 @@ CREATE TABLE IF NOT EXISTS sent (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS clock (
     dest TEXT NOT NULL, kb TEXT NOT NULL, version INTEGER NOT NULL,
+    seq INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (dest, kb)
 ) WITHOUT ROWID;
 """
@@ -48,9 +53,13 @@ class Manifest:
         self._conn.execute("PRAGMA synchronous = FULL")
         self._conn.executescript(_SCHEMA)
 
+    @staticmethod
+    def default_path(root: Path) -> Path:
+        return root / MANIFEST_DIR / MANIFEST_FILE
+
     @classmethod
     def for_vault(cls, root: Path) -> Manifest:
-        return cls(root / MANIFEST_DIR / MANIFEST_FILE)
+        return cls(cls.default_path(root))
 
     def sent(self, dest: str, kb: str) -> dict[str, tuple[str, int]]:
         rows = self._conn.execute(
@@ -67,16 +76,40 @@ class Manifest:
             ).fetchone()
             first = max(0 if row is None else row[0], now) + 1
             self._conn.execute(
-                "INSERT OR REPLACE INTO clock (dest, kb, version) VALUES (?, ?, ?)",
+                "INSERT INTO clock (dest, kb, version) VALUES (?, ?, ?)"
+                " ON CONFLICT (dest, kb) DO UPDATE SET version = excluded.version",
                 (dest, kb, first + count - 1),
             )
         return first
 
-    def record(
-        self, dest: str, kb: str, upserted: list[tuple[str, str, int]], deleted: list[str]
-    ) -> None:
-        """Remember an acknowledged delivery: (id, digest, version) upserted, ids deleted."""
+    def forget_if_behind(self, dest: str, kb: str, seq: int) -> bool:
+        """Drop the record of what was sent when the destination's KB is behind it."""
         with self._transaction():
+            row = self._conn.execute(
+                "SELECT seq FROM clock WHERE dest = ? AND kb = ?", (dest, kb)
+            ).fetchone()
+            if row is None or seq >= row[0]:
+                return False
+            self._conn.execute("DELETE FROM sent WHERE dest = ? AND kb = ?", (dest, kb))
+            self._conn.execute(
+                "UPDATE clock SET seq = ? WHERE dest = ? AND kb = ?", (seq, dest, kb)
+            )
+        return True
+
+    def record(
+        self,
+        dest: str,
+        kb: str,
+        upserted: list[tuple[str, str, int]],
+        deleted: list[str],
+        seq: int,
+    ) -> None:
+        """Remember an acknowledged delivery: (id, digest, version) upserted, ids deleted, and
+        the destination's log position after it."""
+        with self._transaction():
+            self._conn.execute(
+                "UPDATE clock SET seq = max(seq, ?) WHERE dest = ? AND kb = ?", (seq, dest, kb)
+            )
             self._conn.executemany(
                 "INSERT OR REPLACE INTO sent (dest, kb, id, digest, version)"
                 " VALUES (?, ?, ?, ?, ?)",

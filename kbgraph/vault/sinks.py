@@ -35,6 +35,10 @@ class Sink(Protocol):
 
     def send(self, kb: str, events: list[Event]) -> DeliveryResult: ...
 
+    def kb_seq(self, kb: str) -> int | None:
+        """The KB's log position at the destination, None when it cannot be asked."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -45,6 +49,9 @@ class LocalSink:
 
     def send(self, kb: str, events: list[Event]) -> DeliveryResult:
         return self.store.append(kb, events)
+
+    def kb_seq(self, kb: str) -> int | None:
+        return self.store.kb_seq(kb)
 
     def close(self) -> None:
         self.store.close()
@@ -88,6 +95,9 @@ class WebhookSink:
                                 f"{_error(response)}")  # fmt: skip
             return msgspec.json.decode(response.content, type=DeliveryResult)
         raise SyncError(f"{problem} (gave up after {self._attempts} attempts)")
+
+    def kb_seq(self, kb: str) -> int | None:
+        return None  # reading it needs a bearer token; the sender has only the secret
 
     def _headers(self, msg_id: str, body: bytes) -> dict[str, str]:
         headers = {"content-type": "application/cloudevents-batch+json"}

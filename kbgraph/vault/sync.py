@@ -40,11 +40,13 @@ class SyncReport:
     upserted: int = 0
     deleted: int = 0
     unchanged: int = 0
+    reset: bool = False  # the destination was behind the manifest: everything sent again
     results: list[tuple[int, int, int]] = field(default_factory=list)  # applied, dup, stale
 
     def summary(self) -> str:
         r = self.read
-        lines = [
+        lines = ["the KB is behind this vault's manifest: sending every note"] if self.reset else []
+        lines += [
             f"{len(r.notes)} notes, {r.links} links ({r.unresolved} unresolved), "
             f"{r.attachments} attachment links; sent {self.upserted} upserts and "
             f"{self.deleted} deletes, {self.unchanged} notes unchanged"
@@ -69,6 +71,8 @@ def sync_once(
     """One pass: read the vault, send what changed, record it. Raises SyncError on refusal."""
     read = read_vault(root)
     report = SyncReport(read)
+    seq = sink.kb_seq(kb)
+    report.reset = seq is not None and manifest.forget_if_behind(sink.dest, kb, seq)
     sent = manifest.sent(sink.dest, kb)
     # gone from the folder (and not merely unreadable right now): deleted
     deletes = sorted(cid for cid in sent if cid not in read.notes and cid not in read.unreadable)
@@ -90,7 +94,7 @@ def sync_once(
                 events.append(_upserted(kb, item, version))
                 upserted.append((item.id, item.digest, version))
         result = sink.send(kb, events)
-        manifest.record(sink.dest, kb, upserted, deleted)
+        manifest.record(sink.dest, kb, upserted, deleted, result.seq)
         report.upserted += len(upserted)
         report.deleted += len(deleted)
         report.results.append((result.applied, result.duplicates, result.stale))
