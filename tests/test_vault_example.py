@@ -1,0 +1,84 @@
+"""The repository's example vault (examples/vault) imported and read back through the API:
+titles, aliases, resolved and unresolved links, attachments, the skipped bad note."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import quote
+
+from kbgraph.events import Event
+from kbgraph.store import DeliveryResult, Store
+from kbgraph.vault.manifest import Manifest
+from kbgraph.vault.sync import sync_once
+from tests.conftest import ADMIN, Service
+
+VAULT = Path(__file__).resolve().parent.parent / "examples" / "vault"
+
+
+class AppSink:
+    """Deliveries straight into the running app's store (``Store.append``)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.dest = store, "app"
+
+    def send(self, kb: str, events: list[Event]) -> DeliveryResult:
+        return self.store.append(kb, events)
+
+    def kb_seq(self, kb: str) -> int | None:
+        return self.store.kb_seq(kb)
+
+    def close(self) -> None:
+        pass
+
+
+def test_example_vault(service: Service, tmp_path: Path) -> None:
+    store = service.app.state.store
+    with Manifest(tmp_path / "manifest.sqlite") as manifest:
+        report = sync_once(VAULT, "homelab", AppSink(store), manifest)
+    read = report.read
+    assert len(read.notes) == 83
+    assert read.skipped == [
+        ("infra/bad\u200bname.md", "invalid id from path: format character (Unicode Cf)")
+    ]
+    seq = store.kb_seq("homelab")
+
+    def concept(cid: str) -> dict:
+        response = service.call(ADMIN, "GET", f"/v1/kbs/homelab/concepts/{quote(cid)}", seq)
+        assert response.status_code == 200, cid
+        return response.json()
+
+    immich = concept("services/Immich")
+    assert immich["title"] == "Photo library (Immich)" and "Immich" in immich["aliases"]
+    assert concept("network/Reverse proxy")["aliases"] == ["Caddy"]  # a single string
+    assert "media server" in concept("services/Jellyfin")["aliases"]
+    assert concept("network/Network overview")["title"] == "Network overview"  # not its # line
+    assert concept("infra/old/Firewall")["status"] == "deprecated"
+    conventions = concept("Conventions")
+    assert set(conventions["links"]) == {
+        "infra/Server atlas",
+        "services/Vaultwarden",
+        "infra/backups/Backup with rsync",
+        "infra/backups/Backup with restic",
+        "network/IP address plan",
+    }  # fmt: skip  -- nothing from its code blocks
+    assert "not-a-tag" not in conventions["tags"] and "homelab/network" in conventions["tags"]
+    tls = concept("network/TLS certificates")["links"]
+    assert "network/Reverse proxy" in tls  # Reverse%20proxy.md
+    assert "network/Firewall" in tls and "infra/old/Firewall" not in tls  # the shortest path
+    assert {"network/DNS", "network/AdGuard Home"} <= set(
+        concept("runbooks/Troubleshoot DNS")["links"]
+    )
+    assert "infra/storage/ZFS snapshots" in concept("infra/storage/ZFS pool")["links"]
+    assert concept("network/Café network")["id"] == "network/Café network"
+    start = concept("Start here")["links"]
+    assert "household/Emergency handover" in start  # an embed of a note is a link
+    state = {c.id: c for c in store.load().kbs["homelab"].concepts}
+    assert len(state) == 83
+    assert not [cid for cid in state if cid.startswith("attachments/") or "." in cid]
+    assert not [link for c in state.values() for link in c.links
+                if link.endswith((".png", ".pdf", ".canvas"))]  # fmt: skip
+    assert {"Kubernetes migration", "Solar panels"} <= set(state["Inbox"].links)  # unresolved
+    status = service.call(ADMIN, "GET", "/v1/kbs/homelab/status", seq).json()
+    assert status["concepts"] == 83
+    hits = service.call(ADMIN, "GET", "/v1/kbs/homelab/search?q=grandpa&limit=3", seq).json()
+    assert hits["hits"][0]["id"] == "household/Olek"  # only its aliases say "Grandpa"
