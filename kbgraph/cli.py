@@ -37,6 +37,8 @@ APP_FACTORY: Final = "kbgraph.cli:app_factory"
 GIL_SWITCH_INTERVAL: Final = 0.0005
 EXIT_USAGE: Final = 2
 DEMO_KB: Final = "demo"
+VAULT_KB: Final = "homelab"
+EXAMPLE_VAULT: Final = Path(__file__).resolve().parent.parent / "examples" / "vault"
 
 
 def is_loopback(host: str) -> bool:
@@ -297,6 +299,21 @@ def seed_demo(store_path: str, size: int) -> int:
         return seq
 
 
+def sync_demo_vault(vault: Path, store_path: str, manifest_path: Path) -> str:
+    """Sync the example vault into KB ``homelab`` (only what changed since the last start)."""
+    from kbgraph.vault.manifest import Manifest
+    from kbgraph.vault.sinks import LocalSink
+    from kbgraph.vault.sync import sync_once
+
+    sink = LocalSink(store_path)
+    try:
+        with Manifest(manifest_path) as manifest:
+            report = sync_once(vault, VAULT_KB, sink, manifest)
+    finally:
+        sink.close()
+    return report.summary()
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -313,17 +330,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if problem:
         return _fail(problem)
     seq = seed_demo(config.store.path, args.size)
-    print(f"KB {DEMO_KB!r} at seq {seq} in {config.store.path}")
+    print(f"KB {DEMO_KB!r} (synthetic, for scale) at seq {seq} in {config.store.path}")
+    vault = Path(args.vault)
+    if vault.is_dir():
+        print(f"KB {VAULT_KB!r} from {vault}:")
+        print(sync_demo_vault(vault, config.store.path, folder / "homelab-manifest.sqlite"))
+    else:
+        print(f"no vault at {vault}: KB {VAULT_KB!r} not loaded")
     admin = next((t for t in config.tokens if t.admin and t.token), None)
-    base = f"http://127.0.0.1:{args.port}/v1/kbs/{DEMO_KB}"
+    base = f"http://127.0.0.1:{args.port}/v1/kbs/{VAULT_KB}"
     if admin is not None and admin.token:
         auth = shlex.quote(f"Authorization: Bearer {admin.token}")
         print(f"\nadmin token: {admin.token}\n\ntry:\n")
+        question = "how do I get the photos off my phone"
         print(
             f"  curl -s -H {auth} -H 'Content-Type: application/json' "
-            f"""-d '{{"query": "dns backup", "limit": 5}}' {base}/tools/graph_context\n"""
+            f"""-d '{{"query": "{question}", "limit": 5}}' {base}/tools/graph_context\n"""
         )
-        print(f"  curl -s -H {auth} '{base}/search?q=router&limit=3'\n")
+        print(f"  curl -s -H {auth} '{base}/search?q=power+cut&limit=3'\n")
     else:
         print("(no plain admin token in the config: use your own token with the API)")
     run_server(config, config_path, "127.0.0.1", args.port, 1, args.log_level, args.access_log)
@@ -355,7 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="write a demo config, seed a demo KB, serve it")
     demo.add_argument("--dir", default="demo")
     demo.add_argument("--port", type=int, default=8080)
-    demo.add_argument("--size", type=int, default=1000)
+    demo.add_argument("--size", type=int, default=1000, help="concepts of the synthetic KB")
+    demo.add_argument("--vault", default=str(EXAMPLE_VAULT), help="the vault served as KB homelab")
     demo.set_defaults(func=cmd_demo)
 
     from kbgraph.vault.command import add_commands

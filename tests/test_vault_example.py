@@ -82,3 +82,15 @@ def test_example_vault(service: Service, tmp_path: Path) -> None:
     assert status["concepts"] == 83
     hits = service.call(ADMIN, "GET", "/v1/kbs/homelab/search?q=grandpa&limit=3", seq).json()
     assert hits["hits"][0]["id"] == "household/Olek"  # only its aliases say "Grandpa"
+
+
+def test_demo_syncs_the_example_vault_only_once(tmp_path: Path) -> None:
+    from kbgraph import cli
+
+    store, manifest = str(tmp_path / "kbgraph.db"), tmp_path / "homelab-manifest.sqlite"
+    first = cli.sync_demo_vault(cli.EXAMPLE_VAULT, store, manifest)
+    assert "83 notes" in first and "sent 83 upserts" in first
+    again = cli.sync_demo_vault(cli.EXAMPLE_VAULT, store, manifest)  # a restart of the demo
+    assert "sent 0 upserts and 0 deletes, 83 notes unchanged" in again
+    with Store(store) as reopened:
+        assert len(reopened.load().kbs[cli.VAULT_KB].concepts) == 83
