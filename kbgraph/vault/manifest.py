@@ -4,6 +4,8 @@ Kept in the vault's own ``.kbgraph/manifest.sqlite`` (a dot folder, so never rea
 ``--manifest FILE`` puts it elsewhere, as the demo does for the repository's example vault),
 per destination (the local store's file, or the remote URL) and KB:
 
+- ``parsed``: a note's parsed fields by the hash of its file's content (a cache: a re-run
+  parses only the files that changed);
 - ``sent``: id -> (digest of the concept state sent, version sent), written after the
   destination acknowledged the delivery;
 - ``clock``: the highest version handed out, and the destination's log position (``seq``)
@@ -27,6 +29,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+import msgspec
+
+from kbgraph.vault.reader import NoteFields
+
+_fields_encoder = msgspec.msgpack.Encoder()
+_fields_decoder = msgspec.msgpack.Decoder(NoteFields)
 MANIFEST_DIR: Final = ".kbgraph"
 MANIFEST_FILE: Final = "manifest.sqlite"
 
@@ -35,6 +43,9 @@ CREATE TABLE IF NOT EXISTS sent (
     dest TEXT NOT NULL, kb TEXT NOT NULL, id TEXT NOT NULL,
     digest TEXT NOT NULL, version INTEGER NOT NULL,
     PRIMARY KEY (dest, kb, id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS parsed (
+    key TEXT PRIMARY KEY, fields BLOB NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS clock (
     dest TEXT NOT NULL, kb TEXT NOT NULL, version INTEGER NOT NULL,
@@ -48,7 +59,9 @@ class Manifest:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._conn = sqlite3.connect(str(path), isolation_level=None, timeout=30)
+        self._conn = sqlite3.connect(
+            str(path), isolation_level=None, timeout=30, check_same_thread=False
+        )  # one user at a time: a sync run, maybe on a watcher thread
         self._conn.execute("PRAGMA journal_mode = WAL")
         self._conn.execute("PRAGMA synchronous = FULL")
         self._conn.executescript(_SCHEMA)
@@ -81,6 +94,20 @@ class Manifest:
                 (dest, kb, first + count - 1),
             )
         return first
+
+    def parse_cache(self) -> dict[str, NoteFields]:
+        """Parsed fields by content hash, so that an unchanged note is not parsed again."""
+        rows = self._conn.execute("SELECT key, fields FROM parsed").fetchall()
+        return {key: _fields_decoder.decode(blob) for key, blob in rows}
+
+    def save_parse_cache(self, cache: dict[str, NoteFields], keep: set[str]) -> None:
+        """Keep the entries of ``keep`` (the vault's current contents) and nothing else."""
+        with self._transaction():
+            self._conn.execute("DELETE FROM parsed")
+            self._conn.executemany(
+                "INSERT INTO parsed (key, fields) VALUES (?, ?)",
+                [(key, _fields_encoder.encode(cache[key])) for key in sorted(keep & cache.keys())],
+            )
 
     def forget_if_behind(self, dest: str, kb: str, seq: int) -> bool:
         """Drop the record of what was sent when the destination's KB is behind it."""

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import yaml
 from markdown_it import MarkdownIt
 from markdown_it.rules_inline import StateInline
@@ -24,8 +25,7 @@ from mdit_py_plugins.front_matter import front_matter_plugin
 _TAG = re.compile(r"(?:(?<=\s)|^)#([\w/-]+)")
 
 
-@dataclass(frozen=True, slots=True)
-class LinkRef:
+class LinkRef(msgspec.Struct, frozen=True, array_like=True):
     """A link as written: ``target`` without heading, block ref or label."""
 
     target: str
@@ -36,7 +36,7 @@ class LinkRef:
 @dataclass(slots=True)
 class ParsedNote:
     front_matter: dict[str, Any]
-    body: str
+    body_start: int  # the body (the note without its front matter) is source[body_start:]
     links: list[LinkRef] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -73,17 +73,19 @@ def _parser() -> MarkdownIt:
 
 
 _MD = _parser()
+# ``yaml.safe_load``'s loader, in C when PyYAML was built with libyaml (~10x faster)
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def parse(source: str) -> ParsedNote:
     """Parse one note. Never raises on bad markdown or YAML: problems are listed instead."""
     tokens = _MD.parse(source)
-    note = ParsedNote(front_matter={}, body=source)
+    note = ParsedNote(front_matter={}, body_start=0)
     if tokens and tokens[0].type == "front_matter":
         fm = tokens[0]
-        note.body = "".join(source.splitlines(keepends=True)[fm.map[1] :]) if fm.map else ""
+        note.body_start = _line_start(source, fm.map[1]) if fm.map else len(source)
         try:
-            loaded = yaml.safe_load(fm.content) if fm.content.strip() else {}
+            loaded = yaml.load(fm.content, Loader=_SafeLoader) if fm.content.strip() else {}
         except yaml.YAMLError as exc:
             note.problems.append(f"front matter is not valid YAML ({_first_line(exc)})")
             loaded = {}
@@ -111,6 +113,17 @@ def _read_inline(children: list[Token], note: ParsedNote) -> None:
                 note.links.append(LinkRef(src, markdown=True, embed=True))
         elif child.type == "text":
             note.tags.extend(tag for tag in _TAG.findall(child.content) if not tag.isdigit())
+
+
+def _line_start(source: str, line: int) -> int:
+    """Where line ``line`` (from 0) starts, lines ended by \\n as markdown-it counts them."""
+    at = 0
+    for _ in range(line):
+        found = source.find("\n", at)
+        if found < 0:
+            return len(source)
+        at = found + 1
+    return at
 
 
 def _first_line(exc: Exception) -> str:

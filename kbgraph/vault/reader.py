@@ -27,10 +27,11 @@ import msgspec
 
 from kbgraph.events import MAX_ALIAS_CHARS, MAX_ALIASES, MAX_TEXT_BYTES, Status, UpsertData
 from kbgraph.names import concept_id_problem
-from kbgraph.vault.markdown import parse
+from kbgraph.vault.markdown import LinkRef, parse
 from kbgraph.vault.resolve import Resolver
 
 STATUSES: Final = frozenset(get_args(Status))
+PARSER_VERSION: Final = b"1\0"  # part of the parse cache key: raise it when parsing changes
 _hash_encoder = msgspec.msgpack.Encoder()
 
 
@@ -52,6 +53,7 @@ class VaultRead:
     unreadable: set[str] = field(default_factory=set)  # ids whose file could not be read
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (path, what), still sent
     attachments: int = 0
+    content_keys: set[str] = field(default_factory=set)  # the parse cache keys of this read
 
     @property
     def links(self) -> int:
@@ -82,8 +84,25 @@ def walk(root: Path) -> tuple[list[str], list[str]]:
     return sorted(notes), sorted(files)
 
 
-def read_vault(root: Path) -> VaultRead:
-    """Every note of the vault at ``root`` as a concept state, links resolved."""
+class NoteFields(msgspec.Struct, frozen=True, array_like=True):
+    """What one file's content says, before link resolution: cached by the content's hash."""
+
+    title: str  # "" = the file name
+    aliases: list[str]
+    tags: list[str]
+    type: str
+    status: str
+    body_start: int
+    links: list[LinkRef]
+    warnings: list[str]
+
+
+def read_vault(root: Path, cache: dict[str, NoteFields] | None = None) -> VaultRead:
+    """Every note of the vault at ``root`` as a concept state, links resolved.
+
+    ``cache`` maps a file content's sha256 to its parsed fields: hits skip parsing, misses
+    are added (the caller may persist it, see ``Manifest.parse_cache``).
+    """
     paths, files = walk(root)
     out = VaultRead()
     ids: dict[str, str] = {}  # id -> path
@@ -99,55 +118,78 @@ def read_vault(root: Path) -> VaultRead:
     resolver = Resolver(ids, [unicodedata.normalize("NFC", f) for f in files])
     for nid, path in ids.items():
         try:
-            source = (root / path).read_text(encoding="utf-8")
+            raw = (root / path).read_bytes()
+            source = raw.decode("utf-8").removeprefix("\ufeff")
         except (OSError, UnicodeDecodeError) as exc:
             out.skipped.append((path, f"unreadable: {exc.__class__.__name__}"))
             out.unreadable.add(nid)
             continue
-        note = _note(nid, path, source, resolver, out)
-        if note is not None:
-            out.notes[nid] = note
+        source = source.replace("\r\n", "\n").replace("\r", "\n")
+        if len(source) > MAX_TEXT_BYTES // 4 and len(source.encode()) > MAX_TEXT_BYTES:
+            out.skipped.append((path, "longer than 1 MiB"))
+            continue
+        key = hashlib.sha256(PARSER_VERSION + raw).hexdigest()
+        out.content_keys.add(key)
+        fields = None if cache is None else cache.get(key)
+        if fields is None:
+            fields = note_fields(source)
+            if cache is not None:
+                cache[key] = fields
+        out.notes[nid] = _note(nid, path, source, fields, resolver, out)
     return out
 
 
-def _note(nid: str, path: str, source: str, resolver: Resolver, out: VaultRead) -> NoteState | None:
-    parsed = parse(source.removeprefix("\ufeff"))
-    warn = out.warnings.append
-    for problem in parsed.problems:
-        warn((path, problem))
+def note_fields(source: str) -> NoteFields:
+    """Parse one note and read Obsidian's keys from its front matter."""
+    parsed = parse(source)
+    warnings = list(parsed.problems)
     fm = parsed.front_matter
-    if len(parsed.body) > MAX_TEXT_BYTES // 4 and len(parsed.body.encode()) > MAX_TEXT_BYTES:
-        out.skipped.append((path, "text longer than 1 MiB"))
-        return None
     status = _scalar(fm.get("status"))
     if status not in STATUSES:
-        warn((path, f"status {status!r} is not one of {', '.join(sorted(STATUSES - {''}))}"))
+        warnings.append(f"status {status!r} is not one of {', '.join(sorted(STATUSES - {''}))}")
         status = ""
     aliases = _strings(fm.get("aliases", fm.get("alias")), split_spaces=False)
     if len(aliases) > MAX_ALIASES or any(len(a) > MAX_ALIAS_CHARS for a in aliases):
-        warn((path, f"aliases cut to {MAX_ALIASES} of at most {MAX_ALIAS_CHARS} characters"))
+        warnings.append(f"aliases cut to {MAX_ALIASES} of at most {MAX_ALIAS_CHARS} characters")
         aliases = [a[:MAX_ALIAS_CHARS] for a in aliases[:MAX_ALIASES]]
     tags = _strings(fm.get("tags", fm.get("tag")), split_spaces=True) + parsed.tags
+    return NoteFields(
+        title=_scalar(fm.get("title")),
+        aliases=aliases,
+        tags=list(dict.fromkeys(tag.lstrip("#") for tag in tags if tag.lstrip("#"))),
+        type=_scalar(fm.get("type")),
+        status=status,
+        body_start=parsed.body_start,
+        links=parsed.links,
+        warnings=warnings,
+    )
+
+
+def _note(
+    nid: str, path: str, source: str, fields: NoteFields, resolver: Resolver, out: VaultRead
+) -> NoteState:
+    for warning in fields.warnings:
+        out.warnings.append((path, warning))
     links: dict[str, None] = {}
     unresolved = 0
-    for ref in parsed.links:
+    for ref in fields.links:
         found = resolver.resolve(ref, nid)
         if found.attachment or found.target is None:
             out.attachments += found.attachment
             if found.problem:
-                warn((path, f"link {ref.target!r} dropped: {found.problem}"))
+                out.warnings.append((path, f"link {ref.target!r} dropped: {found.problem}"))
             continue
         if found.target != nid:
             links.setdefault(found.target, None)
             unresolved += not found.resolved
     data = UpsertData(
         version=0,
-        title=_scalar(fm.get("title")) or nid.rsplit("/", 1)[-1],
-        aliases=aliases,
-        type=_scalar(fm.get("type")),
-        status=status,  # type: ignore[arg-type]
-        tags=list(dict.fromkeys(tag.lstrip("#") for tag in tags if tag.lstrip("#"))),
-        text=parsed.body,
+        title=fields.title or nid.rsplit("/", 1)[-1],
+        aliases=fields.aliases,
+        type=fields.type,
+        status=fields.status,  # type: ignore[arg-type]
+        tags=fields.tags,
+        text=source[fields.body_start :],
         links=list(links),
     )
     digest = hashlib.sha256(_hash_encoder.encode(data)).hexdigest()

@@ -69,7 +69,11 @@ def sync_once(
     progress: Callable[[int, int], None] | None = None,
 ) -> SyncReport:
     """One pass: read the vault, send what changed, record it. Raises SyncError on refusal."""
-    read = read_vault(root)
+    cache = manifest.parse_cache()
+    cached = set(cache)
+    read = read_vault(root, cache)
+    if read.content_keys != cached:
+        manifest.save_parse_cache(cache, read.content_keys)
     report = SyncReport(read)
     seq = sink.kb_seq(kb)
     report.reset = seq is not None and manifest.forget_if_behind(sink.dest, kb, seq)
