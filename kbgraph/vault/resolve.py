@@ -60,11 +60,18 @@ class Resolver:
             self._by_name.setdefault(_fold(posixpath.basename(nid)), []).append(nid)
         self._files = {_fold(f) for f in files}
         self._file_names = {_fold(posixpath.basename(f)) for f in files}
+        self._wikilinks: dict[str, Resolved] = {}
 
     def resolve(self, link: LinkRef, source_id: str) -> Resolved:
         if link.markdown:
             return self._markdown(link.target, source_id)
-        target = unicodedata.normalize("NFC", link.target.strip())
+        found = self._wikilinks.get(link.target)  # a wikilink's reading needs no source
+        if found is None:
+            found = self._wikilinks[link.target] = self._wikilink(link.target)
+        return found
+
+    def _wikilink(self, written: str) -> Resolved:
+        target = unicodedata.normalize("NFC", written.strip())
         if not target:
             return Resolved(None)  # [[#heading]]: a link into the note itself
         if self._is_attachment(target):
