@@ -70,7 +70,7 @@ SPECS: Final = (
     ToolSpec(
         "get_concept", tools.ConceptRequest, tools.ConceptResponse,
         lambda snap, view, req: tools.concept(snap, view, req.id),
-        "One concept in full: title, type, status, tags, text, its links and its backlinks.",
+        "One concept in full: title, aliases, type, status, tags, text, its links and backlinks.",
     ),
     ToolSpec(
         "link_suggest", tools.LinkSuggestRequest, tools.LinkSuggestResponse, tools.link_suggest,
@@ -271,6 +271,8 @@ def _render_search(body: dict[str, Any]) -> list[str]:
 
 def _render_concept(body: dict[str, Any]) -> list[str]:
     facts = [f"{key} {body[key]}" for key in ("type", "status") if body[key]]
+    if body["aliases"]:
+        facts.append("also " + ", ".join(body["aliases"]))
     if body["tags"]:
         facts.append("tags " + ", ".join(body["tags"]))
     lines = [_name(body["title"], body["id"]) + (f" ({'; '.join(facts)})" if facts else "")]
