@@ -7,6 +7,9 @@ For each vault, into a fresh local store (WAL, synchronous=FULL) through ``Store
 3. the parsing share: reading the vault alone (``read_vault``), and appending the very same
    notes as prebuilt events into another fresh store (what an import costs without parsing).
 
+Wall times on a shared machine swing with its load; CPU seconds of this process (the store's
+writer thread included, fsync waits not) are reported beside them and are the steadier figure.
+
 No peer importer is run side by side: the candidates on PyPI (obsidiantools and the like)
 pull pandas, lxml and more, too heavy for this shared machine; the prebuilt-events run is the
 comparison. Then the save -> visible latency of ``sync --watch`` for a few single-note edits.
@@ -81,39 +84,45 @@ def measure(vault: Path, work: Path, label: str) -> dict[str, Any]:
     sink = LocalSink(work / f"{label}.db")
     try:
         with Manifest(work / f"{label}.manifest") as manifest:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             report = sync_once(vault, "kb", sink, manifest)
-            imported = time.perf_counter() - start
-            start = time.perf_counter()
+            imported, imported_cpu = time.perf_counter() - start, time.process_time() - cpu
+            start, cpu = time.perf_counter(), time.process_time()
             again = sync_once(vault, "kb", sink, manifest)
-            resync = time.perf_counter() - start
+            resync, resync_cpu = time.perf_counter() - start, time.process_time() - cpu
             assert again.upserted == 0 and again.deleted == 0
     finally:
         sink.close()
     notes = len(report.read.notes)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     read = read_vault(vault)
-    reading = time.perf_counter() - start
+    reading, reading_cpu = time.perf_counter() - start, time.process_time() - cpu
     events = [_upserted("kb", note, i + 1) for i, note in enumerate(read.notes.values())]
     assert all(event.source == SOURCE for event in events)
     with Store(work / f"{label}-prebuilt.db") as store:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for first in range(0, len(events), 500):
             store.append("kb", events[first : first + 500])
-        prebuilt = time.perf_counter() - start
+        prebuilt, prebuilt_cpu = time.perf_counter() - start, time.process_time() - cpu
     figures = {
         "notes": notes,
         "links": report.read.links,
         "import_s": round(imported, 3),
+        "import_cpu_s": round(imported_cpu, 3),
         "notes_per_s": round(notes / imported),
+        "notes_per_cpu_s": round(notes / imported_cpu),
         "resync_no_change_s": round(resync, 3),
-        "read_parse_resolve_s": round(reading, 3),
+        "resync_no_change_cpu_s": round(resync_cpu, 3),
+        "read_parse_resolve_cpu_s": round(reading_cpu, 3),
         "prebuilt_events_append_s": round(prebuilt, 3),
-        "parse_share": round(reading / imported, 2),
+        "prebuilt_events_append_cpu_s": round(prebuilt_cpu, 3),
+        "parse_share_cpu": round(reading_cpu / imported_cpu, 2),
     }
-    print(f"{label:>8}: {notes:,} notes imported in {imported:.2f} s ({figures['notes_per_s']:,}"
-          f" notes/s); no-change re-sync {resync:.2f} s; reading+parsing alone {reading:.2f} s;"
-          f" the same notes as prebuilt events {prebuilt:.2f} s")  # fmt: skip
+    print(f"{label:>8}: {notes:,} notes imported in {imported:.2f} s, {imported_cpu:.2f} s CPU"
+          f" ({figures['notes_per_s']:,} notes/s); no-change re-sync {resync:.2f} s"
+          f" ({resync_cpu:.2f} s CPU); reading+parsing alone {reading:.2f} s ({reading_cpu:.2f} s"
+          f" CPU); the same notes as prebuilt events {prebuilt:.2f} s"
+          f" ({prebuilt_cpu:.2f} s CPU)")  # fmt: skip
     return figures
 
 
