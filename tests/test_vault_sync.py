@@ -218,3 +218,47 @@ def test_a_replaced_store_gets_every_note_again(tmp_path: Path) -> None:
             assert sync_once(root, "kb", sink, manifest).upserted == 0
         finally:
             sink.close()
+
+
+def test_progress_and_summary(tmp_path: Path) -> None:
+    root = write_vault(
+        tmp_path / "vault", {f"n{i}.md": f"[[n{i + 1}]] [[gone]]" for i in range(300)}
+    )
+    (root / "bad\x02.md").write_text("")
+    calls: list[tuple[str, int, int]] = []
+    sink = LocalSink(tmp_path / "kb.db")
+    try:
+        with Manifest.for_vault(root) as manifest:
+            report = sync_once(root, "kb", sink, manifest, lambda *call: calls.append(call))
+    finally:
+        sink.close()
+    assert ("read", 250, 300) in calls and ("read", 300, 300) in calls
+    assert calls[-1] == ("sent", 300, 300)
+    summary = report.summary().splitlines()
+    assert summary[0] == (
+        "300 notes, 600 links (301 unresolved), 0 attachment links; "
+        "sent 300 upserts and 0 deletes, 0 notes unchanged"
+    )
+    assert summary[1:] == ["skipped bad\x02.md: invalid id from path: control character"]
+
+
+def test_command_line_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kbgraph.cli import main
+
+    config = tmp_path / "kbgraph.toml"
+    config.write_text('[store]\npath = "kb.db"\n')
+    (tmp_path / "file.md").write_text("")
+    cases = [
+        ([str(tmp_path / "nope"), "--kb", "kb"], "nope: no such folder"),
+        ([str(tmp_path / "file.md"), "--kb", "kb"], "file.md: not a folder"),
+        ([str(tmp_path), "--kb", "Bad KB"], "--kb 'Bad KB': expected a KB name"),
+        ([str(tmp_path), "--kb", "kb", "--manifest", str(tmp_path / "file.md" / "m")],
+         "cannot open the manifest"),
+    ]  # fmt: skip
+    for argv, message in cases:
+        assert main(["import", *argv, "--config", str(config)]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["import", str(tmp_path), "--kb", "kb", "--url", "ftp://x"]) == 2
+    assert "expected an http:// or https:// URL" in capsys.readouterr().err
+    assert main(["sync", str(tmp_path), "--kb", "kb", "--config", str(config)]) == 0
+    assert "1 notes, 0 links" in capsys.readouterr().out

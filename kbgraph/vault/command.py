@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import sys
 import threading
 from pathlib import Path
@@ -82,9 +83,14 @@ def run_command(args: argparse.Namespace, stop_event: threading.Event | None = N
     sink = open_sink(args)
     if isinstance(sink, str):
         return _fail(sink)
+    manifest_path = Path(args.manifest) if args.manifest else Manifest.default_path(root)
     try:
-        manifest_path = Path(args.manifest) if args.manifest else Manifest.default_path(root)
-        with Manifest(manifest_path) as manifest:
+        manifest = Manifest(manifest_path)
+    except (OSError, sqlite3.Error) as exc:
+        sink.close()
+        return _fail(f"cannot open the manifest {manifest_path} ({exc}): try --manifest FILE")
+    try:
+        with manifest:
             code = _run(root, args, sink, manifest)
             if code == 0 and args.watch:
                 print(f"watching {root} (Ctrl-C stops)", file=sys.stderr)
@@ -102,10 +108,10 @@ def run_command(args: argparse.Namespace, stop_event: threading.Event | None = N
 def _run(root: Path, args: argparse.Namespace, sink: Sink, manifest: Manifest) -> int:
     show = not args.quiet and sys.stderr.isatty()
 
-    def progress(done: int, total: int) -> None:
+    def progress(stage: str, done: int, total: int) -> None:
         if show and total >= PROGRESS_MIN:
             end = "\n" if done == total else ""
-            print(f"\r  sent {done:,} of {total:,}", end=end, file=sys.stderr, flush=True)
+            print(f"\r  {stage} {done:,} of {total:,}", end=end, file=sys.stderr, flush=True)
 
     try:
         report = sync_once(root, args.kb, sink, manifest, progress)

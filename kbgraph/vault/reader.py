@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, get_args
@@ -31,6 +32,7 @@ from kbgraph.vault.markdown import LinkRef, parse
 from kbgraph.vault.resolve import Resolver
 
 STATUSES: Final = frozenset(get_args(Status))
+PROGRESS_EVERY: Final = 250
 PARSER_VERSION: Final = b"1\0"  # part of the parse cache key: raise it when parsing changes
 _hash_encoder = msgspec.msgpack.Encoder()
 
@@ -97,7 +99,11 @@ class NoteFields(msgspec.Struct, frozen=True, array_like=True):
     warnings: list[str]
 
 
-def read_vault(root: Path, cache: dict[str, NoteFields] | None = None) -> VaultRead:
+def read_vault(
+    root: Path,
+    cache: dict[str, NoteFields] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> VaultRead:
     """Every note of the vault at ``root`` as a concept state, links resolved.
 
     ``cache`` maps a file content's sha256 to its parsed fields: hits skip parsing, misses
@@ -116,7 +122,9 @@ def read_vault(root: Path, cache: dict[str, NoteFields] | None = None) -> VaultR
         else:
             ids[nid] = path
     resolver = Resolver(ids, [unicodedata.normalize("NFC", f) for f in files])
-    for nid, path in ids.items():
+    for done, (nid, path) in enumerate(ids.items(), 1):
+        if progress is not None and (done % PROGRESS_EVERY == 0 or done == len(ids)):
+            progress(done, len(ids))
         try:
             raw = (root / path).read_bytes()
             source = raw.decode("utf-8").removeprefix("\ufeff")

@@ -17,6 +17,7 @@ import hashlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Final
 
@@ -45,12 +46,13 @@ class SyncReport:
 
     def summary(self) -> str:
         r = self.read
-        lines = ["the KB is behind this vault's manifest: sending every note"] if self.reset else []
-        lines += [
+        lines = [
             f"{len(r.notes)} notes, {r.links} links ({r.unresolved} unresolved), "
             f"{r.attachments} attachment links; sent {self.upserted} upserts and "
             f"{self.deleted} deletes, {self.unchanged} notes unchanged"
         ]
+        if self.reset:
+            lines.append("the KB was behind this vault's manifest (a new store?): sent every note")
         lines += [f"skipped {path}: {why}" for path, why in r.skipped]
         lines += [f"warning {path}: {what}" for path, what in r.warnings]
         return "\n".join(lines)
@@ -66,12 +68,15 @@ def sync_once(
     kb: str,
     sink: Sink,
     manifest: Manifest,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> SyncReport:
-    """One pass: read the vault, send what changed, record it. Raises SyncError on refusal."""
+    """One pass: read the vault, send what changed, record it. Raises SyncError on refusal.
+
+    ``progress(stage, done, total)`` is called as notes are read (``"read"``) and sent.
+    """
     cache = manifest.parse_cache()
     cached = set(cache)
-    read = read_vault(root, cache)
+    read = read_vault(root, cache, None if progress is None else partial(progress, "read"))
     if read.content_keys != cached:
         manifest.save_parse_cache(cache, read.content_keys)
     report = SyncReport(read)
@@ -104,7 +109,7 @@ def sync_once(
         report.results.append((result.applied, result.duplicates, result.stale))
         done += len(batch)
         if progress is not None:
-            progress(done, len(work))
+            progress("sent", done, len(work))
     return report
 
 
