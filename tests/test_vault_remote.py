@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,3 +99,37 @@ def test_wrong_secret_and_unreachable_url_are_clear(server: str, tmp_path: Path)
     assert "gave up after 2 attempts" in down.stderr
     with pytest.raises(SyncError, match="cannot reach"):
         WebhookSink(dead, SECRET, attempts=1).send("kb", [])
+
+
+def test_watch_over_the_webhook_reaches_graph_context(server: str, tmp_path: Path) -> None:
+    root = write_vault(tmp_path / "vault", {"Pump.md": "The sump pump [[Alarm]].", "Alarm.md": ""})
+    env = {**os.environ, SECRET_ENV: SECRET}
+    command = [sys.executable, "-m", "kbgraph", "sync", str(root), "--kb", "watched", "--url",
+               server, "--watch", "--quiet"]  # fmt: skip
+    proc = subprocess.Popen(command, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+
+        def context(query: str) -> list[str]:
+            response = httpx.post(
+                f"{server}/v1/kbs/watched/tools/graph_context",
+                headers={"Authorization": f"Bearer {ADMIN}"},
+                json={"query": query},
+                timeout=10,
+            )
+            body = response.json() if response.status_code == 200 else {}
+            return [seed["id"] for seed in body.get("seeds", [])]
+
+        deadline = time.monotonic() + 90
+        while "Pump" not in context("sump pump") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "Pump" in context("sump pump")
+        write_vault(root, {"Alarm.md": "The leak alarm beeps at the drainage sensor."})
+        while "Alarm" not in context("drainage sensor") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert context("drainage sensor")[0] == "Alarm"
+        assert proc.poll() is None  # still watching
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        if proc.stderr is not None:
+            proc.stderr.close()
