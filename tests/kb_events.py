@@ -33,10 +33,12 @@ def upsert(
     status: str = "",
     text: str = "",
     tags: list[str] | None = None,
+    aliases: list[str] | None = None,
 ) -> ConceptUpserted:
     data = UpsertData(
         version=version,
         title=subject if title is None else title,
+        aliases=aliases or [],
         type=type,
         status=status,  # type: ignore[arg-type]
         tags=tags or [],

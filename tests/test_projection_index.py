@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Sequence
 
 import numpy as np
 from hypothesis import given, settings
@@ -59,13 +60,13 @@ def test_reindexing_in_place_equals_indexing_the_final_documents(ops) -> None:
         assert got == want
 
 
-def test_unchanged_title_and_text_are_not_reindexed() -> None:
+def test_unchanged_title_text_and_aliases_are_not_reindexed() -> None:
     calls: list[tuple] = []
 
     class Recorder(SearchIndex):
-        def put(self, node: int, title: str, text: str) -> None:
-            calls.append(("put", node, title, text))
-            super().put(node, title, text)
+        def put(self, node: int, title: str, text: str, aliases: Sequence[str] = ()) -> None:
+            calls.append(("put", node, title, text, *aliases))
+            super().put(node, title, text, aliases)
 
         def remove(self, node: int) -> None:
             calls.append(("remove", node))
@@ -80,8 +81,11 @@ def test_unchanged_title_and_text_are_not_reindexed() -> None:
     store.append(KB, [upsert("a", 3, title="A", text="beta")])
     store.append(KB, [delete("a", 4)])
     store.append(KB, [upsert("a", 5, title="A", text="beta")])  # re-created: indexed again
+    store.append(KB, [upsert("a", 6, title="A", text="beta", aliases=["Gamma"])])
+    store.append(KB, [upsert("a", 7, title="A", text="beta", aliases=["Gamma"], tags=["t"])])
     p.follow_once()
-    assert calls == [("put", 0, "A", "beta"), ("remove", 0), ("put", 0, "A", "beta")]
+    assert calls == [("put", 0, "A", "beta"), ("remove", 0), ("put", 0, "A", "beta"),
+                     ("put", 0, "A", "beta", "Gamma")]  # fmt: skip
     with p.get(KB).read() as snap:
         nodes, _ = snap.index.search("beta", snap.view(None).mask)
         assert nodes.tolist() == [0]
