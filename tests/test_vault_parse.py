@@ -7,6 +7,8 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kbgraph.vault.markdown import LinkRef, parse
 from kbgraph.vault.reader import read_vault
@@ -179,3 +181,18 @@ def test_unreadable_and_non_utf8_files_are_reported(tmp_path: Path) -> None:
 def test_self_links_and_duplicates_carry_nothing(tmp_path: Path) -> None:
     write_vault(tmp_path, {"a.md": "[[a]] [[#top]] [[b]] [[B]] [[b|again]]", "b.md": ""})
     assert links_of(tmp_path, "a") == ["b"]
+
+
+code_text = st.text(alphabet=st.sampled_from(list("ab #[]|!()^.md\n`")), max_size=80)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    code=code_text, inline=st.text(alphabet=st.sampled_from(list("ab #[]|!()^.md")), max_size=30)
+)
+def test_nothing_inside_code_is_a_link_or_a_tag(code: str, inline: str) -> None:
+    """Whatever a fenced block or an inline code span holds, it yields no link and no tag."""
+    fenced = f"~~~~\n{code}\n~~~~\n"
+    spans = "``" + inline.replace("`", "") + "``" if inline.strip("` ") else ""
+    parsed = parse(f"Before.\n\n{fenced}\nText {spans} after.\n")
+    assert parsed.links == [] and parsed.tags == []
