@@ -38,7 +38,7 @@ from kbgraph.store import Store  # noqa: E402
 from kbgraph.vault.manifest import Manifest  # noqa: E402
 from kbgraph.vault.reader import read_vault  # noqa: E402
 from kbgraph.vault.sinks import LocalSink  # noqa: E402
-from kbgraph.vault.sync import SOURCE, _upserted, sync_once, watch  # noqa: E402
+from kbgraph.vault.sync import SOURCE, sync_once, upsert_event, watch  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "vault"
 WORDS = ["dns", "backup", "router", "vpn", "disk", "proxy", "mail", "firewall", "cluster",
@@ -97,7 +97,7 @@ def measure(vault: Path, work: Path, label: str) -> dict[str, Any]:
     start, cpu = time.perf_counter(), time.process_time()
     read = read_vault(vault)
     reading, reading_cpu = time.perf_counter() - start, time.process_time() - cpu
-    events = [_upserted("kb", note, i + 1) for i, note in enumerate(read.notes.values())]
+    events = [upsert_event("kb", note, i + 1) for i, note in enumerate(read.notes.values())]
     assert all(event.source == SOURCE for event in events)
     with Store(work / f"{label}-prebuilt.db") as store:
         start, cpu = time.perf_counter(), time.process_time()

@@ -16,7 +16,7 @@ import pytest
 from kbgraph.vault.manifest import Manifest
 from kbgraph.vault.reader import read_vault
 from kbgraph.vault.sinks import SECRET_ENV, SyncError, WebhookSink
-from kbgraph.vault.sync import _upserted, sync_once
+from kbgraph.vault.sync import sync_once, upsert_event
 from tests.test_crash import ADMIN, SECRET, free_port, start_server, stop, write_config
 from tests.vault_files import write_vault
 
@@ -74,7 +74,7 @@ def test_a_resent_delivery_is_all_duplicates(server: str, tmp_path: Path) -> Non
     sink = WebhookSink(server, SECRET)
     try:
         notes = read_vault(root).notes
-        events = [_upserted("dup", note, 7 + i) for i, note in enumerate(notes.values())]
+        events = [upsert_event("dup", note, 7 + i) for i, note in enumerate(notes.values())]
         first = sink.send("dup", events)
         second = sink.send("dup", events)  # an answer lost, the same delivery sent again
         assert (first.applied, first.duplicates) == (2, 0)
@@ -133,3 +133,39 @@ def test_watch_over_the_webhook_reaches_graph_context(server: str, tmp_path: Pat
         proc.wait(30)
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def test_retries_resend_the_same_signed_delivery_then_stop_on_a_refusal(tmp_path: Path) -> None:
+    from kbgraph.events import SignatureVerifier
+
+    seen: list[httpx.Request] = []
+    answers = [httpx.Response(503, json={"error": "busy"}), httpx.ConnectError("reset")]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        answer = answers.pop(0) if answers else None
+        if isinstance(answer, Exception):
+            raise answer
+        if answer is not None:
+            return answer
+        if request.url.path.endswith("/refused/events"):
+            return httpx.Response(422, json={"error": "events[0].subject: invalid concept id"})
+        body = {"accepted": 1, "applied": 1, "duplicates": 0, "stale": 0, "ignored": 0, "seq": 7}
+        return httpx.Response(200, json=body)
+
+    sink = WebhookSink(
+        "http://kb.test/", SECRET, backoff=0.0, transport=httpx.MockTransport(handler)
+    )
+    note = read_vault(write_vault(tmp_path, {"a.md": "[[b]]"})).notes["a"]
+    events = [upsert_event("kb", note, 1)]
+    result = sink.send("kb", events)
+    assert result.seq == 7 and len(seen) == 3
+    assert {r.headers["webhook-id"] for r in seen} == {seen[0].headers["webhook-id"]}
+    assert {r.content for r in seen} == {seen[0].content}
+    verifier = SignatureVerifier([SECRET])
+    assert all(verifier.verify(r.content, r.headers) for r in seen)
+    assert seen[0].url == "http://kb.test/v1/kbs/kb/events"
+    with pytest.raises(SyncError, match=r"refused the delivery \(422\): events\[0\]\.subject"):
+        sink.send("refused", events)
+    assert len(seen) == 4  # a refusal is not retried
+    sink.close()

@@ -66,13 +66,14 @@ class WebhookSink:
         attempts: int = 6,
         backoff: float = 0.5,
         timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.dest = f"url:{self.url}"
         self._webhook = Webhook(secret) if secret else None
         self._attempts = attempts
         self._backoff = backoff
-        self._client = httpx.Client(timeout=timeout)
+        self._client = httpx.Client(timeout=timeout, transport=transport)
 
     def send(self, kb: str, events: list[Event]) -> DeliveryResult:
         body = msgspec.json.encode(events)

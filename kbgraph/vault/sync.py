@@ -97,10 +97,10 @@ def sync_once(
         for offset, item in enumerate(batch):
             version = first + offset
             if isinstance(item, str):
-                events.append(_deleted(kb, item, version))
+                events.append(delete_event(kb, item, version))
                 deleted.append(item)
             else:
-                events.append(_upserted(kb, item, version))
+                events.append(upsert_event(kb, item, version))
                 upserted.append((item.id, item.digest, version))
         result = sink.send(kb, events)
         manifest.record(sink.dest, kb, upserted, deleted, result.seq)
@@ -129,7 +129,7 @@ def _batches(work: list[str | NoteState]) -> list[list[str | NoteState]]:
     return batches
 
 
-def _upserted(kb: str, note: NoteState, version: int) -> ConceptUpserted:
+def upsert_event(kb: str, note: NoteState, version: int) -> ConceptUpserted:
     return ConceptUpserted(
         specversion="1.0",
         id=event_id(kb, note.path, version, note.digest),
@@ -139,7 +139,7 @@ def _upserted(kb: str, note: NoteState, version: int) -> ConceptUpserted:
     )
 
 
-def _deleted(kb: str, concept_id: str, version: int) -> ConceptDeleted:
+def delete_event(kb: str, concept_id: str, version: int) -> ConceptDeleted:
     return ConceptDeleted(
         specversion="1.0",
         id=event_id(kb, concept_id, version, "deleted"),
