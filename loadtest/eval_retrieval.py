@@ -1,0 +1,293 @@
+"""Retrieval quality on the example vault (issue 13): search, graph_context, link_suggest.
+
+``python -m loadtest.eval_retrieval`` reads ``examples/vault`` with the vault importer's reader
+(``kbgraph.vault``, the notes exactly as ``kbgraph import`` sends them), writes them into a
+temporary store through ``Store.append`` (what the webhook calls), and asks the app over its
+HTTP routes (Starlette's TestClient, admin token):
+
+- **questions** (``examples/questions.toml``): plain ``search`` (limit 10) and ``graph_context``
+  with the query only (limit 10; the list an agent reads is the seeds, then the results). A
+  question is a hit at k when any of its right notes is among the first k; its reciprocal rank
+  is 1 / the rank of the first right note in the first 10 (0 when none is there).
+- **leave-one-link-out**: for each link A -> B between two notes where B does not link back
+  (a reciprocal pair stays adjacent, so B could never be a candidate), A is re-sent without that
+  link and ``link_suggest`` for A (limit 20) is asked with each method; hit at k when B is in
+  the first k. Two ways to take the link out of A's text as well:
+  ``unlinked``: the link's markup is replaced by its words (``[[B|label]]`` -> ``label``), as an
+  author who wrote the words and did not link them; ``unwritten``: the markup and its words go,
+  as if the link had never been written. Then A is restored. Links split into tune and heldout
+  halves by the parity of the first byte of sha256("A -> B").
+
+Each split (tune, heldout) is reported apart; tune only may be looked at while tuning
+(``--details`` lists the tune questions' rankings). The last line is one JSON object with every
+figure and the aims: on held-out, graph_context hit@5 >= 0.90 and MRR >= 0.75, graph_context
+ahead of plain search (MRR), link_suggest hybrid hit@5 >= 0.45 and >= 1.3x structure's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+import tempfile
+import tomllib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import msgspec
+from starlette.testclient import TestClient
+
+from kbgraph.api import create_app
+from kbgraph.config import load_config
+from kbgraph.events import ConceptUpserted, UpsertData
+from kbgraph.vault.markdown import LinkRef
+from kbgraph.vault.reader import read_vault, walk
+from kbgraph.vault.resolve import Resolver
+
+ROOT: Final = Path(__file__).resolve().parent.parent
+VAULT: Final = ROOT / "examples" / "vault"
+QUESTIONS: Final = ROOT / "examples" / "questions.toml"
+KB: Final = "homelab"
+TOKEN: Final = "eval-admin"
+SPLITS: Final = ("tune", "heldout")
+METHODS: Final = ("structure", "hybrid")
+VARIANTS: Final = ("unlinked", "unwritten")
+# In the evaluation only, to take one link out of a note's text: a wikilink or embed, or a
+# markdown link to a .md file. The product never reads markup this way (kbgraph.vault does).
+_WIKILINK: Final = re.compile(r"!?\[\[([^\[\]\n]+)\]\]")
+_MDLINK: Final = re.compile(r"\[([^\[\]\n]*)\]\(([^()\s]+\.md)\)")
+
+
+@dataclass
+class Question:
+    q: str
+    relevant: list[str]
+    split: str
+
+
+def load_questions(path: Path = QUESTIONS) -> list[Question]:
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    return [Question(row["q"], list(row["relevant"]), row["split"]) for row in data["question"]]
+
+
+def ranks_summary(ranks: list[int | None]) -> dict[str, float]:
+    """hit@5, hit@10, MRR over 1-based ranks (None: not in the first 10)."""
+    n = max(len(ranks), 1)
+    return {
+        "n": len(ranks),
+        "hit@5": round(sum(1 for r in ranks if r is not None and r <= 5) / n, 3),
+        "hit@10": round(sum(1 for r in ranks if r is not None and r <= 10) / n, 3),
+        "mrr": round(sum(1 / r for r in ranks if r is not None and r <= 10) / n, 3),
+    }
+
+
+def first_rank(ranked: list[str], wanted: set[str], depth: int = 10) -> int | None:
+    for i, concept_id in enumerate(ranked[:depth]):
+        if concept_id in wanted:
+            return i + 1
+    return None
+
+
+class Vault:
+    """The example vault in a temporary store and app, with version-bumping re-sends."""
+
+    def __init__(self, client: TestClient, root: Path) -> None:
+        self.client = client
+        self.store = client.app.state.store
+        read = read_vault(root)
+        self.notes: dict[str, UpsertData] = {nid: note.data for nid, note in read.notes.items()}
+        _, files = walk(root)
+        self.resolver = Resolver(list(self.notes), files)
+        self.versions = dict.fromkeys(self.notes, 0)
+        self.seq = 0
+        self.send(list(self.notes.items()))
+
+    def send(self, items: list[tuple[str, UpsertData]]) -> None:
+        events = []
+        for nid, data in items:
+            self.versions[nid] += 1
+            fields = msgspec.structs.asdict(data) | {"version": self.versions[nid]}
+            events.append(
+                ConceptUpserted(
+                    specversion="1.0",
+                    id=f"eval-{nid}-{self.versions[nid]}",
+                    source="eval://vault",
+                    subject=nid,
+                    data=UpsertData(**fields),
+                )
+            )
+        self.seq = self.store.append(KB, events).seq
+
+    def call(self, method: str, path: str, **kwargs) -> dict:
+        headers = {"Authorization": f"Bearer {TOKEN}", "X-Min-Seq": str(self.seq)}
+        response = self.client.request(method, f"/v1/kbs/{KB}/{path}", headers=headers, **kwargs)
+        if response.status_code != 200:
+            raise RuntimeError(f"{method} {path}: {response.status_code} {response.text}")
+        return response.json()
+
+    def search(self, query: str) -> list[str]:
+        hits = self.call("GET", "search", params={"q": query, "limit": 10})["hits"]
+        return [hit["id"] for hit in hits]
+
+    def graph_context(self, query: str) -> list[str]:
+        body = self.call("POST", "tools/graph_context", json={"query": query, "limit": 10})
+        return [row["id"] for row in body["seeds"] + body["results"]]
+
+    def link_suggest(self, nid: str, method: str) -> list[str]:
+        body = self.call("POST", "tools/link_suggest", json={"id": nid, "limit": 20, "method": method})
+        return [row["id"] for row in body["candidates"]]
+
+    def without_link(self, source: str, target: str, variant: str) -> UpsertData:
+        """``source``'s data without its link to ``target``, the link's text per ``variant``."""
+        data = self.notes[source]
+
+        def resolves(raw: str, markdown: bool) -> bool:
+            ref = LinkRef(raw, markdown=markdown)
+            return self.resolver.resolve(ref, source).target == target
+
+        def wikilink(match: re.Match[str]) -> str:
+            inner = match.group(1).replace("\\|", "|")
+            name, _, label = inner.partition("|")
+            if not resolves(name.split("#", 1)[0], False):
+                return match.group(0)
+            return "" if variant == "unwritten" else label or name.split("#", 1)[0]
+
+        def mdlink(match: re.Match[str]) -> str:
+            if not resolves(match.group(2), True):
+                return match.group(0)
+            return "" if variant == "unwritten" else match.group(1)
+
+        text = _MDLINK.sub(mdlink, _WIKILINK.sub(wikilink, data.text))
+        links = [link for link in data.links if link != target]
+        return msgspec.structs.replace(data, text=text, links=links)
+
+
+@contextmanager
+def vault_app(root: Path) -> Iterator[Vault]:
+    with tempfile.TemporaryDirectory(prefix="kbgraph-eval-") as folder:
+        config = Path(folder) / "kbgraph.toml"
+        config.write_text(
+            f'[store]\npath = "kbgraph.db"\n\n[[tokens]]\nname = "admin"\n'
+            f'token = "{TOKEN}"\nadmin = true\n'
+        )
+        with TestClient(create_app(load_config(config))) as client:
+            yield Vault(client, root)
+
+
+def split_of_link(source: str, target: str) -> str:
+    return SPLITS[hashlib.sha256(f"{source} -> {target}".encode()).digest()[0] % 2]
+
+
+def eval_questions(
+    vault: Vault, questions: list[Question], details: bool
+) -> dict[str, dict[str, dict[str, float]]]:
+    tools: dict[str, Callable[[str], list[str]]] = {
+        "search": vault.search,
+        "graph_context": vault.graph_context,
+    }
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for tool, ask in tools.items():
+        out[tool] = {}
+        for split in SPLITS:
+            ranks = []
+            for question in (q for q in questions if q.split == split):
+                ranked = ask(question.q)
+                rank = first_rank(ranked, set(question.relevant))
+                ranks.append(rank)
+                if details and split == "tune":
+                    print(f"  {tool:13} {rank!s:>4}  {question.q}  ->  {ranked[:5]}")
+            out[tool][split] = ranks_summary(ranks)
+    return out
+
+
+def eval_links(vault: Vault) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+    pairs = [
+        (source, target)
+        for source, data in sorted(vault.notes.items())
+        for target in data.links
+        if target in vault.notes and source not in vault.notes[target].links
+    ]
+    ranks: dict[tuple[str, str, str], list[int | None]] = {}
+    for source, target in pairs:
+        split = split_of_link(source, target)
+        for variant in VARIANTS:
+            vault.send([(source, vault.without_link(source, target, variant))])
+            for method in METHODS:
+                ranked = vault.link_suggest(source, method)
+                rank = first_rank(ranked, {target}, depth=20)
+                ranks.setdefault((variant, method, split), []).append(rank)
+        vault.send([(source, vault.notes[source])])
+    return {
+        variant: {
+            method: {split: ranks_summary(ranks.get((variant, method, split), [])) for split in SPLITS}
+            for method in METHODS
+        }
+        for variant in VARIANTS
+    }
+
+
+def aims(questions: dict, links: dict) -> dict[str, dict[str, float | bool]]:
+    gc, plain = questions["graph_context"]["heldout"], questions["search"]["heldout"]
+    out: dict[str, dict[str, float | bool]] = {
+        "graph_context_hit5": {"value": gc["hit@5"], "aim": 0.90, "met": gc["hit@5"] >= 0.90},
+        "graph_context_mrr": {"value": gc["mrr"], "aim": 0.75, "met": gc["mrr"] >= 0.75},
+        "graph_context_ahead_of_search": {
+            "value": round(gc["mrr"] - plain["mrr"], 3),
+            "aim": 0.0,
+            "met": gc["mrr"] > plain["mrr"] and gc["hit@5"] >= plain["hit@5"],
+        },
+    }
+    for variant in VARIANTS:
+        hybrid = links[variant]["hybrid"]["heldout"]["hit@5"]
+        structure = links[variant]["structure"]["heldout"]["hit@5"]
+        out[f"link_suggest_{variant}_hybrid_hit5"] = {
+            "value": hybrid,
+            "aim": 0.45,
+            "met": hybrid >= 0.45,
+        }
+        out[f"link_suggest_{variant}_vs_structure"] = {
+            "value": round(hybrid / structure, 2) if structure else float("inf"),
+            "aim": 1.3,
+            "met": hybrid >= 1.3 * structure,
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vault", type=Path, default=VAULT)
+    parser.add_argument("--questions", type=Path, default=QUESTIONS)
+    parser.add_argument("--details", action="store_true", help="rankings of the tune questions")
+    parser.add_argument("--no-links", action="store_true", help="questions only (faster)")
+    args = parser.parse_args(argv)
+    questions = load_questions(args.questions)
+    with vault_app(args.vault) as vault:
+        q_figures = eval_questions(vault, questions, args.details)
+        l_figures = {} if args.no_links else eval_links(vault)
+        notes = len(vault.notes)
+    print(f"{notes} notes, {len(questions)} questions")
+    print(f"{'what':34} {'split':8} {'n':>4} {'hit@5':>6} {'hit@10':>6} {'MRR':>6}")
+    rows = [(tool, q_figures[tool]) for tool in q_figures]
+    rows += [
+        (f"link_suggest {method} ({variant})", l_figures[variant][method])
+        for variant in l_figures
+        for method in METHODS
+    ]
+    for name, per_split in rows:
+        for split in SPLITS:
+            f = per_split[split]
+            print(f"{name:34} {split:8} {f['n']:>4} {f['hit@5']:>6} {f['hit@10']:>6} {f['mrr']:>6}")
+    result = {"questions": q_figures, "links": l_figures}
+    if l_figures:
+        result["aims"] = aims(q_figures, l_figures)
+    print(json.dumps(result, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
