@@ -65,7 +65,7 @@ under the write lock, so a cache never serves a stale mask. Readers insert into 
 under a small mutex; evicting only drops a reference, so a reader's ``View`` stays valid.
 
 Search: each KB keeps one ``SearchIndex`` (``kbgraph.search``) as ``index``; the follower
-calls ``put`` on every upsert that creates a concept or changes its title or text, and
+calls ``put`` on every upsert that creates a concept or changes its title, text or tags, and
 ``remove`` on every delete, under the write lock, so search sees the same delivery-whole state
 as the graph.
 
@@ -113,7 +113,7 @@ except ImportError:  # pragma: no cover - until kbgraph/search.py lands
     class SearchIndex:  # type: ignore[no-redef]
         """No-op stand-in with the interface the projection calls."""
 
-        def put(self, node: int, title: str, text: str) -> None:
+        def put(self, node: int, title: str, text: str, aliases=(), tags=()) -> None:
             pass
 
         def remove(self, node: int) -> None:
@@ -728,7 +728,7 @@ class KBProjection:
         self._cls = np.zeros(node_cap, np.int32)
         self._cls[:n] = np.fromiter(map(self._class, self.collections, self.types), np.int32, n)
         for u, c in enumerate(concepts):
-            self.index.put(u, c.title, c.text, c.aliases)
+            self.index.put(u, c.title, c.text, c.aliases, c.tags)
         self.seq = state.seq
 
     def _collection(self, concept_id: str) -> str:
@@ -893,12 +893,13 @@ class KBProjection:
             links.add(t)
         links.discard(u)
         alive = self._alive
-        # An unchanged title and text leave the search index as it is: no re-tokenizing.
+        # An unchanged title, text, aliases and tags leave the search index as it is.
         reindex = (
             not was_alive
             or self.titles[u] != data.title
             or self.texts[u] != data.text
             or self.aliases[u] != data.aliases
+            or self.tags[u] != data.tags
         )
         self.titles[u] = data.title
         self.aliases[u] = list(data.aliases)
@@ -949,7 +950,7 @@ class KBProjection:
         if src:
             self._declare_alive(src, dst)
         if reindex:
-            self.index.put(u, data.title, data.text, data.aliases)
+            self.index.put(u, data.title, data.text, data.aliases, data.tags)
 
     def _pools(self) -> tuple[np.ndarray, ...]:
         """The arrays the removing kernels (``_drop``, ``_undeclare``) take, in their order."""

@@ -1,4 +1,4 @@
-"""Full-text search over a KB's visible concepts: BM25 on title, aliases and text, snippets.
+"""Full-text search over a KB's visible concepts, made for questions: BM25F, stems, snippets.
 
 Why in memory, beside the store's FTS5 index: SQLite's ``bm25()`` takes its statistics (row
 count, average length, document frequencies) from the whole table, so a narrowed caller's
@@ -6,17 +6,24 @@ ranking would carry the concepts it may not see. Here the statistics are recompu
 visible subset at query time, and the index is patched in the same write-locked step as the
 graph, so the hits that seed ``graph_context`` come from the very snapshot the graph does.
 
-Scoring is FTS5's ``bm25(fts, 10.0, 10.0, 1.0)`` to the letter (title and aliases weighted
-10, text 1), with N, avgdl and df those of the visible concepts (Robertson & Zaragoza, "The
-Probabilistic Relevance Framework: BM25 and Beyond", 2009)::
+Terms (``analyze``): tokens are runs of letters and digits after NFKD, dropping combining marks
+and case folding (``Café`` = ``cafe``); English stop words are dropped (a question's "how do I"
+matches nothing, and a query of stop words alone matches nothing); every other token is
+reduced to its Snowball English stem (PyStemmer), so "backups" finds "backup", "working" finds
+"works". Stems are cached per token, so indexing pays the stemmer once per distinct word.
 
-    f(t, d)   = 10 * hits of t in d's title and aliases + hits of t in d's text
-    idf(t)    = max(1e-6, ln((N - df(t) + 0.5) / (df(t) + 0.5)))
-    score(d)  = sum over terms t of idf(t) * f * (k1 + 1) / (f + k1 * (1 - b + b * |d| / avgdl))
+Scoring is BM25F (Robertson, Zaragoza, Taylor, "Simple BM25 extension to multiple weighted
+fields", 2004) over two fields, the title with the aliases and the body text, with N, the
+average field lengths and df those of the visible concepts::
 
-with k1 = 1.2, b = 0.75 and |d| the token count of title, aliases and text. The tokenizer mirrors
-FTS5's ``unicode61 remove_diacritics 2``: case folded, diacritics stripped, tokens are runs of
-letters and digits. A query is only ever split into terms, so no character in it is syntax.
+    tf(t, d)  = W_TITLE * title_hits / (1 - B_TITLE + B_TITLE * |title_d| / avg|title|)
+              +           text_hits  / (1 - B_TEXT  + B_TEXT  * |text_d|  / avg|text|)
+    idf(t)    = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))
+    score(d)  = sum over the query's distinct terms t of idf(t) * tf * (K1 + 1) / (tf + K1)
+
+Headings are not a field of their own: telling them apart needs the markup parsed, and a
+concept's text is whatever its KB sent. A query is only ever split into terms, so no
+character in it is syntax.
 """
 
 from __future__ import annotations
@@ -26,31 +33,128 @@ import re
 import threading
 import unicodedata
 from collections.abc import Iterable, Sequence
+from typing import Final
 
 import numpy as np
+import Stemmer
 from numba import njit
 
-TITLE_WEIGHT = 10
-K1 = 1.2
-B = 0.75
-SNIPPET_WIDTH = 160
+W_TITLE: Final = 12.0
+B_TITLE: Final = 0.3
+B_TEXT: Final = 0.75
+K1: Final = 4.0
+SNIPPET_WIDTH: Final = 160
+STEM_CACHE_MAX: Final = 1 << 20
 
-MAX_QUERY_TERMS = 32  # distinct terms of a query used for ranking and snippets; the rest ignored
+# Snowball's English stop word list, folded as tokens are (apostrophes split words, so the
+# contractions' parts are listed), plus words of questions that name nothing.
+STOP_WORDS: Final = frozenset(
+    """a about above after again against all am an and any are as at be because been before
+    being below between both but by can could d did do does doing don down during each few for
+    from further had has have having he her here hers herself him himself his how i if in into
+    is it its itself just ll m me more most my myself no nor not now of off on once only or
+    other ought our ours ourselves out over own re s same shall she should so some such t than
+    that the their theirs them themselves then there these they this those through to too under
+    until up ve very was we were what when where which while who whom why will with won would
+    you your yours yourself yourselves""".split()  # noqa: SIM905 (easier to read)
+)
 
 _ASCII_TOKEN = re.compile(r"[a-z0-9]+")
-_ASCII_ALNUM = "abcdefghijklmnopqrstuvwxyz0123456789"
 _TOKEN = re.compile(r"[^\W_]+")
+_COMPOUND = re.compile(r"[^\W_]+(?:-[^\W_]+)+")
+
+
+def fold(text: str) -> str:
+    """Case folded, compatibility-decomposed, combining marks (accents) dropped."""
+    if text.isascii():
+        return text.lower()
+    decomposed = unicodedata.normalize("NFKD", text)
+    return "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold()
+
+
+# ASCII text, as bytes: letters to lower case, digits kept, every other byte a space (the
+# upper half is never used, bytes.translate wants 256 entries); then
+# ``str.split`` finds exactly the runs ``[a-z0-9]+`` of the lower-cased text, ~2x faster.
+_ASCII_FOLD = bytes(ord(chr(c).lower()) if chr(c).isalnum() else 32 for c in range(128)) * 2
+
+
+def tokenize(text: str) -> list[str]:
+    """The folded tokens of ``text``, in order, stop words included (names are matched so)."""
+    if text.isascii():
+        return text.encode("ascii").translate(_ASCII_FOLD).decode("ascii").split()
+    folded = fold(text)
+    if folded.isascii():
+        return _ASCII_TOKEN.findall(folded)
+    return _TOKEN.findall(folded)
+
+
+class _Stemmers(threading.local):
+    """PyStemmer objects are not thread-safe: one per thread."""
+
+    def __init__(self) -> None:
+        self.stemmer = Stemmer.Stemmer("english", 0)
+
+
+_stemmers = _Stemmers()
+# token -> its term; "" for a stop word. Filled on first sight of a token, never changed.
+_terms: dict[str, str] = dict.fromkeys(STOP_WORDS, "")
+
+
+def term(token: str) -> str:
+    """The term of one folded token: its stem, or "" for a stop word."""
+    found = _terms.get(token)
+    if found is None:
+        found = _stemmers.stemmer.stemWord(token)
+        if len(_terms) < STEM_CACHE_MAX:
+            _terms[token] = found
+    return found
+
+
+def analyze(text: str) -> list[str]:
+    """The terms of ``text`` in order: folded tokens without stop words, stemmed; then the
+    joined form of each hyphenated word ("Wi-Fi" also gives "wifi", "e-mail" "email")."""
+    get = _terms.get
+    out = []
+    tokens = tokenize(text)
+    if "-" in text:
+        tokens += ["".join(tokenize(word)) for word in _COMPOUND.findall(fold(text))]
+    for token in tokens:
+        found = get(token)
+        if found is None:
+            found = term(token)
+        if found:
+            out.append(found)
+    return out
+
+
+def query_terms(query: str) -> list[str]:
+    """The distinct terms of a query, in order of first appearance."""
+    return list(dict.fromkeys(analyze(query)))
 
 
 @njit(cache=True, nogil=True)
-def _bm25(
-    term_off, nodes, freqs, doc_len, mask, n_docs, avgdl, acc, seen, touched
+def _bm25f(
+    term_off,
+    nodes,
+    tf_title,
+    tf_text,
+    title_len,
+    text_len,
+    mask,
+    n_docs,
+    avg_title,
+    avg_text,
+    params,
+    acc,
+    seen,
+    touched,
 ):  # pragma: no cover - compiled
-    """Sum each visible document's BM25 parts, term by term (so in query-term order).
+    """Sum each visible document's BM25F parts, term by term (so in query-term order).
 
-    ``nodes[term_off[t]:term_off[t + 1]]`` are term t's postings with their weighted
-    frequencies. Scratch ``acc`` (zeros), ``seen`` (zeros) and ``touched`` are restored.
+    ``nodes[term_off[t]:term_off[t + 1]]`` are term t's postings with their field hits.
+    Scratch ``acc`` (zeros), ``seen`` (zeros) and ``touched`` are restored.
     """
+    w_title, b_title, b_text, k1 = params[0], params[1], params[2], params[3]
     nt = 0
     for t in range(term_off.shape[0] - 1):
         start, end = term_off[t], term_off[t + 1]
@@ -60,16 +164,17 @@ def _bm25(
                 df += 1
         if df == 0:
             continue
-        idf = math.log((n_docs - df + 0.5) / (df + 0.5))
-        if idf <= 0.0:
-            idf = 1e-6
+        idf = math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
         for j in range(start, end):
             u = nodes[j]
             if mask[u] == 0:
                 continue
-            f = freqs[j]
-            norm = K1 * (1.0 - B + B * doc_len[u] / avgdl)
-            acc[u] += idf * (f * (K1 + 1.0)) / (f + norm)
+            tf = 0.0
+            if tf_title[j] > 0.0:
+                tf += w_title * tf_title[j] / (1.0 - b_title + b_title * title_len[u] / avg_title)
+            if tf_text[j] > 0.0:
+                tf += tf_text[j] / (1.0 - b_text + b_text * text_len[u] / avg_text)
+            acc[u] += idf * tf * (k1 + 1.0) / (tf + k1)
             if seen[u] == 0:
                 seen[u] = 1
                 touched[nt] = u
@@ -85,7 +190,7 @@ def _bm25(
 
 
 class _Scratch(threading.local):
-    """Per-thread accumulator arrays for ``_bm25``, grown on demand, always left clean."""
+    """Per-thread accumulator arrays for ``_bm25f``, grown on demand, always left clean."""
 
     def __init__(self) -> None:
         self.grow(1024)
@@ -97,193 +202,209 @@ class _Scratch(threading.local):
 
 
 _scratch = _Scratch()
-
-
-def _fold(text: str) -> str:
-    """Lower-case and strip diacritics (NFD, then drop the combining marks)."""
-    if text.isascii():
-        return text.lower()
-    decomposed = unicodedata.normalize("NFD", text)
-    stripped = "".join(ch for ch in decomposed if not unicodedata.combining(ch))
-    return stripped.lower()
-
-
-# ASCII text, as bytes: letters to lower case, digits kept, every other byte a space (the
-# upper half is never used, bytes.translate wants 256 entries); then
-# ``str.split`` finds exactly the runs ``[a-z0-9]+`` of the lower-cased text, ~2x faster.
-_ASCII_FOLD = bytes(ord(chr(c).lower()) if chr(c).isalnum() else 32 for c in range(128)) * 2
-
-
-def tokenize(text: str) -> list[str]:
-    """The terms of ``text``, in order, as FTS5's unicode61 tokenizer would produce them."""
-    if text.isascii():
-        return text.encode("ascii").translate(_ASCII_FOLD).decode("ascii").split()
-    folded = _fold(text)
-    if folded.isascii():
-        return _ASCII_TOKEN.findall(folded)
-    return _TOKEN.findall(folded)
-
-
-def query_terms(query: str) -> list[str]:
-    """The first ``MAX_QUERY_TERMS`` distinct terms of a query, in order of first appearance
-    (bounding the work of one query: BM25 postings and snippet scans are per term)."""
-    return list(dict.fromkeys(tokenize(query)))[:MAX_QUERY_TERMS]
+_FIELD = 1 << 32  # a posting's hits packed as title_hits * _FIELD + text_hits
 
 
 class _Postings:
-    """One term's postings: ``freq`` node -> 10 * title and alias hits + text hits;
-    ``arrays`` (nodes, freqs) built on demand by ``search`` and dropped when ``freq`` changes."""
+    """One key's postings: ``freq`` node -> packed hits; ``arrays`` (nodes, title hits, text
+    hits) built on demand by readers and dropped when ``freq`` changes."""
 
     __slots__ = ("arrays", "freq")
 
     def __init__(self, node: int, count: int) -> None:
         self.freq: dict[int, int] = {node: count}
-        self.arrays: tuple[np.ndarray, np.ndarray] | None = None
+        self.arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def get_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self.arrays is None:
+            nodes = np.fromiter(self.freq, dtype=np.int64, count=len(self.freq))
+            packed = np.fromiter(self.freq.values(), dtype=np.int64, count=len(nodes))
+            self.arrays = (nodes, (packed >> 32).astype(np.float64), (packed & 0xFFFFFFFF) * 1.0)
+        return self.arrays
+
+    def visible_df(self, mask: np.ndarray) -> int:
+        """How many of the postings' nodes ``mask`` shows."""
+        nodes = self.get_arrays()[0]
+        return int(np.count_nonzero(mask[nodes[nodes < len(mask)]]))
+
+
+def _add(table: dict[str, _Postings], key: str, node: int, count: int) -> None:
+    postings = table.get(key)
+    if postings is None:
+        table[key] = _Postings(node, count)
+    else:
+        postings.freq[node] = count
+        postings.arrays = None
+
+
+def _drop(table: dict[str, _Postings], keys: Iterable[str], node: int) -> None:
+    for key in keys:
+        postings = table[key]
+        del postings.freq[node]
+        if postings.freq:
+            postings.arrays = None
+        else:
+            del table[key]
 
 
 class SearchIndex:
-    """An inverted index of one KB, patched per concept (``put``/``remove``).
+    """An inverted index of one KB, patched per concept (``put``/``remove``): the terms of
+    titles, aliases and texts, the concepts' names as token sequences (for mentions) and their
+    tags (for link evidence).
 
     Not thread-safe by itself: the projection calls ``put``/``remove`` under its write lock
-    and ``search`` under its read lock.
+    and the readers under its read lock.
     """
 
     def __init__(self) -> None:
         self._postings: dict[str, _Postings] = {}
-        self._doc_terms: dict[int, tuple[str, ...]] = {}
-        self._doc_len = np.zeros(1024, dtype=np.int64)
+        self.doc_terms: dict[int, tuple[str, ...]] = {}  # distinct terms, text order first
+        self._names: dict[str, dict[int, tuple[tuple[str, ...], ...]]] = {}  # first token ->
+        self.doc_names: dict[int, tuple[tuple[str, ...], ...]] = {}
+        self._tags: dict[str, _Postings] = {}
+        self.doc_tags: dict[int, tuple[str, ...]] = {}
+        self._title_len = np.zeros(1024, dtype=np.float64)
+        self._text_len = np.zeros(1024, dtype=np.float64)
         self._present = np.zeros(1024, dtype=np.uint8)  # 1 where a document is indexed
-        self.version = 0  # bumped on every change; keys the cached visible statistics
-        self._stats: dict[tuple[int, int], tuple[np.ndarray, int, int]] = {}
+        self._stats: dict[tuple[int, int], tuple[np.ndarray, int, float, float]] = {}
 
-    def put(self, node: int, title: str, text: str, aliases: Sequence[str] = ()) -> None:
-        """Index (or re-index) ``node`` with its current title, text and aliases."""
-        title_terms = tokenize(title)
-        for alias in aliases:  # weighed as the title: other names of the concept
-            title_terms.extend(tokenize(alias))
-        text_terms = tokenize(text)
+    def put(
+        self,
+        node: int,
+        title: str,
+        text: str,
+        aliases: Sequence[str] = (),
+        tags: Sequence[str] = (),
+    ) -> None:
+        """Index (or re-index) ``node`` with its current title, text, aliases and tags."""
+        names = [title, *aliases]
+        title_terms = [t for name in names for t in analyze(name)]
+        text_terms = analyze(text)
         freq: dict[str, int] = {}
         get = freq.get
-        for term in text_terms:
-            freq[term] = get(term, 0) + 1
-        for term in title_terms:
-            freq[term] = get(term, 0) + TITLE_WEIGHT
-        all_postings = self._postings
-        old = self._doc_terms.get(node)
-        if old is not None:  # re-indexing: only the terms it no longer has leave
-            self._forget(node, [term for term in old if term not in freq])
-        for term, count in freq.items():
-            postings = all_postings.get(term)
-            if postings is None:
-                all_postings[term] = _Postings(node, count)
-            else:
-                postings.freq[node] = count
-                postings.arrays = None
-        self._doc_terms[node] = tuple(freq)
-        if node >= len(self._doc_len):
-            size = max(node + 1, 2 * len(self._doc_len))
-            self._doc_len = np.concatenate(
-                [self._doc_len, np.zeros(size - len(self._doc_len), np.int64)]
-            )
-            self._present = np.concatenate(
-                [self._present, np.zeros(size - len(self._present), np.uint8)]
-            )
-        self._doc_len[node] = len(title_terms) + len(text_terms)
+        for t in text_terms:
+            freq[t] = get(t, 0) + 1
+        for t in title_terms:
+            freq[t] = get(t, 0) + _FIELD
+        self._forget(node)
+        for t, count in freq.items():
+            _add(self._postings, t, node, count)
+        self.doc_terms[node] = tuple(freq)
+        name_tokens = tuple(dict.fromkeys(tuple(tokenize(n)) for n in names if tokenize(n)))
+        self.doc_names[node] = name_tokens
+        for tokens in name_tokens:
+            self._names.setdefault(tokens[0], {})[node] = name_tokens
+        tag_keys = tuple(dict.fromkeys(fold(tag) for tag in tags if tag))
+        self.doc_tags[node] = tag_keys
+        for key in tag_keys:
+            _add(self._tags, key, node, 1)
+        if node >= len(self._present):
+            size = max(node + 1, 2 * len(self._present))
+            self._title_len = _grown(self._title_len, size)
+            self._text_len = _grown(self._text_len, size)
+            self._present = _grown(self._present, size)
+        self._title_len[node] = len(title_terms)
+        self._text_len[node] = len(text_terms)
         self._present[node] = 1
-        self._changed()
+        self._stats.clear()
 
     def remove(self, node: int) -> None:
         """Forget ``node`` (a deleted concept). Unknown nodes are ignored."""
-        terms = self._doc_terms.pop(node, None)
+        self._forget(node)
+
+    def _forget(self, node: int) -> None:
+        terms = self.doc_terms.pop(node, None)
         if terms is None:
             return
-        self._forget(node, terms)
-        self._doc_len[node] = 0
+        _drop(self._postings, terms, node)
+        for tokens in self.doc_names.pop(node):
+            holders = self._names[tokens[0]]
+            holders.pop(node, None)
+            if not holders:
+                del self._names[tokens[0]]
+        _drop(self._tags, self.doc_tags.pop(node), node)
+        self._title_len[node] = self._text_len[node] = 0
         self._present[node] = 0
-        self._changed()
-
-    def _forget(self, node: int, terms: Iterable[str]) -> None:
-        """Drop ``node`` from the postings of ``terms`` (each holding it)."""
-        all_postings = self._postings
-        for term in terms:
-            postings = all_postings[term]
-            del postings.freq[node]
-            if postings.freq:
-                postings.arrays = None
-            else:
-                del all_postings[term]
-
-    def _changed(self) -> None:
-        self.version += 1
         self._stats.clear()
 
     def __len__(self) -> int:
-        return len(self._doc_terms)
+        return len(self.doc_terms)
 
-    def _visible_stats(self, mask: np.ndarray) -> tuple[int, int]:
-        """(N, total length) of the indexed documents with ``mask[node] == 1``."""
+    def visible_stats(self, mask: np.ndarray) -> tuple[int, float, float]:
+        """(N, average title length, average text length) of the documents ``mask`` shows."""
         key = (id(mask), len(mask))
         cached = self._stats.get(key)
         if cached is not None and cached[0] is mask:
-            return cached[1], cached[2]
-        size = min(len(mask), len(self._doc_len))
+            return cached[1], cached[2], cached[3]
+        size = min(len(mask), len(self._present))
         visible = (mask[:size] != 0) & (self._present[:size] != 0)
-        count, total = int(np.count_nonzero(visible)), int(self._doc_len[:size][visible].sum())
-        self._stats[key] = (mask, count, total)
-        return count, total
+        count = int(np.count_nonzero(visible))
+        avg_title = float(self._title_len[:size][visible].sum()) / max(count, 1)
+        avg_text = float(self._text_len[:size][visible].sum()) / max(count, 1)
+        stats = (count, avg_title or 1.0, avg_text or 1.0)
+        self._stats[key] = (mask, *stats)
+        return stats
 
-    def _arrays(self, postings: _Postings) -> tuple[np.ndarray, np.ndarray]:
-        if postings.arrays is None:
-            nodes = np.fromiter(postings.freq, dtype=np.int64, count=len(postings.freq))
-            freqs = np.fromiter(postings.freq.values(), dtype=np.float64, count=len(nodes))
-            postings.arrays = (nodes, freqs)
-        return postings.arrays
+    def term_df(self, t: str, mask: np.ndarray) -> int:
+        """How many visible documents hold term ``t``."""
+        postings = self._postings.get(t)
+        return 0 if postings is None else postings.visible_df(mask)
+
+    def term_nodes(self, t: str) -> np.ndarray:
+        """The documents holding term ``t`` (visible or not)."""
+        postings = self._postings.get(t)
+        return np.empty(0, np.int64) if postings is None else postings.get_arrays()[0]
+
+    def tag_nodes(self, tag: str) -> np.ndarray:
+        postings = self._tags.get(tag)
+        return np.empty(0, np.int64) if postings is None else postings.get_arrays()[0]
+
+    def names_from(self, token: str) -> dict[int, tuple[tuple[str, ...], ...]]:
+        """The documents with a name (title or alias) whose first token is ``token``."""
+        return self._names.get(token, {})
 
     def search(self, query: str, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """BM25 scores of every visible document matching a term of ``query``.
+        """BM25F scores of every visible document matching a term of ``query``.
 
         Returns (nodes int64[k], scores float64[k]) in no particular order; rank them with
         ``top``. Statistics are those of the documents with ``mask[node] == 1``.
         """
-        terms = query_terms(query)
         empty = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64))
-        if not terms:
+        arrays = [self._postings[t].get_arrays() for t in query_terms(query) if t in self._postings]
+        if not arrays:
             return empty
-        n_docs, total_len = self._visible_stats(mask)
+        n_docs, avg_title, avg_text = self.visible_stats(mask)
         if n_docs == 0:
             return empty
-        avgdl = total_len / n_docs
-        term_nodes: list[np.ndarray] = []
-        term_freqs: list[np.ndarray] = []
-        for term in terms:
-            postings = self._postings.get(term)
-            if postings is not None:
-                nodes, freqs = self._arrays(postings)
-                term_nodes.append(nodes)
-                term_freqs.append(freqs)
-        if not term_nodes:
-            return empty
-        term_off = np.zeros(len(term_nodes) + 1, np.int64)
-        np.cumsum([len(nodes) for nodes in term_nodes], out=term_off[1:])
+        term_off = np.zeros(len(arrays) + 1, np.int64)
+        np.cumsum([len(a[0]) for a in arrays], out=term_off[1:])
         size = len(mask)
         if _scratch.acc.shape[0] < size:
             _scratch.grow(size + size // 8)
-        return _bm25(
+        return _bm25f(
             term_off,
-            np.concatenate(term_nodes),
-            np.concatenate(term_freqs),
-            self._doc_len,
+            np.concatenate([a[0] for a in arrays]),
+            np.concatenate([a[1] for a in arrays]),
+            np.concatenate([a[2] for a in arrays]),
+            self._title_len,
+            self._text_len,
             mask,
             n_docs,
-            avgdl,
+            avg_title,
+            avg_text,
+            np.array([W_TITLE, B_TITLE, B_TEXT, K1]),
             _scratch.acc,
             _scratch.seen,
             _scratch.touched,
         )
 
 
+def _grown(arr: np.ndarray, size: int) -> np.ndarray:
+    return np.concatenate([arr, np.zeros(size - len(arr), arr.dtype)])
+
+
 def warm_up() -> None:
-    """Compile (or load from the on-disk cache) the BM25 kernel, before serving."""
+    """Compile (or load from the on-disk cache) the BM25F kernel, before serving."""
     index = SearchIndex()
     index.put(0, "warm", "up")
     for writeable in (True, False):
@@ -293,7 +414,7 @@ def warm_up() -> None:
 
 
 def top(
-    nodes: np.ndarray, scores: np.ndarray, ids: list[str], limit: int
+    nodes: np.ndarray, scores: np.ndarray, ids: Sequence[str], limit: int
 ) -> list[tuple[int, float]]:
     """The ``limit`` best (node, score) pairs: score descending, then id ascending."""
     if len(nodes) == 0 or limit <= 0:
@@ -309,57 +430,32 @@ def top(
     return ranked[:limit]
 
 
-def _first_ascii_hit(lowered: str, terms: tuple[str, ...]) -> int:
-    """``_first_hit`` on lower-cased ASCII text, in time linear in the text.
+def first_hit(text: str, terms: Sequence[str]) -> int:
+    """Where the first token of ``text`` whose term is one of ``terms`` starts (0: none is).
 
-    ``str.find`` gives each term's first raw occurrence (a C scan per term, at most
-    ``MAX_QUERY_TERMS`` of them); tokens are then matched one by one from the start of the
-    token holding the earliest occurrence, so no position is looked at twice.
-    """
-    first = min((at for term in terms if (at := lowered.find(term)) >= 0), default=-1)
-    if first < 0:
-        return 0
-    start = len(lowered[:first].rstrip(_ASCII_ALNUM))  # the start of the token holding it
-    wanted = set(terms)
-    for match in _ASCII_TOKEN.finditer(lowered, start):
-        if match.group() in wanted:
-            return match.start()
-    return 0
-
-
-def _first_hit(text: str, terms: tuple[str, ...]) -> int:
-    """Where the first token of ``text`` that is one of ``terms`` starts (0 when none is).
-
-    Linear in the text: ASCII text see ``_first_ascii_hit``; non-ASCII text folds each
-    distinct token once (in one batch), then walks the tokens only when one of them matches.
+    One pass over the tokens, each looked up in the term cache: linear in the text.
     """
     if not terms:
         return 0
-    if text.isascii():
-        return _first_ascii_hit(text.lower(), terms)
-    # Folding never shortens a token (every letter or digit keeps at least its base
-    # character), so a token longer than every term cannot match and is never folded.
-    longest = max(len(term) for term in terms)
-    distinct = [token for token in set(_TOKEN.findall(text)) if len(token) <= longest]
-    if not distinct:
-        return 0
-    folded = _fold("\n".join(distinct)).split("\n")  # a token never holds a newline
     wanted = set(terms)
-    hits = {token for token, fold in zip(distinct, folded, strict=True) if fold in wanted}
-    if hits:
-        for match in _TOKEN.finditer(text):
-            if match.group() in hits:
+    if text.isascii():  # lower-casing keeps every offset
+        for match in _ASCII_TOKEN.finditer(text.lower()):
+            if term(match.group()) in wanted:
+                return match.start()
+        return 0
+    for match in _TOKEN.finditer(text):
+        for token in tokenize(match.group()):  # NFKD may split one match into tokens
+            if term(token) in wanted:
                 return match.start()
     return 0
 
 
-def snippet(text: str, terms: list[str], width: int = SNIPPET_WIDTH) -> str:
-    """At most ``width`` characters of ``text`` around the first occurrence of a query term.
+def snippet_at(text: str, hit: int, width: int = SNIPPET_WIDTH) -> str:
+    """At most ``width`` characters of ``text`` around offset ``hit``.
 
     The window opens a quarter width before the hit; whitespace runs collapse to one space and
-    an ellipsis (counted in the width) marks each cut. Without an occurrence: the text's start.
+    an ellipsis (counted in the width) marks each cut.
     """
-    hit = _first_hit(text, tuple(terms))
     start = max(0, hit - width // 4)
     end = start + 2 * width  # enough raw text to fill the width after collapsing whitespace
     prefix = "…" if start > 0 else ""
@@ -368,3 +464,9 @@ def snippet(text: str, terms: list[str], width: int = SNIPPET_WIDTH) -> str:
     if len(body) > room or end < len(text):
         body = body[: room - 1].rstrip() + "…"
     return prefix + body
+
+
+def snippet(text: str, terms: Sequence[str], width: int = SNIPPET_WIDTH) -> str:
+    """At most ``width`` characters around the first occurrence of a query term, else from
+    the text's start."""
+    return snippet_at(text, first_hit(text, terms), width)

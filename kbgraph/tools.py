@@ -15,14 +15,23 @@ import msgspec
 import numpy as np
 from msgspec import UNSET, UnsetType
 
-from kbgraph import graphalgo
+from kbgraph import evidence, graphalgo
 from kbgraph.graphalgo.graph import View
 from kbgraph.projection import Snapshot
-from kbgraph.search import query_terms, snippet, top
+from kbgraph.search import query_terms, snippet, snippet_at, top
 
 MAX_IDS: Final = 10
 SEARCH_SEEDS: Final = 5
+# Seeding from search scores (README, "Retrieval quality"): of the top SEARCH_SEEDS hits, those
+# scoring at least SEED_CUT of the best add (score / best) ** SEED_POWER.
+SEED_CUT: Final = 0.5
+SEED_POWER: Final = 2.0
 RETIRED: Final = frozenset({"deprecated", "superseded"})
+METHODS: Final = ("hybrid", "structure")
+# link_suggest hybrid: structure's resource allocation plus weighted text evidence.
+MENTION_WEIGHT: Final = 1.0
+TERMS_WEIGHT: Final = 1.0
+TAGS_WEIGHT: Final = 0.5
 Req = TypeVar("Req")
 
 
@@ -102,6 +111,14 @@ class LinkSuggestRequest(msgspec.Struct, forbid_unknown_fields=True):
             maximum=20,
         ),
     ] = 5
+    method: Annotated[
+        str | None,
+        _field(
+            "'hybrid' adds the text's evidence (unlinked mentions, shared rare terms and tags)"
+            " to the link structure; 'structure' is resource allocation alone.",
+            enum=["hybrid", "structure", None],
+        ),
+    ] = "hybrid"
 
 
 class GraphPathRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -172,10 +189,12 @@ class Candidate(msgspec.Struct):
     title: str
     score: float
     common: list[str]
+    mention: str | UnsetType = UNSET
 
 
 class LinkSuggestResponse(msgspec.Struct):
     id: str
+    method: str
     candidates: list[Candidate]
     count: int
 
@@ -228,6 +247,16 @@ class StatusResponse(msgspec.Struct):
 # --- the tools -----------------------------------------------------------------------------
 
 
+def seed_weights(hits: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The seed weight of each ranked search hit: a clear winner outweighs a near tie."""
+    if not hits:
+        return []
+    best = hits[0][1]
+    return [
+        (node, (score / best) ** SEED_POWER) for node, score in hits if score >= SEED_CUT * best
+    ]
+
+
 def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> GraphContextResponse:
     """Personalized PageRank seeded from the given ids and the query's top visible hits."""
     ids = req.ids or []
@@ -245,8 +274,8 @@ def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> Graph
     if req.query is not None:
         terms = query_terms(req.query)
         nodes, scores = snap.index.search(req.query, view.mask)
-        for rank, (node, _) in enumerate(top(nodes, scores, snap.ids, SEARCH_SEEDS)):
-            weights[node] = weights.get(node, 0.0) + 1.0 / (1 + rank)
+        for node, weight in seed_weights(top(nodes, scores, snap.ids, SEARCH_SEEDS)):
+            weights[node] = weights.get(node, 0.0) + weight
 
     response = GraphContextResponse(
         query=UNSET if req.query is None else req.query,
@@ -310,9 +339,24 @@ def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> Graph
 
 
 def link_suggest(snap: Snapshot, view: View, req: LinkSuggestRequest) -> LinkSuggestResponse:
-    """Missing links by resource allocation, retired candidates skipped before the limit."""
+    """Missing links by resource allocation (``structure``), plus text evidence (``hybrid``);
+    retired candidates skipped before the limit."""
+    method = "hybrid" if req.method is None else req.method
+    if method not in METHODS:
+        raise ToolError(422, f'invalid method "{method}": expected hybrid or structure')
     limit = clamp(req.limit, 5, 1, 20)
     node = visible_node(snap, view, req.id)
+    if method == "hybrid":
+        candidates = _hybrid(snap, view, node, limit)
+    else:
+        candidates = _structure(snap, view, node, limit)
+    return LinkSuggestResponse(
+        id=req.id, method=method, candidates=candidates, count=len(candidates)
+    )
+
+
+def _structure(snap: Snapshot, view: View, node: int, limit: int) -> list[Candidate]:
+    """The seed's rule: resource allocation over candidates with 2 or more common neighbours."""
     wanted = limit * 2
     while True:
         ranked = graphalgo.resource_allocation(view, node, min_common=2, limit=wanted)
@@ -320,7 +364,7 @@ def link_suggest(snap: Snapshot, view: View, req: LinkSuggestRequest) -> LinkSug
         if len(kept) >= limit or len(ranked) < wanted:
             break
         wanted *= 4
-    candidates = [
+    return [
         Candidate(
             id=snap.ids[s.node],
             title=snap.titles[s.node],
@@ -329,7 +373,47 @@ def link_suggest(snap: Snapshot, view: View, req: LinkSuggestRequest) -> LinkSug
         )
         for s in kept[:limit]
     ]
-    return LinkSuggestResponse(id=req.id, candidates=candidates, count=len(candidates))
+
+
+def _hybrid(snap: Snapshot, view: View, node: int, limit: int) -> list[Candidate]:
+    """Resource allocation (one common neighbour is enough) plus the text's evidence.
+
+    score = RA + MENTION_WEIGHT * mention + TERMS_WEIGHT * terms + TAGS_WEIGHT * tags
+    (``kbgraph.evidence``); a candidate needs some evidence of one kind or another.
+    """
+    g, mask = view.graph, view.mask
+    start, length = int(g.und_off[node]), int(g.und_len[node])
+    adjacent = {int(v) for v in g.und[start : start + length] if mask[v]}
+    start, length = int(g.out_off[node]), int(g.out_len[node])
+    linked = {int(v) for v in g.out[start : start + length] if mask[v]}
+    n_visible = snap.index.visible_stats(mask)[0]
+    found = evidence.gather(snap.index, snap.texts[node], mask, node, linked, n_visible)
+    structure = {
+        s.node: s for s in graphalgo.resource_allocation(view, node, min_common=1, limit=g.n)
+    }
+    scores: dict[int, float] = {}
+    for v in set(structure) | set(found.mention) | set(found.terms) | set(found.tags):
+        if v == node or v in adjacent or snap.statuses[v] in RETIRED:
+            continue
+        ra = structure[v].score if v in structure else 0.0
+        scores[v] = (
+            ra
+            + MENTION_WEIGHT * (v in found.mention)
+            + TERMS_WEIGHT * found.terms.get(v, 0.0)
+            + TAGS_WEIGHT * found.tags.get(v, 0.0)
+        )
+    ranked = sorted(scores, key=lambda v: (-scores[v], snap.ids[v]))[:limit]
+    text = snap.texts[node]
+    return [
+        Candidate(
+            id=snap.ids[v],
+            title=snap.titles[v],
+            score=round(scores[v], 4),
+            common=[snap.ids[z] for z in structure[v].common] if v in structure else [],
+            mention=snippet_at(text, found.mention[v]) if v in found.mention else UNSET,
+        )
+        for v in ranked
+    ]
 
 
 def graph_path(snap: Snapshot, view: View, req: GraphPathRequest) -> GraphPathResponse:

@@ -139,7 +139,9 @@ class Vault:
         return [row["id"] for row in body["seeds"] + body["results"]]
 
     def link_suggest(self, nid: str, method: str) -> list[str]:
-        body = self.call("POST", "tools/link_suggest", json={"id": nid, "limit": 20, "method": method})
+        body = self.call(
+            "POST", "tools/link_suggest", json={"id": nid, "limit": 20, "method": method}
+        )
         return [row["id"] for row in body["candidates"]]
 
     def without_link(self, source: str, target: str, variant: str) -> UpsertData:
@@ -184,7 +186,7 @@ def split_of_link(source: str, target: str) -> str:
 
 
 def eval_questions(
-    vault: Vault, questions: list[Question], details: bool
+    vault: Vault, questions: list[Question], splits: tuple[str, ...], details: bool
 ) -> dict[str, dict[str, dict[str, float]]]:
     tools: dict[str, Callable[[str], list[str]]] = {
         "search": vault.search,
@@ -193,7 +195,7 @@ def eval_questions(
     out: dict[str, dict[str, dict[str, float]]] = {}
     for tool, ask in tools.items():
         out[tool] = {}
-        for split in SPLITS:
+        for split in splits:
             ranks = []
             for question in (q for q in questions if q.split == split):
                 ranked = ask(question.q)
@@ -205,12 +207,15 @@ def eval_questions(
     return out
 
 
-def eval_links(vault: Vault) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+def eval_links(
+    vault: Vault, splits: tuple[str, ...]
+) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
     pairs = [
         (source, target)
         for source, data in sorted(vault.notes.items())
         for target in data.links
         if target in vault.notes and source not in vault.notes[target].links
+        if split_of_link(source, target) in splits
     ]
     ranks: dict[tuple[str, str, str], list[int | None]] = {}
     for source, target in pairs:
@@ -224,7 +229,7 @@ def eval_links(vault: Vault) -> dict[str, dict[str, dict[str, dict[str, float]]]
         vault.send([(source, vault.notes[source])])
     return {
         variant: {
-            method: {split: ranks_summary(ranks.get((variant, method, split), [])) for split in SPLITS}
+            method: {split: ranks_summary(ranks[variant, method, split]) for split in splits}
             for method in METHODS
         }
         for variant in VARIANTS
@@ -264,11 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--questions", type=Path, default=QUESTIONS)
     parser.add_argument("--details", action="store_true", help="rankings of the tune questions")
     parser.add_argument("--no-links", action="store_true", help="questions only (faster)")
+    parser.add_argument("--tune-only", action="store_true", help="the tune split alone")
     args = parser.parse_args(argv)
     questions = load_questions(args.questions)
+    splits = ("tune",) if args.tune_only else SPLITS
     with vault_app(args.vault) as vault:
-        q_figures = eval_questions(vault, questions, args.details)
-        l_figures = {} if args.no_links else eval_links(vault)
+        q_figures = eval_questions(vault, questions, splits, args.details)
+        l_figures = {} if args.no_links else eval_links(vault, splits)
         notes = len(vault.notes)
     print(f"{notes} notes, {len(questions)} questions")
     print(f"{'what':34} {'split':8} {'n':>4} {'hit@5':>6} {'hit@10':>6} {'MRR':>6}")
@@ -279,11 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         for method in METHODS
     ]
     for name, per_split in rows:
-        for split in SPLITS:
+        for split in splits:
             f = per_split[split]
             print(f"{name:34} {split:8} {f['n']:>4} {f['hit@5']:>6} {f['hit@10']:>6} {f['mrr']:>6}")
     result = {"questions": q_figures, "links": l_figures}
-    if l_figures:
+    if l_figures and splits == SPLITS:
         result["aims"] = aims(q_figures, l_figures)
     print(json.dumps(result, sort_keys=True))
     return 0

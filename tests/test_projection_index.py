@@ -64,9 +64,9 @@ def test_unchanged_title_text_and_aliases_are_not_reindexed() -> None:
     calls: list[tuple] = []
 
     class Recorder(SearchIndex):
-        def put(self, node: int, title: str, text: str, aliases: Sequence[str] = ()) -> None:
+        def put(self, node: int, title: str, text: str, aliases: Sequence[str] = (), tags=()) -> None:
             calls.append(("put", node, title, text, *aliases))
-            super().put(node, title, text, aliases)
+            super().put(node, title, text, aliases, tags)
 
         def remove(self, node: int) -> None:
             calls.append(("remove", node))
@@ -84,8 +84,8 @@ def test_unchanged_title_text_and_aliases_are_not_reindexed() -> None:
     store.append(KB, [upsert("a", 6, title="A", text="beta", aliases=["Gamma"])])
     store.append(KB, [upsert("a", 7, title="A", text="beta", aliases=["Gamma"], tags=["t"])])
     p.follow_once()
-    assert calls == [("put", 0, "A", "beta"), ("remove", 0), ("put", 0, "A", "beta"),
-                     ("put", 0, "A", "beta", "Gamma")]  # fmt: skip
+    put, gamma = ("put", 0, "A", "beta"), ("put", 0, "A", "beta", "Gamma")
+    assert calls == [put, ("remove", 0), put, gamma, gamma]  # tags are indexed too
     with p.get(KB).read() as snap:
         nodes, _ = snap.index.search("beta", snap.view(None).mask)
         assert nodes.tolist() == [0]
