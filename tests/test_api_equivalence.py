@@ -30,6 +30,7 @@ COLLECTIONS = ["infra", "apps", "ops", ""]
 TYPES = ["Runbook", "Service", ""]
 WORDS = ["dns", "backup", "router", "disk", "vlan", "owner"]
 STATUSES = ["", "active", "deprecated", "superseded"]
+TAGS = ["net", "storage", "Net"]
 _counter = itertools.count()
 
 
@@ -57,6 +58,8 @@ def knowledge_bases(draw: st.DrawFn) -> list[dict]:
             "status": draw(st.sampled_from(STATUSES)),
             "links": draw(st.lists(targets, max_size=5)),
             "text": " ".join(draw(st.lists(st.sampled_from(WORDS), max_size=6))),
+            "title": " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=2))),
+            "tags": draw(st.lists(st.sampled_from(TAGS), max_size=2)),
         }
         for name in names
     ]
@@ -79,6 +82,8 @@ def requests_for(concepts: list[dict]) -> list[tuple[str, str, dict | None]]:
     for concept_id in ids:
         calls.append(("POST", "tools/graph_context", {"ids": [concept_id], "limit": 30}))
         calls.append(("POST", "tools/link_suggest", {"id": concept_id, "limit": 20}))
+        body = {"id": concept_id, "limit": 20, "method": "structure"}
+        calls.append(("POST", "tools/link_suggest", body))
         calls.append(("GET", f"concepts/{concept_id}", None))
     for source, target in itertools.islice(itertools.product(ids, ids), 0, None, 3):
         for direction in ("both", "out"):
@@ -109,7 +114,15 @@ def test_narrowed_equals_hidden_never_written(
     )
 
     def event(c: dict):
-        return upsert(c["id"], type=c["type"], status=c["status"], links=c["links"], text=c["text"])
+        return upsert(
+            c["id"],
+            type=c["type"],
+            status=c["status"],
+            links=c["links"],
+            text=c["text"],
+            title=c["title"],
+            tags=c["tags"],
+        )
 
     shown = [c for c in concepts if visible(rule_set, collection_of(c["id"]), c["type"])]
     full_seq = service.write(full_kb, [event(c) for c in concepts])

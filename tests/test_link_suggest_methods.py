@@ -1,0 +1,150 @@
+"""link_suggest's two methods over HTTP (structure = the seed's rule, checked against networkx;
+hybrid = structure plus mentions, rare terms and tags), the evidence module on its own, and a
+question whose only matching note is hidden."""
+
+from __future__ import annotations
+
+import random
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from kbgraph.evidence import _shares, mentions
+from kbgraph.search import SearchIndex
+from kbgraph.tools import MENTION_WEIGHT
+from tests.conftest import ADMIN, INFRA, Service
+from tests.kb_events import upsert
+
+KB = "homelab"
+
+
+def suggest(service: Service, seq: int, concept_id: str, **extra) -> dict:
+    response = service.tool(ADMIN, KB, "link_suggest", {"id": concept_id, **extra}, seq)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_method_is_checked_and_echoed(service: Service) -> None:
+    seq = service.write(KB, [upsert("a/x", links=["a/y"]), upsert("a/y")])
+    for method in ("hybrid", "structure"):
+        assert suggest(service, seq, "a/x", method=method)["method"] == method
+    assert suggest(service, seq, "a/x")["method"] == "hybrid"
+    for bad in ("Hybrid", "", "ra"):
+        response = service.tool(ADMIN, KB, "link_suggest", {"id": "a/x", "method": bad}, seq)
+        assert response.status_code == 422
+        assert response.json() == {"error": f'invalid method "{bad}": expected hybrid or structure'}
+    wrong_type = service.tool(ADMIN, KB, "link_suggest", {"id": "a/x", "method": 3}, seq)
+    assert wrong_type.status_code == 422
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_structure_equals_networkx(service: Service, seed: int) -> None:
+    rng = random.Random(seed)
+    ids = [f"c/n{i:02d}" for i in range(30)]
+    links = {u: sorted(set(rng.sample(ids, 4)) - {u}) for u in ids}
+    statuses = {u: rng.choice(["", "", "", "deprecated", "superseded"]) for u in ids}
+    seq = service.write(KB, [upsert(u, links=links[u], status=statuses[u]) for u in ids])
+    g = nx.Graph()
+    g.add_nodes_from(ids)
+    g.add_edges_from((u, v) for u in ids for v in links[u])
+    for x in ids[:10]:
+        nbrs = set(g[x])
+        cands = [v for v in ids if v != x and v not in nbrs and len(nbrs & set(g[v])) >= 2]
+        ra = {v: s for _, v, s in nx.resource_allocation_index(g, [(x, v) for v in cands])}
+        ranked = sorted(ra, key=lambda v: (-ra[v], v))
+        kept = [v for v in ranked if statuses[v] not in ("deprecated", "superseded")][:20]
+        got = suggest(service, seq, x, method="structure", limit=20)
+        assert [c["id"] for c in got["candidates"]] == kept
+        for c in got["candidates"]:
+            assert c["score"] == round(ra[c["id"]], 4)
+            assert c["common"] == sorted(nbrs & set(g[c["id"]]))[:5]
+            assert "mention" not in c
+
+
+def test_hybrid_finds_unlinked_mentions_outside_links(service: Service) -> None:
+    text = (
+        "Nightly jobs: see Backup with restic for the details. "
+        "Passwords live in Vaultwarden, which restic also copies."
+    )
+    seq = service.write(
+        KB,
+        [
+            upsert("ops/x", links=["ops/backup"], title="Nightly", text=text),
+            upsert("ops/backup", title="Backup with restic", text="a b c"),
+            upsert("ops/restic", title="restic", text="d e f"),
+            upsert("ops/vault", title="Vaultwarden", text="g h i"),
+            upsert("ops/old", title="Nightly jobs", status="deprecated", text="j"),
+        ],
+    )
+    got = suggest(service, seq, "ops/x")
+    by_id = {c["id"]: c for c in got["candidates"]}
+    assert set(by_id) == {"ops/restic", "ops/vault"}  # ops/old is retired; ops/backup linked
+    for c in by_id.values():
+        assert c["common"] == []
+        assert c["score"] >= MENTION_WEIGHT
+    assert by_id["ops/restic"]["score"] == MENTION_WEIGHT  # "restic" is in 3 of 5: not rare
+    # "restic" inside "Backup with restic" (linked) is not a mention; the later one is.
+    assert by_id["ops/restic"]["mention"].startswith("…")
+    assert "restic also copies" in by_id["ops/restic"]["mention"]
+    assert "Passwords live in Vaultwarden" in by_id["ops/vault"]["mention"]
+    # "vaultwarden" is a rare term the two share: more evidence than the mention alone
+    assert [c["id"] for c in got["candidates"]] == ["ops/vault", "ops/restic"]
+    assert suggest(service, seq, "ops/x", method="structure")["candidates"] == []
+
+
+def test_mentions_names_and_aliases_as_whole_words() -> None:
+    index = SearchIndex()
+    index.put(0, "Home", "")
+    index.put(1, "Reverse proxy", "", ["Caddy"])
+    index.put(2, "DNS", "")
+    index.put(3, "Café network", "")
+    text = "The homelab's reverse  PROXY is caddy; DNSSEC is off; the cafe network too."
+    mask = np.ones(4, np.uint8)
+    found = mentions(index, text, mask, node=9, linked=set())
+    assert found == {1: text.index("reverse"), 3: text.index("cafe")}  # not home/DNS in words
+    assert mentions(index, text, mask, node=9, linked={1}).keys() == {3}
+    mask[3] = 0
+    assert mentions(index, text, mask, node=9, linked=set()).keys() == {1}
+
+
+def test_shares_count_visible_concepts_only() -> None:
+    def index_of(docs: dict[int, str]) -> SearchIndex:
+        index = SearchIndex()
+        for node, text in docs.items():
+            index.put(node, "", text)
+        return index
+
+    docs = {0: "zfs scrub", 1: "zfs pool", 2: "zfs scrub smart", 3: "pool", 4: "other"}
+    full = index_of(docs)
+    mask = np.ones(8, np.uint8)
+    mask[2] = 0
+    ref = index_of({k: v for k, v in docs.items() if k != 2})
+    args = (0, 4, 4.0)
+    got = _shares(full.doc_terms[0], full.term_nodes, mask, *args)
+    want = _shares(ref.doc_terms[0], ref.term_nodes, np.ones(8, np.uint8), *args)
+    assert got == want == {1: 1.0}  # scrub is held by 0 alone once 2 is hidden
+
+
+def test_question_whose_only_match_is_hidden(service: Service) -> None:
+    """Answers as on a KB where that note was never written: no seed, no hit."""
+    notes = [
+        upsert("infra/zfs", title="ZFS pool", text="Scrubs run monthly.", links=["apps/zebra"]),
+        upsert("infra/ups", title="UPS", text="Battery runs 20 minutes.", links=["infra/zfs"]),
+    ]
+    hidden = upsert("apps/zebra", title="Zebra printer", text="Labels for the zebras.")
+    seq = service.write(KB, [*notes, hidden])
+    ref_seq = service.write("reference", notes)
+    for body in ({"query": "zebra printers"}, {"query": "zebras", "ids": ["infra/ups"]}):
+        narrowed = service.tool(INFRA, KB, "graph_context", body, seq)
+        reference = service.tool(ADMIN, "reference", "graph_context", body, ref_seq)
+        assert narrowed.content == reference.content
+    assert service.tool(INFRA, KB, "graph_context", {"query": "zebra printers"}, seq).json() == {
+        "query": "zebra printers",
+        "seeds": [],
+        "results": [],
+        "count": 0,
+        "note": "no seed matched the query",
+    }
+    hits = service.call(INFRA, "GET", f"/v1/kbs/{KB}/search", seq, params={"q": "zebra"})
+    assert hits.json()["hits"] == []
