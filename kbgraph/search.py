@@ -32,6 +32,7 @@ import math
 import re
 import threading
 import unicodedata
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Final
 
@@ -98,6 +99,8 @@ class _Stemmers(threading.local):
 _stemmers = _Stemmers()
 # token -> its term; "" for a stop word. Filled on first sight of a token, never changed.
 _terms: dict[str, str] = dict.fromkeys(STOP_WORDS, "")
+# term -> the tokens seen that give it (what snippets look for in a text).
+_forms: dict[str, list[str]] = {}
 
 
 def term(token: str) -> str:
@@ -107,24 +110,20 @@ def term(token: str) -> str:
         found = _stemmers.stemmer.stemWord(token)
         if len(_terms) < STEM_CACHE_MAX:
             _terms[token] = found
+            _forms.setdefault(found, []).append(token)
     return found
 
 
 def analyze(text: str) -> list[str]:
     """The terms of ``text`` in order: folded tokens without stop words, stemmed; then the
     joined form of each hyphenated word ("Wi-Fi" also gives "wifi", "e-mail" "email")."""
-    get = _terms.get
-    out = []
     tokens = tokenize(text)
     if "-" in text:
         tokens += ["".join(tokenize(word)) for word in _COMPOUND.findall(fold(text))]
-    for token in tokens:
-        found = get(token)
-        if found is None:
-            found = term(token)
-        if found:
-            out.append(found)
-    return out
+    found = list(map(_terms.get, tokens))
+    if None in found:  # a token seen for the first time
+        found = [term(token) if t is None else t for token, t in zip(tokens, found, strict=True)]
+    return list(filter(None, found))
 
 
 def query_terms(query: str) -> list[str]:
@@ -280,17 +279,20 @@ class SearchIndex:
         names = [title, *aliases]
         title_terms = [t for name in names for t in analyze(name)]
         text_terms = analyze(text)
-        freq: dict[str, int] = {}
-        get = freq.get
-        for t in text_terms:
-            freq[t] = get(t, 0) + 1
+        freq = Counter(text_terms)
         for t in title_terms:
-            freq[t] = get(t, 0) + _FIELD
+            freq[t] += _FIELD
         self._forget(node)
+        table = self._postings
         for t, count in freq.items():
-            _add(self._postings, t, node, count)
+            postings = table.get(t)
+            if postings is None:
+                table[t] = _Postings(node, count)
+            else:
+                postings.freq[node] = count
+                postings.arrays = None
         self.doc_terms[node] = tuple(freq)
-        name_tokens = tuple(dict.fromkeys(tuple(tokenize(n)) for n in names if tokenize(n)))
+        name_tokens = tuple(dict.fromkeys(filter(None, (tuple(tokenize(n)) for n in names))))
         self.doc_names[node] = name_tokens
         for tokens in name_tokens:
             self._names.setdefault(tokens[0], {})[node] = name_tokens
@@ -430,19 +432,33 @@ def top(
     return ranked[:limit]
 
 
+def _first_ascii_hit(lowered: str, forms: Iterable[str]) -> int:
+    """``first_hit`` on lower-cased ASCII text: ``str.find`` plus a token-boundary check."""
+    best = -1
+    for form in forms:
+        at = lowered.find(form)
+        while at >= 0 and (best < 0 or at < best):
+            end = at + len(form)
+            if (at == 0 or not lowered[at - 1].isalnum()) and (
+                end == len(lowered) or not lowered[end].isalnum()
+            ):
+                best = at
+                break
+            at = lowered.find(form, at + 1)
+    return max(best, 0)
+
+
 def first_hit(text: str, terms: Sequence[str]) -> int:
     """Where the first token of ``text`` whose term is one of ``terms`` starts (0: none is).
 
-    One pass over the tokens, each looked up in the term cache: linear in the text.
+    ASCII text is searched (``str.find``) for the tokens seen so far that give those terms: every
+    indexed text went through ``term``, so its forms are known. Other text is read token by token.
     """
     if not terms:
         return 0
-    wanted = set(terms)
     if text.isascii():  # lower-casing keeps every offset
-        for match in _ASCII_TOKEN.finditer(text.lower()):
-            if term(match.group()) in wanted:
-                return match.start()
-        return 0
+        return _first_ascii_hit(text.lower(), [f for t in terms for f in _forms.get(t, ())])
+    wanted = set(terms)
     for match in _TOKEN.finditer(text):
         for token in tokenize(match.group()):  # NFKD may split one match into tokens
             if term(token) in wanted:
