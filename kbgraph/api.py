@@ -27,7 +27,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from kbgraph import graphalgo, ingest, search, tools
+from kbgraph import evidence, graphalgo, ingest, search, tools
 from kbgraph import mcp as mcp_out
 from kbgraph.access import RuleSet
 from kbgraph.bodies import BodyRefused, read_body, replay
@@ -426,6 +426,7 @@ def create_app(config: Config) -> Starlette:
         await anyio.to_thread.run_sync(projections.start)
         await anyio.to_thread.run_sync(graphalgo.warm_up)
         await anyio.to_thread.run_sync(search.warm_up)
+        await anyio.to_thread.run_sync(evidence.warm_up)
         mcp_manager = mcp_out.http_session_manager(lambda: tool_threads)
         app.state.mcp = mcp_manager
         app.state.ready = True

@@ -177,7 +177,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
                 return _fail(f"--token: {args.token!r} has no rule for KB {args.kb!r}")
     import anyio
 
-    from kbgraph import graphalgo, search
+    from kbgraph import evidence, graphalgo, search
     from kbgraph.mcp import serve_stdio
     from kbgraph.projection import Projections
     from kbgraph.store import Store
@@ -192,6 +192,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         projections.start()
         graphalgo.warm_up()
         search.warm_up()
+        evidence.warm_up()
         anyio.run(serve_stdio, projections, args.kb, rules)
     finally:
         projections.stop()

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
+from numba import njit
 
 from kbgraph.search import SearchIndex, tokenize
 
@@ -34,11 +35,12 @@ _TOKEN = re.compile(r"[^\W_]+")
 
 @dataclass(slots=True)
 class Evidence:
-    """Per candidate node: offset of its first unlinked mention in x's text, terms, tags."""
+    """``mention``: candidate node -> offset of its first unlinked mention in x's text;
+    ``terms``, ``tags``: float64[n], each node's share (0 for none, and for x itself)."""
 
-    mention: dict[int, int] = field(default_factory=dict)
-    terms: dict[int, float] = field(default_factory=dict)
-    tags: dict[int, float] = field(default_factory=dict)
+    mention: dict[int, int]
+    terms: np.ndarray
+    tags: np.ndarray
 
 
 def _tokens_with_offsets(text: str) -> tuple[list[str], list[int]]:
@@ -63,15 +65,15 @@ def mentions(
     """Visible concept -> offset of its first mention in ``text`` outside the names of
     ``linked`` (visible concepts ``node`` links to); ``node`` itself never counts."""
     tokens, starts = _tokens_with_offsets(text)
+    lengths = sorted(index.name_lengths)
     found: list[tuple[int, int, int]] = []  # (first token, end token, node)
-    for i, token in enumerate(tokens):
-        for v, names in index.names_from(token).items():
-            if v == node or not mask[v]:
-                continue
-            for name in names:
-                end = i + len(name)
-                if name[0] == token and tuple(tokens[i:end]) == name:
-                    found.append((i, end, v))
+    for i in range(len(tokens)):
+        for length in lengths:
+            if i + length > len(tokens):
+                break
+            for v in index.named(tuple(tokens[i : i + length])):
+                if v != node and mask[v]:
+                    found.append((i, i + length, v))
     covered = [(i, end) for i, end, v in found if v in linked]
     out: dict[int, int] = {}
     for i, end, v in sorted(found):
@@ -83,43 +85,75 @@ def mentions(
     return out
 
 
-def _shares(
-    keys: Sequence[str],
-    nodes_of,
-    mask: np.ndarray,
-    node: int,
-    n_visible: int,
-    max_df: float,
-) -> dict[int, float]:
-    """For each visible v != node: the share of ``node``'s key weight (ln(N/df) per key with
-    2 <= df <= max_df) that v holds too."""
-    acc: dict[int, float] = {}
+@njit(cache=True, nogil=True)
+def _share_kernel(off, nodes, mask, n_visible, max_df, node, acc):  # pragma: no cover - compiled
+    """``_shares`` over key k's holders ``nodes[off[k]:off[k + 1]]``, keys in order."""
     total = 0.0
-    for key in keys:
-        holders = nodes_of(key)
-        holders = holders[mask[holders] != 0]
-        df = len(holders)
+    for k in range(off.shape[0] - 1):
+        df = 0
+        for j in range(off[k], off[k + 1]):
+            if mask[nodes[j]] != 0:
+                df += 1
         if df < 2 or df > max_df:
             continue
         weight = math.log(n_visible / df)
         total += weight
-        for v in holders.tolist():
-            if v != node:
-                acc[v] = acc.get(v, 0.0) + weight
-    if total <= 0.0:
-        return {}
-    return {v: w / total for v, w in acc.items() if w > 0.0}
+        for j in range(off[k], off[k + 1]):
+            if mask[nodes[j]] != 0:
+                acc[nodes[j]] += weight
+    acc[node] = 0.0
+    if total > 0.0:
+        for v in range(acc.shape[0]):
+            acc[v] /= total
+
+
+def _shares(
+    keys: Sequence[str],
+    nodes_of: Callable[[str], np.ndarray],
+    mask: np.ndarray,
+    node: int,
+    n_visible: int,
+    max_df: float,
+    size: int,
+) -> np.ndarray:
+    """float64[size]: for each visible v != node, the share of ``node``'s key weight
+    (ln(N/df) per key with 2 <= df <= max_df) that v holds too."""
+    acc = np.zeros(size, np.float64)
+    holders = [nodes_of(key) for key in keys]
+    if holders:
+        off = np.zeros(len(holders) + 1, np.int64)
+        np.cumsum([len(h) for h in holders], out=off[1:])
+        nodes = np.concatenate(holders)
+        _share_kernel(off, nodes, mask, float(n_visible), float(max_df), int(node), acc)
+    return acc
+
+
+def warm_up() -> None:
+    """Compile (or load from the on-disk cache) the shares kernel, before serving."""
+    index = SearchIndex()
+    index.put(0, "warm", "up")
+    index.put(1, "warm", "up")
+    for writeable in (True, False):
+        mask = np.ones(2, np.uint8)
+        mask.flags.writeable = writeable
+        _shares(["warm"], index.term_nodes, mask, 0, 2, 2.0, 2)
 
 
 def gather(
-    index: SearchIndex, text: str, mask: np.ndarray, node: int, linked: set[int], n_visible: int
+    index: SearchIndex,
+    text: str,
+    mask: np.ndarray,
+    node: int,
+    linked: set[int],
+    n_visible: int,
+    size: int,
 ) -> Evidence:
-    """Every piece of text evidence for links from ``node``."""
+    """Every piece of text evidence for links from ``node`` (arrays of ``size`` nodes)."""
     rare = max(2.0, RARE_SHARE * n_visible)
+    terms = index.doc_terms.get(node, ())
+    tags = index.doc_tags.get(node, ())
     return Evidence(
         mention=mentions(index, text, mask, node, linked),
-        terms=_shares(index.doc_terms.get(node, ()), index.term_nodes, mask, node, n_visible, rare),
-        tags=_shares(
-            index.doc_tags.get(node, ()), index.tag_nodes, mask, node, n_visible, n_visible
-        ),
+        terms=_shares(terms, index.term_nodes, mask, node, n_visible, rare, size),
+        tags=_shares(tags, index.tag_nodes, mask, node, n_visible, n_visible, size),
     )

@@ -258,7 +258,8 @@ class SearchIndex:
     def __init__(self) -> None:
         self._postings: dict[str, _Postings] = {}
         self.doc_terms: dict[int, tuple[str, ...]] = {}  # distinct terms, text order first
-        self._names: dict[str, dict[int, tuple[tuple[str, ...], ...]]] = {}  # first token ->
+        self._names: dict[tuple[str, ...], dict[int, None]] = {}  # name's tokens -> nodes
+        self.name_lengths: Counter[int] = Counter()  # how many names have each token count
         self.doc_names: dict[int, tuple[tuple[str, ...], ...]] = {}
         self._tags: dict[str, _Postings] = {}
         self.doc_tags: dict[int, tuple[str, ...]] = {}
@@ -295,7 +296,8 @@ class SearchIndex:
         name_tokens = tuple(dict.fromkeys(filter(None, (tuple(tokenize(n)) for n in names))))
         self.doc_names[node] = name_tokens
         for tokens in name_tokens:
-            self._names.setdefault(tokens[0], {})[node] = name_tokens
+            self._names.setdefault(tokens, {})[node] = None
+            self.name_lengths[len(tokens)] += 1
         tag_keys = tuple(dict.fromkeys(fold(tag) for tag in tags if tag))
         self.doc_tags[node] = tag_keys
         for key in tag_keys:
@@ -320,10 +322,13 @@ class SearchIndex:
             return
         _drop(self._postings, terms, node)
         for tokens in self.doc_names.pop(node):
-            holders = self._names[tokens[0]]
-            holders.pop(node, None)
+            holders = self._names[tokens]
+            del holders[node]
             if not holders:
-                del self._names[tokens[0]]
+                del self._names[tokens]
+            self.name_lengths[len(tokens)] -= 1
+            if not self.name_lengths[len(tokens)]:
+                del self.name_lengths[len(tokens)]
         _drop(self._tags, self.doc_tags.pop(node), node)
         self._title_len[node] = self._text_len[node] = 0
         self._present[node] = 0
@@ -361,9 +366,9 @@ class SearchIndex:
         postings = self._tags.get(tag)
         return np.empty(0, np.int64) if postings is None else postings.get_arrays()[0]
 
-    def names_from(self, token: str) -> dict[int, tuple[tuple[str, ...], ...]]:
-        """The documents with a name (title or alias) whose first token is ``token``."""
-        return self._names.get(token, {})
+    def named(self, tokens: tuple[str, ...]) -> dict[int, None]:
+        """The documents with a name (title or alias) of exactly these folded tokens."""
+        return self._names.get(tokens, {})
 
     def search(self, query: str, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """BM25F scores of every visible document matching a term of ``query``.

@@ -379,40 +379,44 @@ def _hybrid(snap: Snapshot, view: View, node: int, limit: int) -> list[Candidate
     """Resource allocation (one common neighbour is enough) plus the text's evidence.
 
     score = RA + MENTION_WEIGHT * mention + TERMS_WEIGHT * terms + TAGS_WEIGHT * tags
-    (``kbgraph.evidence``); a candidate needs some evidence of one kind or another.
+    (``kbgraph.evidence``), over the visible concepts not linked with ``node`` either way;
+    a candidate needs some evidence of one kind or another.
     """
     g, mask = view.graph, view.mask
-    start, length = int(g.und_off[node]), int(g.und_len[node])
-    adjacent = {int(v) for v in g.und[start : start + length] if mask[v]}
     start, length = int(g.out_off[node]), int(g.out_len[node])
     linked = {int(v) for v in g.out[start : start + length] if mask[v]}
     n_visible = snap.index.visible_stats(mask)[0]
-    found = evidence.gather(snap.index, snap.texts[node], mask, node, linked, n_visible)
-    structure = {
-        s.node: s for s in graphalgo.resource_allocation(view, node, min_common=1, limit=g.n)
-    }
-    scores: dict[int, float] = {}
-    for v in set(structure) | set(found.mention) | set(found.terms) | set(found.tags):
-        if v == node or v in adjacent or snap.statuses[v] in RETIRED:
-            continue
-        ra = structure[v].score if v in structure else 0.0
-        scores[v] = (
-            ra
-            + MENTION_WEIGHT * (v in found.mention)
-            + TERMS_WEIGHT * found.terms.get(v, 0.0)
-            + TAGS_WEIGHT * found.tags.get(v, 0.0)
-        )
-    ranked = sorted(scores, key=lambda v: (-scores[v], snap.ids[v]))[:limit]
+    found = evidence.gather(snap.index, snap.texts[node], mask, node, linked, n_visible, g.n)
+    total = np.zeros(g.n, np.float64)
+    cands, ra = graphalgo.resource_allocation_scores(view, node, min_common=1)
+    total[cands] = ra
+    if found.mention:
+        total[list(found.mention)] += MENTION_WEIGHT
+    total += TERMS_WEIGHT * found.terms
+    total += TAGS_WEIGHT * found.tags
+    start, length = int(g.und_off[node]), int(g.und_len[node])
+    total[g.und[start : start + length]] = 0.0  # linked either way: never a candidate
+    total[node] = 0.0
+    nodes = np.flatnonzero(total > 0.0)
+    wanted = limit * 2
+    while True:
+        ranked = top(nodes, total[nodes], snap.ids, wanted)
+        kept = [(v, score) for v, score in ranked if snap.statuses[v] not in RETIRED]
+        if len(kept) >= limit or len(ranked) < wanted:
+            break
+        wanted *= 4
+    kept = kept[:limit]
+    common = graphalgo.common_neighbours(view, node, [v for v, _ in kept])
     text = snap.texts[node]
     return [
         Candidate(
             id=snap.ids[v],
             title=snap.titles[v],
-            score=round(scores[v], 4),
-            common=[snap.ids[z] for z in structure[v].common] if v in structure else [],
+            score=round(score, 4),
+            common=[snap.ids[z] for z in shared],
             mention=snippet_at(text, found.mention[v]) if v in found.mention else UNSET,
         )
-        for v in ranked
+        for (v, score), shared in zip(kept, common, strict=True)
     ]
 
 

@@ -6,7 +6,8 @@ deterministic and independent of how ids were interned as ints.
 
 - ``personalized_pagerank``: forward push (Andersen, Chung, Lang 2006), see ``ppr``.
 - ``hops_and_via``, ``shortest_path``: lexicographically smallest shortest paths, see ``paths``.
-- ``resource_allocation``: link suggestion (Zhou, Lü, Zhang 2009), see ``suggest``.
+- ``resource_allocation`` (and its unranked scores, ``common_neighbours``): link suggestion
+  (Zhou, Lü, Zhang 2009), see ``suggest``.
 - ``warm_up``: compile every kernel once at start-up so that no request compiles.
 """
 
@@ -17,15 +18,22 @@ import numpy as np
 from kbgraph.graphalgo.graph import Graph, View
 from kbgraph.graphalgo.paths import hops_and_via, shortest_path
 from kbgraph.graphalgo.ppr import personalized_pagerank
-from kbgraph.graphalgo.suggest import Suggestion, resource_allocation
+from kbgraph.graphalgo.suggest import (
+    Suggestion,
+    common_neighbours,
+    resource_allocation,
+    resource_allocation_scores,
+)
 
 __all__ = [
     "Graph",
     "Suggestion",
     "View",
+    "common_neighbours",
     "hops_and_via",
     "personalized_pagerank",
     "resource_allocation",
+    "resource_allocation_scores",
     "shortest_path",
     "warm_up",
 ]

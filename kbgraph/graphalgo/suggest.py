@@ -29,7 +29,7 @@ from kbgraph.graphalgo._common import Scratch, und_arrays, with_scratch
 from kbgraph.graphalgo._kernels import ra_common, ra_scores
 from kbgraph.graphalgo.graph import View
 
-__all__ = ["Suggestion", "resource_allocation"]
+__all__ = ["Suggestion", "common_neighbours", "resource_allocation", "resource_allocation_scores"]
 
 COMMON_SHOWN = 5
 
@@ -120,3 +120,37 @@ def resource_allocation(
         Suggestion(v, sc, [z for z in row if z >= 0])
         for v, sc, row in zip(chosen, chosen_scores, common, strict=True)
     ]
+
+
+def resource_allocation_scores(
+    view: View, node: int, *, min_common: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every candidate of ``node`` (as ``resource_allocation`` defines them) with its score,
+    unranked: (nodes int32[k], scores float64[k]). For callers that add other evidence."""
+    g = view.graph
+    node = int(node)
+    if not 0 <= node < g.n:
+        raise ValueError(f"node {node} out of range")
+    if not view.mask[node]:
+        return np.empty(0, np.int32), np.empty(0, np.float64)
+    und_off, und_len, und, mask, deg = und_arrays(view)
+    mc = max(1, int(min_common))
+
+    def run(s: Scratch) -> tuple[np.ndarray, np.ndarray]:
+        return ra_scores(und_off, und_len, und, mask, deg, node, mc, s.f0, s.c0, s.b0, s.q0)
+
+    return with_scratch(g.n, run)
+
+
+def common_neighbours(view: View, node: int, targets: list[int]) -> list[list[int]]:
+    """For each target, the (at most 5) smallest-id visible neighbours it shares with ``node``."""
+    if not targets:
+        return []
+    und_off, und_len, und, mask, _ = und_arrays(view)
+    sel = np.array(targets, np.int32)
+
+    def run(s: Scratch) -> np.ndarray:
+        return ra_common(und_off, und_len, und, mask, int(node), sel, COMMON_SHOWN, s.b0)
+
+    rows = with_scratch(view.graph.n, run).tolist()
+    return [[z for z in row if z >= 0] for row in rows]
