@@ -178,9 +178,9 @@ class TimedIndex(SearchIndex):
 
     spent = 0.0
 
-    def put(self, node: int, title: str, text: str) -> None:
+    def put(self, node: int, title: str, text: str, *args: Any, **kwargs: Any) -> None:
         start = time.perf_counter()
-        super().put(node, title, text)
+        super().put(node, title, text, *args, **kwargs)
         TimedIndex.spent += time.perf_counter() - start
 
 
