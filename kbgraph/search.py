@@ -46,6 +46,7 @@ B_TEXT: Final = 0.75
 K1: Final = 4.0
 SNIPPET_WIDTH: Final = 160
 STEM_CACHE_MAX: Final = 1 << 20
+MAX_QUERY_TERMS: Final = 32  # distinct terms of a query used for ranking and snippets
 
 # Snowball's English stop word list, folded as tokens are (apostrophes split words, so the
 # contractions' parts are listed), plus words of questions that name nothing.
@@ -61,6 +62,7 @@ STOP_WORDS: Final = frozenset(
 )
 
 _ASCII_TOKEN = re.compile(r"[a-z0-9]+")
+_ASCII_ALNUM = "abcdefghijklmnopqrstuvwxyz0123456789"
 _TOKEN = re.compile(r"[^\W_]+")
 _COMPOUND = re.compile(r"[^\W_]+(?:-[^\W_]+)+")
 
@@ -127,8 +129,9 @@ def analyze(text: str) -> list[str]:
 
 
 def query_terms(query: str) -> list[str]:
-    """The distinct terms of a query, in order of first appearance."""
-    return list(dict.fromkeys(analyze(query)))
+    """The first ``MAX_QUERY_TERMS`` distinct terms of a query, in order of first appearance
+    (bounding the work of one query: postings and snippet scans are per term)."""
+    return list(dict.fromkeys(analyze(query)))[:MAX_QUERY_TERMS]
 
 
 @njit(cache=True, nogil=True)
@@ -437,36 +440,45 @@ def top(
     return ranked[:limit]
 
 
-def _first_ascii_hit(lowered: str, forms: Iterable[str]) -> int:
-    """``first_hit`` on lower-cased ASCII text: ``str.find`` plus a token-boundary check."""
-    best = -1
-    for form in forms:
-        at = lowered.find(form)
-        while at >= 0 and (best < 0 or at < best):
-            end = at + len(form)
-            if (at == 0 or not lowered[at - 1].isalnum()) and (
-                end == len(lowered) or not lowered[end].isalnum()
-            ):
-                best = at
-                break
-            at = lowered.find(form, at + 1)
-    return max(best, 0)
+def _first_ascii_hit(lowered: str, forms: Sequence[str]) -> int:
+    """``first_hit`` on lower-cased ASCII text, in time linear in the text.
+
+    ``str.find`` gives each form's first raw occurrence (a C scan per form); tokens are then
+    matched one by one from the start of the token holding the earliest occurrence.
+    """
+    first = min((at for form in forms if (at := lowered.find(form)) >= 0), default=-1)
+    if first < 0:
+        return 0
+    start = len(lowered[:first].rstrip(_ASCII_ALNUM))  # the start of the token holding it
+    wanted = set(forms)
+    for match in _ASCII_TOKEN.finditer(lowered, start):
+        if match.group() in wanted:
+            return match.start()
+    return 0
 
 
 def first_hit(text: str, terms: Sequence[str]) -> int:
     """Where the first token of ``text`` whose term is one of ``terms`` starts (0: none is).
 
-    ASCII text is searched (``str.find``) for the tokens seen so far that give those terms: every
-    indexed text went through ``term``, so its forms are known. Other text is read token by token.
+    ASCII text is searched for the tokens seen so far that give those terms (every indexed
+    text went through ``term``, so its forms are known), in linear time. Other text folds
+    each distinct token once (in one batch), then walks the tokens only when one matches.
     """
     if not terms:
         return 0
     if text.isascii():  # lower-casing keeps every offset
         return _first_ascii_hit(text.lower(), [f for t in terms for f in _forms.get(t, ())])
     wanted = set(terms)
-    for match in _TOKEN.finditer(text):
-        for token in tokenize(match.group()):  # NFKD may split one match into tokens
-            if term(token) in wanted:
+    distinct = list(set(_TOKEN.findall(text)))
+    folded = fold("\n".join(distinct)).split("\n")  # a token never holds a newline
+    hits = {
+        token
+        for token, f in zip(distinct, folded, strict=True)
+        if any(term(t) in wanted for t in _TOKEN.findall(f))
+    }
+    if hits:
+        for match in _TOKEN.finditer(text):
+            if match.group() in hits:
                 return match.start()
     return 0
 

@@ -64,7 +64,9 @@ def test_unchanged_title_text_and_aliases_are_not_reindexed() -> None:
     calls: list[tuple] = []
 
     class Recorder(SearchIndex):
-        def put(self, node: int, title: str, text: str, aliases: Sequence[str] = (), tags=()) -> None:
+        def put(
+            self, node: int, title: str, text: str, aliases: Sequence[str] = (), tags=()
+        ) -> None:
             calls.append(("put", node, title, text, *aliases))
             super().put(node, title, text, aliases, tags)
 

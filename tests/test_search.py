@@ -15,10 +15,12 @@ from hypothesis import strategies as st
 
 from kbgraph import search
 from kbgraph.search import (
+    MAX_QUERY_TERMS,
     SNIPPET_WIDTH,
     STOP_WORDS,
     SearchIndex,
     analyze,
+    first_hit,
     query_terms,
     snippet,
     tokenize,
@@ -216,3 +218,56 @@ def test_snippet_is_bounded_and_centred_on_a_term() -> None:
     assert "Zürich" in snippet("é " * 100 + "Zürich", query_terms("zurich"))
     assert snippet("short text", ["zz"]) == "short text"
     assert len(snippet("x" * 5000, [])) == SNIPPET_WIDTH
+
+
+def oracle_first_hit(text: str, terms: list[str]) -> int:
+    """The first raw token (letters and digits) one of whose terms is wanted, token by token."""
+    for match in re.finditer(r"[^\W_]+", text):
+        if set(oracle_terms(match.group())) & set(terms):
+            return match.start()
+    return 0
+
+
+snippet_text = st.lists(
+    st.sampled_from(["dns", "DNSs", "xdns", "back", "backups", "backing", " ", ". ", "\n", "9"]),
+    max_size=200,
+).map("".join)
+unicode_text = st.lists(
+    st.sampled_from(
+        ["café", "CAFE", "cafe\u0301", "ΑΣ", "ασ", "ß", "İ", "ﬁle", "é", " ", "_", "-"]
+    ),
+    max_size=60,
+).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.one_of(snippet_text, unicode_text),
+    words=st.lists(
+        st.sampled_from(["dns", "backup", "back", "9", "cafe", "ασ", "ss", "file"]), max_size=4
+    ),
+)
+def test_first_hit_equals_the_token_by_token_scan(text: str, words: list[str]) -> None:
+    SearchIndex().put(0, "", text)  # snippets look for the forms the index has seen
+    terms = query_terms(" ".join(words))
+    assert first_hit(text, terms) == oracle_first_hit(text, terms)
+    upper = text.upper()
+    SearchIndex().put(0, "", upper)
+    assert first_hit(upper, terms) == oracle_first_hit(upper, terms)
+
+
+def test_query_terms_are_capped() -> None:
+    query = " ".join(f"t{i}" for i in range(200)) + " t0 t1"
+    assert query_terms(query) == [f"t{i}" for i in range(MAX_QUERY_TERMS)]
+    index = SearchIndex()
+    index.put(0, "late", f"t{MAX_QUERY_TERMS}")  # only the 33rd term: not searched
+    index.put(1, "early", "t0")
+    nodes, _ = index.search(query, np.ones(2, np.uint8))
+    assert nodes.tolist() == [1]
+
+
+def test_snippet_of_a_long_run_without_breaks_finds_the_later_word() -> None:
+    text = "b" * (1 << 20) + " bb tail"
+    SearchIndex().put(0, "", text)
+    cut = snippet(text, query_terms("bb"))  # "bb" first occurs inside the run: one scan on
+    assert cut == "…" + "b" * (SNIPPET_WIDTH // 4 - 1) + " bb tail"
