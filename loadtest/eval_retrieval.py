@@ -1,17 +1,17 @@
 """Retrieval quality on the example vault (issue 13): search, graph_context, link_suggest.
 
-``python -m loadtest.eval_retrieval`` reads ``examples/vault`` with the vault importer's reader
-(``kbgraph.vault``, the notes exactly as ``kbgraph import`` sends them), writes them into a
-temporary store through ``Store.append`` (what the webhook calls), and asks the app over its
-HTTP routes (Starlette's TestClient, admin token):
+``python -m loadtest.eval_retrieval`` loads ``examples/vault`` into a temporary store with
+``kbgraph import`` (its manifest in the temporary folder, nothing written into the vault), then
+asks the app on that store over its HTTP routes (Starlette's TestClient, admin token):
 
 - **questions** (``examples/questions.toml``): plain ``search`` (limit 10) and ``graph_context``
   with the query only (limit 10; the list an agent reads is the seeds, then the results). A
   question is a hit at k when any of its right notes is among the first k; its reciprocal rank
   is 1 / the rank of the first right note in the first 10 (0 when none is there).
 - **leave-one-link-out**: for each link A -> B between two notes where B does not link back
-  (a reciprocal pair stays adjacent, so B could never be a candidate), A is re-sent without that
-  link and ``link_suggest`` for A (limit 20) is asked with each method; hit at k when B is in
+  (a reciprocal pair stays adjacent, so B could never be a candidate), A is re-sent (as the
+  importer's reader reads it, one version up, through ``Store.append``) without that link and
+  ``link_suggest`` for A (limit 20) is asked with each method; hit at k when B is in
   the first k. Two ways to take the link out of A's text as well:
   ``unlinked``: the link's markup is replaced by its words (``[[B|label]]`` -> ``label``), as an
   author who wrote the words and did not link them; ``unwritten``: the markup and its words go,
@@ -43,6 +43,7 @@ import msgspec
 from starlette.testclient import TestClient
 
 from kbgraph.api import create_app
+from kbgraph.cli import main as kbgraph_main
 from kbgraph.config import load_config
 from kbgraph.events import ConceptUpserted, UpsertData
 from kbgraph.vault.markdown import LinkRef
@@ -103,9 +104,8 @@ class Vault:
         self.notes: dict[str, UpsertData] = {nid: note.data for nid, note in read.notes.items()}
         _, files = walk(root)
         self.resolver = Resolver(list(self.notes), files)
-        self.versions = dict.fromkeys(self.notes, 0)
-        self.seq = 0
-        self.send(list(self.notes.items()))
+        self.seq = self.store.kb_seq(KB)
+        self.versions = {nid: self.call("GET", f"concepts/{nid}")["version"] for nid in self.notes}
 
     def send(self, items: list[tuple[str, UpsertData]]) -> None:
         events = []
@@ -177,6 +177,10 @@ def vault_app(root: Path) -> Iterator[Vault]:
             f'[store]\npath = "kbgraph.db"\n\n[[tokens]]\nname = "admin"\n'
             f'token = "{TOKEN}"\nadmin = true\n'
         )
+        manifest = Path(folder) / "manifest.sqlite"
+        argv = ["import", str(root), "--kb", KB, "--config", str(config), "--quiet"]
+        if kbgraph_main([*argv, "--manifest", str(manifest)]) != 0:
+            raise RuntimeError(f"kbgraph import {root} failed")
         with TestClient(create_app(load_config(config))) as client:
             yield Vault(client, root)
 
