@@ -224,11 +224,6 @@ class _Postings:
             self.arrays = (nodes, (packed >> 32).astype(np.float64), (packed & 0xFFFFFFFF) * 1.0)
         return self.arrays
 
-    def visible_df(self, mask: np.ndarray) -> int:
-        """How many of the postings' nodes ``mask`` shows."""
-        nodes = self.get_arrays()[0]
-        return int(np.count_nonzero(mask[nodes[nodes < len(mask)]]))
-
 
 def _add(table: dict[str, _Postings], key: str, node: int, count: int) -> None:
     postings = table.get(key)
@@ -354,11 +349,6 @@ class SearchIndex:
         stats = (count, avg_title or 1.0, avg_text or 1.0)
         self._stats[key] = (mask, *stats)
         return stats
-
-    def term_df(self, t: str, mask: np.ndarray) -> int:
-        """How many visible documents hold term ``t``."""
-        postings = self._postings.get(t)
-        return 0 if postings is None else postings.visible_df(mask)
 
     def term_nodes(self, t: str) -> np.ndarray:
         """The documents holding term ``t`` (visible or not)."""
