@@ -77,14 +77,14 @@ def test_aliases_are_stored_and_searched_like_the_title(tmp_path: Path) -> None:
         hits = store.fts_search("kb", ["sinkhole"], 5)
         assert [cid for cid, _ in hits] == ["dns", "other"]  # alias weight 10 beats text 2
         assert [cid for cid, _ in store.fts_search("kb", ["resolver"], 5)] == ["dns"]
-        # the in-memory index agrees with the store's FTS5 index
+        # the in-memory index (BM25F, aliases in the title's field) ranks them alike
         projection = KBProjection("kb")
         projection.build(store.load().kbs["kb"])
         with projection.read() as snap:
             mask = np.ones(len(snap.ids), np.uint8)
             nodes, scores = snap.index.search("sinkhole", mask)
             ours = {snap.ids[n]: s for n, s in zip(nodes.tolist(), scores.tolist(), strict=True)}
-        assert ours == pytest.approx(dict(hits), rel=1e-9)
+        assert sorted(ours, key=ours.__getitem__, reverse=True) == ["dns", "other"]
         # a re-upsert without aliases clears them, in the state and in the index
         store.append("kb", [upsert("dns", 2, title="DNS")])
         assert store.load().kbs["kb"].concepts[0].aliases == []

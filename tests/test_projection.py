@@ -376,8 +376,8 @@ def test_search_index_receives_puts_and_removes() -> None:
     calls: list[tuple] = []
 
     class Recorder:
-        def put(self, node: int, title: str, text: str, aliases: list[str]) -> None:
-            assert aliases == []
+        def put(self, node: int, title: str, text: str, aliases: list[str], tags: list) -> None:
+            assert aliases == [] and tags == []
             calls.append(("put", node, title, text))
 
         def remove(self, node: int) -> None:
