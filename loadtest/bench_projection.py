@@ -62,7 +62,7 @@ from kbgraph.events import (  # noqa: E402
     LinkRemoved,
     UpsertData,
 )
-from kbgraph.projection import KBProjection, Projections, _warm_up  # noqa: E402
+from kbgraph.projection import KBProjection, Projections, warm_up  # noqa: E402
 from kbgraph.search import SearchIndex  # noqa: E402
 from kbgraph.store import ConceptState, KBState, LogRecord, Store  # noqa: E402
 from loadtest import synthetic  # noqa: E402
@@ -186,7 +186,7 @@ class TimedIndex(SearchIndex):
 
 def bench_size(n: int, events: int) -> dict[str, Any]:
     gc.collect()
-    _warm_up()  # as Projections.load does: no kernel compile or cache load in the timings
+    warm_up()  # as Projections.load does: no kernel compile or cache load in the timings
     rss0 = RSS.memory_info().rss
     dst = synthetic_links(n)
     state = synthetic_state(n, dst)

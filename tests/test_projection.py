@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kbgraph.projection as projection
+import kbgraph.projection.adjacency as adjacency
+import kbgraph.projection.kb as kb_module
 from kbgraph.access import Rule, RuleSet, canonical
 from kbgraph.events import (
     ConceptDeleted,
@@ -250,12 +251,12 @@ def test_matches_reference_and_rebuild_fake_store(deliveries, data, rule_sets) -
 @given(deliveries_st, st.data(), st.lists(rules_st, max_size=3, unique=True))
 def test_matches_reference_with_compaction_every_batch(deliveries, data, rule_sets) -> None:
     split = data.draw(st.integers(0, len(deliveries)))
-    saved = projection.COMPACT_MIN_HOLES
-    projection.COMPACT_MIN_HOLES = 0
+    saved = adjacency.COMPACT_MIN_HOLES
+    adjacency.COMPACT_MIN_HOLES = 0
     try:
         run_differential(FakeStore(), deliveries, split, rule_sets)
     finally:
-        projection.COMPACT_MIN_HOLES = saved
+        adjacency.COMPACT_MIN_HOLES = saved
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -361,7 +362,7 @@ def test_cached_mask_follows_type_changes_and_deletes() -> None:
 
 
 def test_mask_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(projection, "MASK_CACHE_ENTRIES", 3)
+    monkeypatch.setattr(kb_module, "MASK_CACHE_ENTRIES", 3)
     store = FakeStore()
     store.append(KB, [upsert(f"c{i}/x", type=f"T{i}") for i in range(6)])
     kb = started(store).get(KB)

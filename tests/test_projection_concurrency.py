@@ -268,10 +268,11 @@ def test_cached_masks_stay_exact_under_growth_compaction_and_eviction(
 ) -> None:
     """Readers creating and evicting masks while the follower grows and compacts: every
     view's degrees equal a brute-force count over the same snapshot."""
-    import kbgraph.projection as projection
+    import kbgraph.projection.adjacency as adjacency
+    import kbgraph.projection.kb as kb_module
 
-    monkeypatch.setattr(projection, "MASK_CACHE_ENTRIES", 2)
-    monkeypatch.setattr(projection, "COMPACT_MIN_HOLES", 0)
+    monkeypatch.setattr(kb_module, "MASK_CACHE_ENTRIES", 2)
+    monkeypatch.setattr(adjacency, "COMPACT_MIN_HOLES", 0)
     rule_sets = [canonical([Rule(frozenset({f"c{k}"}), frozenset())]) for k in range(4)] + [
         canonical([Rule(frozenset(), frozenset({"T"}))])
     ]

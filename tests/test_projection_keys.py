@@ -12,7 +12,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kbgraph.projection import _find, _Keys, _utf8
+from kbgraph.projection.adjacency import _find
+from kbgraph.projection.keys import Keys, utf8
 from tests.kb_events import delete, link_added, link_removed, upsert
 from tests.reference_model import FakeStore, ReferenceKB
 from tests.test_projection import KB, dump, reference_dump, reference_from_log
@@ -41,7 +42,7 @@ id_text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_s
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(id_text, st.sampled_from(LONG_IDS)), min_size=1, unique=True))
 def test_find_lands_where_bisect_on_the_strings_does(ids: list[str]) -> None:
-    keys = _Keys(ids, len(ids))
+    keys = Keys(ids, len(ids))
     block = sorted(range(len(ids)), key=ids.__getitem__)
     names = [ids[v] for v in block]
     for v in range(len(ids)):
@@ -59,16 +60,16 @@ def test_find_lands_where_bisect_on_the_strings_does(ids: list[str]) -> None:
 
 def test_utf8_keys_order_as_strings_even_with_surrogates() -> None:
     ids = ["a\ud800", "a\ud7ff", "a\ue000", "a", "a\U00010000", "b", "\x7f", "\x80"]
-    assert sorted(ids) == sorted(ids, key=_utf8)
+    assert sorted(ids) == sorted(ids, key=utf8)
 
 
 def test_keys_grow_when_ids_are_interned_one_by_one() -> None:
-    keys = _Keys([], 1)
+    keys = Keys([], 1)
     ids = [f"grow/{'x' * (i % 40)}{i}" for i in range(300)]
     for u, concept_id in enumerate(ids):
         keys.add(u, concept_id)
     for u, concept_id in enumerate(ids):
-        assert bytes(keys.data[keys.off[u] : keys.off[u + 1]]) == _utf8(concept_id)
+        assert bytes(keys.data[keys.off[u] : keys.off[u + 1]]) == utf8(concept_id)
     assert keys.pre.shape[0] >= len(ids)
 
 

@@ -1,0 +1,19 @@
+"""The in-memory projection of every KB's link graph, patched per log record.
+
+The package, along its jobs (events in -> store/log -> projection -> graphalgo):
+
+- ``follower``: ``Projections``, one thread per process following the store's log, batches,
+  locks and waiters;
+- ``kb``: ``KBProjection``, one KB's state and the semantics of each record as patches;
+- ``snapshot``: ``Snapshot``, what a request reads under the read lock;
+- ``adjacency``: the flat id-sorted adjacency pools and their numba patch kernels;
+- ``keys``: ids as UTF-8 bytes, so kernels compare ids in ``str`` order;
+- ``masks``: visibility masks and their induced degrees;
+- ``arrays``: growing numpy arrays.
+"""
+
+from kbgraph.projection.follower import Projections, warm_up
+from kbgraph.projection.kb import KBProjection
+from kbgraph.projection.snapshot import Snapshot
+
+__all__ = ["KBProjection", "Projections", "Snapshot", "warm_up"]

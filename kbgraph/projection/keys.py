@@ -1,0 +1,79 @@
+"""Every interned concept id as UTF-8 bytes, so the numba kernels compare ids in ``str`` order.
+
+UTF-8 with surrogates passed through orders byte strings exactly as ``str`` orders code
+points, so a bisect over these bytes lands where ``bisect`` on the strings would. Each id's
+first 16 bytes are kept as two big-endian words (``Keys.pre``), which decide most comparisons
+with one memory access; the whole bytes decide a tie.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from kbgraph.projection.arrays import MIN_POOL_CAP, grown
+
+
+@numba.njit(cache=True)
+def bytes_less(kdata, koff, a, b):  # pragma: no cover - compiled
+    """ids[a] < ids[b] (a != b), comparing the whole UTF-8 bytes."""
+    sa, ea, sb, eb = koff[a], koff[a + 1], koff[b], koff[b + 1]
+    for i in range(min(ea - sa, eb - sb)):
+        ca, cb = kdata[sa + i], kdata[sb + i]
+        if ca != cb:
+            return ca < cb
+    return ea - sa < eb - sb
+
+
+class Keys:
+    """The UTF-8 bytes of every interned id, for the kernels' comparisons in ``str`` order.
+
+    ``data[off[u] : off[u + 1]]`` is ids[u], and ``pre[u]`` its first 16 bytes (zero-padded)
+    as two big-endian words, which decide most comparisons with one memory access. Ids are
+    interned for good, so only appended. Follower-only (readers never look): grown in place.
+    """
+
+    __slots__ = ("data", "end", "off", "pre")
+
+    def __init__(self, ids: list[str], node_cap: int) -> None:
+        raw = [utf8(i) for i in ids]
+        n = len(raw)
+        self.off = np.zeros(node_cap + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, raw), np.int64, n), out=self.off[1 : n + 1])
+        self.end = int(self.off[n])
+        self.data = np.zeros(max(MIN_POOL_CAP, 2 * self.end), np.uint8)
+        self.data[: self.end] = np.frombuffer(b"".join(raw), np.uint8)
+        self.pre = np.zeros((node_cap, 2), np.uint64)
+        self.pre[:n] = prefixes(raw)
+
+    def reserve(self, nodes: int, size: int) -> None:
+        """Room for ``nodes`` ids in all and ``size`` more bytes."""
+        if nodes > len(self.pre):
+            cap = 2 * nodes
+            self.off = grown(self.off, len(self.off), cap + 1)
+            pre = np.zeros((cap, 2), np.uint64)
+            pre[: len(self.pre)] = self.pre
+            self.pre = pre
+        if self.end + size > len(self.data):
+            self.data = grown(self.data, self.end, 2 * (self.end + size))
+
+    def add(self, u: int, concept_id: str) -> None:
+        """Append ids[u] (u = the number of ids so far)."""
+        raw = utf8(concept_id)
+        end = self.end + len(raw)
+        self.reserve(u + 1, len(raw))
+        self.data[self.end : end] = np.frombuffer(raw, np.uint8)
+        self.off[u + 1] = end
+        self.pre[u] = prefixes([raw])[0]
+        self.end = end
+
+
+def prefixes(raw: list[bytes]) -> np.ndarray:
+    """uint64[len(raw), 2]: the first 16 bytes of each, zero-padded, as big-endian words."""
+    padded = b"".join([r[:16].ljust(16, b"\0") for r in raw])
+    return np.frombuffer(padded, ">u8").astype(np.uint64).reshape(len(raw), 2)
+
+
+def utf8(concept_id: str) -> bytes:
+    # surrogatepass: a lone surrogate still encodes, at its code point's place in the order
+    return concept_id.encode("utf-8", "surrogatepass")
