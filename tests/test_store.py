@@ -432,7 +432,7 @@ def test_group_commit_matches_the_reference_model(tmp_path: Path, seed: int) -> 
     them (the per-delivery replay): each caller gets what applying them one by one gives."""
     import random
 
-    from kbgraph.store import _Pending
+    from kbgraph.store.sqlite import _Pending
 
     rng = random.Random(seed)
     ids = ["a", "b", "c/d"]

@@ -1,0 +1,30 @@
+"""The store: the event log and the current state of every KB, the source of truth.
+
+Along its jobs: ``sqlite`` (``Store``: one SQLite file, its connections and the group-commit
+writer), ``decide`` (the append decision of SPEC section 2, pure), ``schema`` (tables,
+version, migrations), ``statements`` (the SQL a group runs), ``model`` (what it answers).
+"""
+
+from kbgraph.eventlog import LogRecord
+from kbgraph.store.model import (
+    ConceptState,
+    DeliveryResult,
+    KBState,
+    StoreBusy,
+    StoreClosed,
+    StoreSnapshot,
+)
+from kbgraph.store.schema import fts_match
+from kbgraph.store.sqlite import Store
+
+__all__ = [
+    "ConceptState",
+    "DeliveryResult",
+    "KBState",
+    "LogRecord",
+    "Store",
+    "StoreBusy",
+    "StoreClosed",
+    "StoreSnapshot",
+    "fts_match",
+]

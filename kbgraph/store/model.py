@@ -1,0 +1,44 @@
+"""What the store answers: delivery outcomes, concept states, snapshots, and its errors."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class DeliveryResult(msgspec.Struct, frozen=True):
+    accepted: int
+    applied: int
+    duplicates: int
+    stale: int
+    ignored: int
+    seq: int
+
+
+class ConceptState(msgspec.Struct, frozen=True):
+    id: str
+    version: int
+    title: str
+    type: str
+    status: str
+    tags: list[str]
+    text: str
+    links: list[str]  # declared out-links, deduplicated, sorted, also to missing targets
+    aliases: list[str] = []
+
+
+class KBState(msgspec.Struct, frozen=True):
+    seq: int
+    concepts: list[ConceptState]  # existing concepts only, sorted by id
+
+
+class StoreSnapshot(msgspec.Struct, frozen=True):
+    gid: int  # the log position this state reflects; follow the log from here
+    kbs: dict[str, KBState]  # every KB with seq >= 1
+
+
+class StoreClosed(RuntimeError):
+    """The store was closed: no more deliveries are taken."""
+
+
+class StoreBusy(RuntimeError):
+    """Another process held the write lock for longer than ``BUSY_RETRY_SECONDS``."""

@@ -1,0 +1,223 @@
+"""The SQL a group of deliveries runs, and the two ways each statement takes many rows.
+
+Bulk writes and lookups pass all their rows as ONE JSON parameter read with json_each: one
+sqlite3_step per statement instead of one per row. That matters beyond SQLite's own cost: the
+sqlite3 module releases and re-takes the GIL around every step, and each re-take can wait
+behind the event loop or the projection thread. SQLite's JSON functions cut text at U+0000,
+so a payload holding one falls back to ``executemany``, row by row.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Final, NamedTuple
+
+import msgspec
+
+from kbgraph.eventlog import NUL_ESCAPE
+from kbgraph.store.decide import Subject
+from kbgraph.store.schema import FTS_ALIASES, FTS_COLUMNS, fts_table
+
+_CHUNK: Final = 5_000  # ids per json_each lookup
+tags_encoder = msgspec.json.Encoder()  # tags, and the JSON rows of bulk statements
+tags_decoder = msgspec.json.Decoder(list[str])
+rows_decoder = msgspec.json.Decoder(list[list])
+
+
+class Bulk(NamedTuple):
+    """One write over many rows: ``json`` takes (?1 rows as JSON, ?2 kid); ``many`` (kid, *row)."""
+
+    json: str
+    many: str
+    json_takes_kid: bool = True
+
+
+class Lookup(NamedTuple):
+    """Rows matching many keys: ``json`` answers one JSON array; ``one`` is per key."""
+
+    json: str
+    one: str
+
+
+def bulk(conn: sqlite3.Connection, statement: Bulk, kid: int, rows: list[tuple]) -> None:
+    if not rows:
+        return
+    payload = tags_encoder.encode(rows)
+    if NUL_ESCAPE in payload:
+        conn.executemany(statement.many, [(kid, *row) for row in rows])
+    else:
+        conn.execute(statement.json, (payload, kid) if statement.json_takes_kid else (payload,))
+
+
+def lookup(
+    conn: sqlite3.Connection, statement: Lookup, kid: int, keys: list[str] | list[tuple[str, str]]
+) -> list[list]:
+    out: list[list] = []
+    for start in range(0, len(keys), _CHUNK):
+        chunk = keys[start : start + _CHUNK]
+        payload = tags_encoder.encode(chunk)
+        if NUL_ESCAPE in payload:
+            for key in chunk:
+                params = (kid, *key) if isinstance(key, tuple) else (kid, key)
+                out.extend(list(row) for row in conn.execute(statement.one, params))
+        else:
+            out.extend(
+                rows_decoder.decode(conn.execute(statement.json, (payload, kid)).fetchone()[0])
+            )
+    return out
+
+
+KB_GET: Final = "SELECT kid, seq FROM kb WHERE name = ?"
+KB_NEW: Final = "INSERT INTO kb (name, seq) VALUES (?, 0) RETURNING kid"
+KB_SET_SEQ: Final = "UPDATE kb SET seq = ? WHERE kid = ?"
+SEEN: Final = Lookup(
+    "SELECT json_group_array(json_array(a.source, a.id)) FROM json_each(?1) AS j"
+    " CROSS JOIN accepted AS a"
+    " ON a.kid = ?2 AND a.source = j.value ->> 0 AND a.id = j.value ->> 1",
+    "SELECT source, id FROM accepted WHERE kid = ?1 AND source = ?2 AND id = ?3",
+)
+SUBJECTS: Final = Lookup(
+    "SELECT json_group_array(json_array(j.value, c.rid, c.version, t.version))"
+    " FROM json_each(?1) AS j"
+    " LEFT JOIN concept AS c ON c.kid = ?2 AND c.id = j.value"
+    " LEFT JOIN tombstone AS t ON t.kid = ?2 AND t.id = j.value"
+    " WHERE c.rid IS NOT NULL OR t.version IS NOT NULL",
+    "SELECT ?2, c.rid, c.version, t.version FROM (SELECT 1)"
+    " LEFT JOIN concept AS c ON c.kid = ?1 AND c.id = ?2"
+    " LEFT JOIN tombstone AS t ON t.kid = ?1 AND t.id = ?2"
+    " WHERE c.rid IS NOT NULL OR t.version IS NOT NULL",
+)
+ACCEPT: Final = Bulk(
+    "INSERT INTO accepted (kid, source, id) SELECT ?2, value ->> 0, value ->> 1 FROM json_each(?1)",
+    "INSERT INTO accepted (kid, source, id) VALUES (?1, ?2, ?3)",
+)
+# New and rewritten concepts in one statement (an updated row keeps its rid).
+UPSERT: Final = Bulk(
+    "INSERT INTO concept (kid, id, version, title, type, status, tags, text, aliases)"
+    " SELECT ?2, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4,"
+    " value ->> 5, value ->> 6, value ->> 7 FROM json_each(?1) WHERE true"
+    " ON CONFLICT (kid, id) DO UPDATE SET version = excluded.version,"
+    " title = excluded.title, type = excluded.type, status = excluded.status,"
+    " tags = excluded.tags, text = excluded.text, aliases = excluded.aliases",
+    "INSERT INTO concept (kid, id, version, title, type, status, tags, text, aliases)"
+    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+    " ON CONFLICT (kid, id) DO UPDATE SET version = excluded.version,"
+    " title = excluded.title, type = excluded.type, status = excluded.status,"
+    " tags = excluded.tags, text = excluded.text, aliases = excluded.aliases",
+)
+SET_VERSION: Final = Bulk(
+    "UPDATE concept SET version = j.value ->> 1 FROM json_each(?1) AS j"
+    " WHERE concept.rid = j.value ->> 0",
+    "UPDATE concept SET version = ?3 WHERE rid = ?2",
+    json_takes_kid=False,
+)
+DELETE_CONCEPT: Final = Bulk(
+    "DELETE FROM concept WHERE rid IN (SELECT value ->> 0 FROM json_each(?1))",
+    "DELETE FROM concept WHERE rid = ?2",
+    json_takes_kid=False,
+)
+TOMBSTONE: Final = Bulk(
+    "INSERT OR REPLACE INTO tombstone (kid, id, version)"
+    " SELECT ?2, value ->> 0, value ->> 1 FROM json_each(?1)",
+    "INSERT OR REPLACE INTO tombstone (kid, id, version) VALUES (?1, ?2, ?3)",
+)
+UNTOMBSTONE: Final = Bulk(
+    "DELETE FROM tombstone WHERE kid = ?2 AND id IN (SELECT value ->> 0 FROM json_each(?1))",
+    "DELETE FROM tombstone WHERE kid = ?1 AND id = ?2",
+)
+LINKS_CLEAR: Final = Bulk(
+    "DELETE FROM link WHERE kid = ?2 AND src IN (SELECT value ->> 0 FROM json_each(?1))",
+    "DELETE FROM link WHERE kid = ?1 AND src = ?2",
+)
+LINK_ADD: Final = Bulk(
+    "INSERT OR IGNORE INTO link (kid, src, dst) SELECT ?2, value ->> 0, value ->> 1"
+    " FROM json_each(?1)",
+    "INSERT OR IGNORE INTO link (kid, src, dst) VALUES (?1, ?2, ?3)",
+)
+# link.removed is rare: row by row, each delete a primary-key seek
+LINK_REMOVE: Final = "DELETE FROM link WHERE kid = ? AND src = ? AND dst = ?"
+
+
+def fts_statements(kid: int) -> tuple[Bulk, Bulk]:
+    fts = fts_table(kid)
+    return (
+        Bulk(
+            f"DELETE FROM {fts} WHERE rowid IN (SELECT value ->> 0 FROM json_each(?1))",
+            f"DELETE FROM {fts} WHERE rowid = ?2",
+            json_takes_kid=False,
+        ),
+        # indexed straight from the concept rows just written: the text travels once
+        Bulk(
+            f"INSERT INTO {fts} (rowid, {FTS_COLUMNS}) SELECT c.rid, c.title,"
+            f" {FTS_ALIASES.format('c.aliases')}, c.text"
+            " FROM json_each(?1) AS j CROSS JOIN concept AS c"
+            " ON c.kid = ?2 AND c.id = j.value ->> 0",
+            f"INSERT INTO {fts} (rowid, {FTS_COLUMNS})"
+            f" SELECT rid, title, {FTS_ALIASES.format('aliases')}, text FROM concept"
+            " WHERE kid = ?1 AND id = ?2",
+        ),
+    )
+
+
+def write_subjects(conn: sqlite3.Connection, kid: int, subjects: dict[str, Subject]) -> None:
+    """The net effect of the group on each touched concept, one statement per kind."""
+    fts_delete: list[tuple[int]] = []
+    fts_insert: list[tuple[str]] = []
+    upsert_rows: list[tuple[str, int, str, str, str, str, str, str]] = []
+    set_version: list[tuple[int, int]] = []
+    delete_rows: list[tuple[int]] = []
+    tombstones: list[tuple[str, int]] = []
+    untombstone: list[tuple[str]] = []
+    clear_links: list[tuple[str]] = []
+    add_links: list[tuple[str, str]] = []
+    remove_links: list[tuple[int, str, str]] = []
+    encode_tags = tags_encoder.encode
+    for cid, subject in subjects.items():
+        if not subject.touched:
+            continue
+        version = subject.version
+        assert version is not None
+        rid = subject.rid
+        if subject.exists:
+            if subject.fields is not None:
+                data = subject.fields.data
+                tags = encode_tags(data.tags).decode()
+                aliases = encode_tags(data.aliases).decode()
+                upsert_rows.append(
+                    (cid, version, data.title, data.type, data.status, tags, data.text,
+                     aliases)
+                )  # fmt: skip
+                if rid is not None:
+                    fts_delete.append((rid,))
+                fts_insert.append((cid,))
+            else:  # only link events: the concept existed before and still does
+                assert rid is not None
+                set_version.append((rid, version))
+            if subject.had_tombstone:
+                untombstone.append((cid,))
+        else:
+            if rid is not None:
+                delete_rows.append((rid,))
+                fts_delete.append((rid,))
+            tombstones.append((cid, version))
+        if subject.rewrite:
+            if rid is not None:  # a concept new to the store has no links yet
+                clear_links.append((cid,))
+            add_links.extend([(cid, dst) for dst in subject.links])
+        else:
+            remove_links.extend([(kid, cid, dst) for dst in subject.removed])
+            add_links.extend([(cid, dst) for dst in subject.added])
+    fts_delete_stmt, fts_insert_stmt = fts_statements(kid)
+    # Old FTS rows leave before the concept rows change (own-content FTS reads its copy).
+    bulk(conn, fts_delete_stmt, kid, fts_delete)
+    bulk(conn, DELETE_CONCEPT, kid, delete_rows)
+    bulk(conn, UPSERT, kid, upsert_rows)
+    bulk(conn, fts_insert_stmt, kid, fts_insert)
+    bulk(conn, SET_VERSION, kid, set_version)
+    bulk(conn, TOMBSTONE, kid, tombstones)
+    bulk(conn, UNTOMBSTONE, kid, untombstone)
+    bulk(conn, LINKS_CLEAR, kid, clear_links)
+    if remove_links:
+        conn.executemany(LINK_REMOVE, remove_links)
+    add_links.sort()  # key order: B-tree inserts with locality
+    bulk(conn, LINK_ADD, kid, add_links)
