@@ -19,7 +19,7 @@ from kbgraph.events import (
     LinkRemoved,
     UpsertData,
 )
-from kbgraph.store import ConceptState, DeliveryResult, Store, fts_match
+from kbgraph.store import ConceptState, DeliveryResult, Store
 from tests.kb_events import delete, link_added, link_removed, upsert
 
 
@@ -75,7 +75,6 @@ def test_upsert_is_full_state(store: Store) -> None:
     store.append("kb", [upsert("x", 2, title="")])
     x = concepts(store, "kb")["x"]
     assert (x.version, x.title, x.text, x.tags, x.links, x.status) == (2, "", "", [], [], "")
-    assert store.fts_search("kb", ["body"], 5) == []
 
 
 def unwritable_upsert() -> ConceptUpserted:
@@ -162,7 +161,6 @@ def test_late_upsert_after_delete_does_not_resurrect(store: Store) -> None:
     state = concepts(store, "kb")
     assert "x" not in state
     assert state["y"].links == ["x"]  # others' links to a deleted concept survive
-    assert [hit[0] for hit in store.fts_search("kb", ["x", "y"], 5)] == ["y"]
     assert store.append("kb", [upsert("x", 4), upsert("x", 5)]) == result(stale=2, seq=3)
     assert "x" not in concepts(store, "kb")
     assert store.append("kb", [upsert("x", 6, title="back")]) == result(1, seq=4)
@@ -216,25 +214,7 @@ def test_net_effect_of_mixed_events_in_one_delivery(store: Store) -> None:
     state = concepts(store, "kb")
     assert sorted(state) == ["x"]
     assert (state["x"].version, state["x"].links, state["x"].text) == (7, ["t"], "new words")
-    assert [hit[0] for hit in store.fts_search("kb", ["new"], 5)] == ["x"]
-    assert store.fts_search("kb", ["old"], 5) == []
     assert store.append("kb", [upsert("y", 2)]).stale == 1
-
-
-def test_fts_search_per_kb_quoting_and_diacritics(store: Store) -> None:
-    store.append("one", [upsert("a", title="Café router", text="dns dns"), upsert("b", text="x")])
-    store.append("two", [upsert("a", title="nothing"), upsert("c", text="cafe")])
-    hits = store.fts_search("one", ["cafe"], 5)
-    assert [h[0] for h in hits] == ["a"] and hits[0][1] > 0
-    assert [h[0] for h in store.fts_search("two", ["CAFÉ"], 5)] == ["c"]
-    # title weighs 10, text 1
-    store.append("three", [upsert("t", title="dns"), upsert("u", text="dns")])
-    assert [h[0] for h in store.fts_search("three", ["dns"], 5)] == ["t", "u"]
-    # syntax characters are never interpreted
-    for nasty in ['"', 'a" OR "b', "NEAR(", "*", "x AND", "-"]:
-        store.fts_search("one", [nasty], 5)
-    assert fts_match(['say "hi"', "b"]) == '"say ""hi""" OR "b"'
-    assert store.fts_search("missing-kb", ["a"], 5) == []
 
 
 def test_restart_keeps_everything(tmp_path: Path) -> None:
@@ -250,7 +230,6 @@ def test_restart_keeps_everything(tmp_path: Path) -> None:
         assert s.read_log(0) == log_before
         assert s.append("kb", [ev]) == result(duplicates=1, seq=3)
         assert s.append("kb", [upsert("y", 2)]) == result(stale=1, seq=3)
-        assert [h[0] for h in s.fts_search("kb", ["persisted"], 5)] == ["x"]
         assert s.append("kb", [upsert("z", 1)]).seq == 4
 
 
@@ -505,5 +484,4 @@ def test_nul_characters_survive_the_bulk_statements(store: Store) -> None:
     )
     assert store.append("kb", [prefix]).applied == 1
     assert store.append("kb", [upsert("x", 3, text="plain")]).applied == 1
-    assert [h[0] for h in store.fts_search("kb", ["plain"], 5)] == ["x"]
-    assert store.fts_search("kb", ["after"], 5) == []
+    assert concepts(store, "kb")["x"].text == "plain"

@@ -14,7 +14,6 @@ from kbgraph.store.model import (
     StoreClosed,
     StoreSnapshot,
 )
-from kbgraph.store.schema import fts_match
 from kbgraph.store.sqlite import Store
 
 __all__ = [
@@ -26,5 +25,4 @@ __all__ = [
     "StoreBusy",
     "StoreClosed",
     "StoreSnapshot",
-    "fts_match",
 ]

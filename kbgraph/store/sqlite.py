@@ -15,8 +15,11 @@ Group commit: one fsync per delivery caps a disk at a few thousand deliveries pe
 best, and far less once HTTP shares the CPU. So each Store runs ONE writer thread that drains
 the queue of pending deliveries, applies the whole group in one pass and commits once, then
 resolves every caller. Should anything in the group raise, the transaction is rolled back and
-the group replayed one delivery per SAVEPOINT, so only the failing delivery is refused (one
-SAVEPOINT per delivery on the fast path would cost FTS5 an index segment each).
+the group replayed one delivery per SAVEPOINT, so only the failing delivery is refused.
+
+Only what must be durable is written: the log, the current state, tombstones, declared links
+and accepted keys. Search is answered from memory (``kbgraph.search``, built from the state at
+start-up), so the store keeps no full-text index (schema 3 dropped the FTS5 tables).
 
 Several processes may share the file: writers serialize on SQLite's write lock (``BEGIN
 IMMEDIATE`` with a busy timeout and retries), fronted by an advisory file lock so a waiting
@@ -52,7 +55,6 @@ from kbgraph.store.model import (
     StoreClosed,
     StoreSnapshot,
 )
-from kbgraph.store.schema import FTS_WEIGHTS, fts_match, fts_table
 
 try:  # POSIX only; elsewhere the writers rely on SQLite's busy handler alone.
     import fcntl
@@ -336,7 +338,6 @@ class Store:
         if row is not None:
             return row[0], row[1]
         kid = conn.execute(sql.KB_NEW, (kb,)).fetchone()[0]
-        schema.create_fts(conn, kid)
         return kid, 0
 
     def _load_kb(self, conn: sqlite3.Connection, kb: str, deliveries: list[list[Event]]) -> _KBWork:
@@ -365,8 +366,7 @@ class Store:
 
         Every event is decided in memory against what the store knew plus what the earlier
         events of the group did; then the net effect per concept is written with one
-        ``executemany`` per statement. (FTS5 flushes its pending index at every savepoint, so
-        one savepoint per delivery would also cost an index segment per delivery.)
+        statement per kind of change (``kbgraph.store.statements.write_subjects``).
         """
         per_kb: dict[str, list[list[Event]]] = {}
         for kb, events in group:
@@ -411,27 +411,6 @@ class Store:
         with self._reader() as conn:
             row = conn.execute(sql.KB_GET, (kb,)).fetchone()
         return 0 if row is None else row[1]
-
-    def fts_search(self, kb: str, terms: list[str], limit: int) -> list[tuple[str, float]]:
-        """(id, -bm25(title 10, aliases 10, text 1)) from the KB's FTS5 index, best first.
-
-        Ties break by id. Every term is quoted, so no search syntax is ever interpreted.
-        """
-        terms = [term for term in terms if term]
-        if not terms or limit <= 0:
-            return []
-        with self._reader() as conn:
-            row = conn.execute(sql.KB_GET, (kb,)).fetchone()
-            if row is None:
-                return []
-            fts = fts_table(row[0])
-            rows = conn.execute(
-                f"SELECT c.id, -bm25({fts}, {FTS_WEIGHTS}) AS score FROM {fts}"
-                f" JOIN concept AS c ON c.rid = {fts}.rowid"
-                f" WHERE {fts} MATCH ? ORDER BY score DESC, c.id LIMIT ?",
-                (fts_match(terms), limit),
-            ).fetchall()
-        return [(cid, float(score)) for cid, score in rows]
 
     def close(self) -> None:
         """Finish the queued deliveries, stop the writer, close every connection."""

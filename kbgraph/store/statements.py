@@ -16,7 +16,6 @@ import msgspec
 
 from kbgraph.eventlog import NUL_ESCAPE
 from kbgraph.store.decide import Subject
-from kbgraph.store.schema import FTS_ALIASES, FTS_COLUMNS, fts_table
 
 _CHUNK: Final = 5_000  # ids per json_each lookup
 tags_encoder = msgspec.json.Encoder()  # tags, and the JSON rows of bulk statements
@@ -138,31 +137,8 @@ LINK_ADD: Final = Bulk(
 LINK_REMOVE: Final = "DELETE FROM link WHERE kid = ? AND src = ? AND dst = ?"
 
 
-def fts_statements(kid: int) -> tuple[Bulk, Bulk]:
-    fts = fts_table(kid)
-    return (
-        Bulk(
-            f"DELETE FROM {fts} WHERE rowid IN (SELECT value ->> 0 FROM json_each(?1))",
-            f"DELETE FROM {fts} WHERE rowid = ?2",
-            json_takes_kid=False,
-        ),
-        # indexed straight from the concept rows just written: the text travels once
-        Bulk(
-            f"INSERT INTO {fts} (rowid, {FTS_COLUMNS}) SELECT c.rid, c.title,"
-            f" {FTS_ALIASES.format('c.aliases')}, c.text"
-            " FROM json_each(?1) AS j CROSS JOIN concept AS c"
-            " ON c.kid = ?2 AND c.id = j.value ->> 0",
-            f"INSERT INTO {fts} (rowid, {FTS_COLUMNS})"
-            f" SELECT rid, title, {FTS_ALIASES.format('aliases')}, text FROM concept"
-            " WHERE kid = ?1 AND id = ?2",
-        ),
-    )
-
-
 def write_subjects(conn: sqlite3.Connection, kid: int, subjects: dict[str, Subject]) -> None:
     """The net effect of the group on each touched concept, one statement per kind."""
-    fts_delete: list[tuple[int]] = []
-    fts_insert: list[tuple[str]] = []
     upsert_rows: list[tuple[str, int, str, str, str, str, str, str]] = []
     set_version: list[tuple[int, int]] = []
     delete_rows: list[tuple[int]] = []
@@ -187,9 +163,6 @@ def write_subjects(conn: sqlite3.Connection, kid: int, subjects: dict[str, Subje
                     (cid, version, data.title, data.type, data.status, tags, data.text,
                      aliases)
                 )  # fmt: skip
-                if rid is not None:
-                    fts_delete.append((rid,))
-                fts_insert.append((cid,))
             else:  # only link events: the concept existed before and still does
                 assert rid is not None
                 set_version.append((rid, version))
@@ -198,7 +171,6 @@ def write_subjects(conn: sqlite3.Connection, kid: int, subjects: dict[str, Subje
         else:
             if rid is not None:
                 delete_rows.append((rid,))
-                fts_delete.append((rid,))
             tombstones.append((cid, version))
         if subject.rewrite:
             if rid is not None:  # a concept new to the store has no links yet
@@ -207,12 +179,8 @@ def write_subjects(conn: sqlite3.Connection, kid: int, subjects: dict[str, Subje
         else:
             remove_links.extend([(kid, cid, dst) for dst in subject.removed])
             add_links.extend([(cid, dst) for dst in subject.added])
-    fts_delete_stmt, fts_insert_stmt = fts_statements(kid)
-    # Old FTS rows leave before the concept rows change (own-content FTS reads its copy).
-    bulk(conn, fts_delete_stmt, kid, fts_delete)
     bulk(conn, DELETE_CONCEPT, kid, delete_rows)
     bulk(conn, UPSERT, kid, upsert_rows)
-    bulk(conn, fts_insert_stmt, kid, fts_insert)
     bulk(conn, SET_VERSION, kid, set_version)
     bulk(conn, TOMBSTONE, kid, tombstones)
     bulk(conn, UNTOMBSTONE, kid, untombstone)
