@@ -39,7 +39,7 @@ import httpx
 import psutil
 
 from loadtest import kbgen, report
-from loadtest.driver import HOST, KB, Credentials, ServiceProcess, write_config
+from loadtest.service import HOST, KB, Credentials, ServiceProcess, write_config
 
 P99_AIM_MS: Final = 50.0
 RSS_AIM_MB: Final = 200.0

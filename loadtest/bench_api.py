@@ -35,19 +35,12 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from loadtest import kbgen, report
-from loadtest.driver import (
-    HOST,
-    KB,
-    Credentials,
-    Model,
-    Recorder,
-    ServiceProcess,
-    _run_loop,
-    deliver,
-    free_port,
-    write_config,
-)
+from loadtest.crowd import deliver
+from loadtest.driver import _run_loop
 from loadtest.httpload import Pool, build_request, closed_loop
+from loadtest.model import Model
+from loadtest.recorder import Recorder
+from loadtest.service import HOST, KB, Credentials, ServiceProcess, free_port, write_config
 
 P50_AIM_RATIO: Final = 3.0
 RPS_AIM: Final = 2000.0

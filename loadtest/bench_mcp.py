@@ -24,19 +24,12 @@ import msgspec
 
 from loadtest import kbgen, report
 from loadtest.bench_api import BareProcess
-from loadtest.driver import (
-    HOST,
-    KB,
-    Credentials,
-    Model,
-    Recorder,
-    ServiceProcess,
-    _run_loop,
-    deliver,
-    free_port,
-    write_config,
-)
+from loadtest.crowd import deliver
+from loadtest.driver import _run_loop
 from loadtest.httpload import Pool, Response, build_request, closed_loop
+from loadtest.model import Model
+from loadtest.recorder import Recorder
+from loadtest.service import HOST, KB, Credentials, ServiceProcess, free_port, write_config
 
 P50_AIM_RATIO: Final = 1.5
 TARGETS: Final = ("bare", "http", "mcp")

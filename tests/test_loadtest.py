@@ -12,8 +12,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # loadtest/ is not installed
 
 from loadtest import kbgen
-from loadtest.driver import Model, Options, build_parser, run
+from loadtest.driver import Options, build_parser, run
 from loadtest.httpload import build_request
+from loadtest.model import Model
 
 
 def ev(kind: str, subject: str, version: int, eid: str, **data: object) -> dict:
