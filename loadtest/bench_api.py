@@ -18,13 +18,14 @@ Loopback only; bounded (well under 3 minutes).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import sys
 import tempfile
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -151,16 +152,20 @@ def _merge(a: dict[int, int], b: dict[int, int]) -> dict[int, int]:
     return out
 
 
-async def bench_async(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def loaded_service(
+    tmp: Path, n: int, seed: int
+) -> AsyncIterator[tuple[ServiceProcess, BareProcess, Credentials, list[Any]]]:
+    """A ``kbgraph serve`` holding the generated KB (every delivery acknowledged and visible),
+    and a bare Starlette endpoint beside it; both stopped on exit."""
     creds = Credentials()
     service = ServiceProcess(write_config(tmp, creds), workers=1)
     bare_dir = tmp / "bare"
     bare_dir.mkdir()
     bare_proc = BareProcess(bare_dir / "none.toml", port=free_port())
-    concepts = kbgen.make_kb("seed", args.n, args.seed)
+    concepts = kbgen.make_kb("seed", n, seed)
     service.start()
     bare_proc.start()
-    results: dict[str, Any] = {}
     try:
         await service.wait_ready()
         await bare_proc.wait_ready()
@@ -180,6 +185,15 @@ async def bench_async(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         await pool.close()
         if status.status != 200 or loaded != len(concepts):
             raise RuntimeError(f"KB not loaded: {status.status} {status.body[:200]!r}")
+        yield service, bare_proc, creds, concepts
+    finally:
+        service.stop()
+        bare_proc.stop()
+
+
+async def bench_async(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    async with loaded_service(tmp, args.n, args.seed) as (service, bare_proc, creds, concepts):
         for target in TARGETS:
             port = bare_proc.port if target == "bare" else service.port
             requests = requests_for(target, port, concepts, creds.admin, args.seed)
@@ -187,9 +201,6 @@ async def bench_async(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 port, requests, args.connections, args.latency_seconds, args.seconds
             )
             print(f"  measured {target}", file=sys.stderr, flush=True)
-    finally:
-        service.stop()
-        bare_proc.stop()
     return figures(args, results)
 
 

@@ -23,13 +23,10 @@ from typing import Any, Final
 import msgspec
 
 from loadtest import kbgen, report
-from loadtest.bench_api import BareProcess
-from loadtest.crowd import deliver
+from loadtest.bench_api import loaded_service
 from loadtest.driver import _run_loop
-from loadtest.httpload import Pool, Response, build_request, closed_loop
-from loadtest.model import Model
-from loadtest.recorder import Recorder
-from loadtest.service import HOST, KB, Credentials, ServiceProcess, free_port, write_config
+from loadtest.httpload import Response, build_request, closed_loop
+from loadtest.service import HOST, KB
 
 P50_AIM_RATIO: Final = 1.5
 TARGETS: Final = ("bare", "http", "mcp")
@@ -85,37 +82,14 @@ async def measure(
 
 
 async def bench_async(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    creds = Credentials()
-    service = ServiceProcess(write_config(tmp, creds), workers=1)
-    bare_dir = tmp / "bare"
-    bare_dir.mkdir()
-    bare_proc = BareProcess(bare_dir / "none.toml", port=free_port())
-    concepts = kbgen.make_kb("seed", args.n, args.seed)
-    service.start()
-    bare_proc.start()
     results: dict[str, Any] = {}
-    try:
-        await service.wait_ready()
-        await bare_proc.wait_ready()
-        pool = Pool(HOST, service.port, 1)
-        signer = kbgen.Signer(creds.secret)
-        model, rec = Model(), Recorder()
-        for delivery in kbgen.initial_load(concepts):
-            await deliver(pool, signer, delivery, model, rec, "load")
-        headers = {"authorization": f"Bearer {creds.admin}", "x-min-seq": str(rec.max_seq)}
-        status = await pool.request("GET", f"/v1/kbs/{KB}/status", headers)
-        await pool.close()
-        if status.status != 200:
-            raise RuntimeError(f"KB not loaded: {status.status} {status.body[:200]!r}")
+    async with loaded_service(tmp, args.n, args.seed) as (service, bare_proc, creds, _):
         for target in TARGETS:
             port = bare_proc.port if target == "bare" else service.port
             requests = requests_for(target, port, creds.admin, args.seed)
             check = tool_result if target == "mcp" else None
             results[target] = await measure(port, requests, args, check)
             print(f"  measured {target}", file=sys.stderr, flush=True)
-    finally:
-        service.stop()
-        bare_proc.stop()
     return figures(args, results)
 
 
