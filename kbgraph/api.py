@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -27,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from kbgraph import evidence, graphalgo, ingest, search, tools
+from kbgraph import evidence, graphalgo, ingest, search, tools, toolspecs
 from kbgraph import mcp as mcp_out
 from kbgraph.access import RuleSet
 from kbgraph.bodies import BodyRefused, read_body, replay
@@ -36,6 +37,7 @@ from kbgraph.events import SignatureVerifier
 from kbgraph.health import WriteProbe
 from kbgraph.ingest import error_response
 from kbgraph.names import is_kb_name
+from kbgraph.openapi import document as openapi_document
 from kbgraph.projection import KBProjection, Projections, Snapshot
 from kbgraph.store import Store
 from kbgraph.threads import ToolThreads
@@ -208,6 +210,28 @@ def tool_route(name: str, request_type: type[Req], tool: Callable[..., Any]) -> 
     return Route(f"/v1/kbs/{{kb}}/tools/{name}", observed(name, handler), methods=["POST"])
 
 
+async def kbs_handler(request: Request) -> Response:
+    """``GET /v1/kbs``: the KBs this token may see (a KB it has no rule for is not named),
+    each with its visible concept and link counts."""
+    grant = authenticate(request)
+    projections: Projections = request.app.state.projections
+    names = projections.names() if grant.admin else sorted(grant.rules)
+
+    def work() -> bytes:
+        listed = []
+        for name in names:
+            projection = projections.get(name)
+            if projection is None:
+                continue
+            with projection.read() as snap:
+                view = snap.view(None if grant.admin else grant.rules[name])
+                listed.append(tools.status(snap, view, name))
+        return _encode(tools.KBsResponse(kbs=listed, count=len(listed)))
+
+    body = await request.app.state.tool_threads.run(work)
+    return Response(body, media_type="application/json")
+
+
 async def search_handler(request: Request) -> Response:
     projection, rules = await gate(request)
     query = request.query_params.get("q")
@@ -257,10 +281,18 @@ class MCPEndpoint:
 
 
 async def starlette_error(request: Request, exc: Exception) -> Response:
-    """Starlette's own refusals (no such path, wrong method) as JSON errors too."""
+    """Starlette's own refusals (no such path, wrong method) as JSON errors too; a mistyped
+    tool name is told the tools that exist."""
     assert isinstance(exc, HTTPException)
+    path = request.url.path
+    if exc.status_code == 404 and _TOOL_PATH.fullmatch(path):
+        return error_response(404, f"no such tool: {path}; the tools are {_TOOL_NAMES}")
     message = "not found" if exc.status_code == 404 else exc.detail
-    return error_response(exc.status_code, f"{message}: {request.url.path}", exc.headers)
+    return error_response(exc.status_code, f"{message}: {path}", exc.headers)
+
+
+_TOOL_PATH: Final = re.compile(r"/v1/kbs/[^/]+/tools/[^/]*")
+_TOOL_NAMES: Final = ", ".join(spec.name for spec in toolspecs.HTTP_TOOLS)
 
 
 async def internal_error(request: Request, exc: Exception) -> Response:
@@ -291,127 +323,10 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
-TOOLS: Final = (
-    ("graph_context", tools.GraphContextRequest, tools.GraphContextResponse, tools.graph_context,
-     False, "Concepts around a question or given concepts, ranked by personalized PageRank, "
-     "each with its hop count and the concept it was reached through."),
-    ("link_suggest", tools.LinkSuggestRequest, tools.LinkSuggestResponse, tools.link_suggest,
-     False, "Missing links for a concept by resource allocation (at least two shared "
-     "neighbours)."),
-    ("graph_path", tools.GraphPathRequest, tools.GraphPathResponse, tools.graph_path,
-     True, "The shortest chain of links between two concepts."),
-)  # fmt: skip
-
-
-def tools_listing() -> list[dict[str, Any]]:
-    listing = []
-    for name, request_type, _, _, advanced, description in TOOLS:
-        _, components = msgspec.json.schema_components(
-            [request_type], ref_template="#/$defs/{name}"
-        )
-        listing.append(
-            {
-                "name": name,
-                "description": description,
-                "advanced": advanced,
-                "method": "POST",
-                "path": f"/v1/kbs/{{kb}}/tools/{name}",
-                "input_schema": components[request_type.__name__],
-            }
-        )
-    return listing
-
-
-def openapi_document() -> dict[str, Any]:
-    """OpenAPI 3.1, generated from the msgspec request and response types."""
-    types: list[Any] = [t for row in TOOLS for t in row[1:3]]
-    types += [tools.SearchResponse, tools.ConceptResponse, tools.StatusResponse]
-    _, components = msgspec.json.schema_components(
-        types, ref_template="#/components/schemas/{name}"
-    )
-    components["Error"] = {
-        "type": "object",
-        "properties": {"error": {"type": "string"}},
-        "required": ["error"],
-    }
-
-    def ref(name: str) -> dict[str, Any]:
-        return {"$ref": f"#/components/schemas/{name}"}
-
-    def answers(ok: str, *codes: int) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "200": {"description": "OK", "content": {"application/json": {"schema": ref(ok)}}}
-        }
-        for code in codes:
-            out[str(code)] = {
-                "description": "error",
-                "content": {"application/json": {"schema": ref("Error")}},
-            }
-        return out  # fmt: skip
-
-    kb_param = {"name": "kb", "in": "path", "required": True, "schema": {"type": "string"}}
-    paths: dict[str, Any] = {}
-    for name, request_type, response_type, _, advanced, description in TOOLS:
-        paths[f"/v1/kbs/{{kb}}/tools/{name}"] = {
-            "post": {
-                "operationId": name,
-                "summary": description,
-                "x-advanced": advanced,
-                "parameters": [kb_param],
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": ref(request_type.__name__)}},
-                },
-                "responses": answers(response_type.__name__, 400, 401, 404, 422, 503),
-            }
-        }
-    paths["/v1/kbs/{kb}/search"] = {
-        "get": {
-            "operationId": "search",
-            "parameters": [
-                kb_param,
-                {"name": "q", "in": "query", "required": True, "schema": {"type": "string"}},
-                {"name": "limit", "in": "query", "schema": {"type": "integer"}},
-            ],
-            "responses": answers("SearchResponse", 401, 404, 422, 503),
-        }
-    }
-    paths["/v1/kbs/{kb}/concepts/{id}"] = {
-        "get": {
-            "operationId": "concept",
-            "parameters": [
-                kb_param,
-                {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}},
-            ],
-            "responses": answers("ConceptResponse", 401, 404, 503),
-        }
-    }
-    paths["/v1/kbs/{kb}/mcp"] = {"post": {
-        "operationId": "mcp", "parameters": [kb_param],
-        "summary": "MCP streamable HTTP (stateless, JSON answers): the tools as MCP tools.",
-        "requestBody": {"required": True, "content": {"application/json": {}}},
-        "responses": {"200": {"description": "a JSON-RPC answer"},
-                      **{k: v for k, v in answers("StatusResponse", 401, 404, 503).items()
-                         if k != "200"}}}}  # fmt: skip
-    paths["/v1/kbs/{kb}/status"] = {"get": {
-        "operationId": "status", "parameters": [kb_param],
-        "responses": answers("StatusResponse", 401, 404, 503)}}  # fmt: skip
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "kbgraph", "version": "0.1.0"},
-        "components": {
-            "schemas": components,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        },
-        "security": [{"bearer": []}],
-        "paths": paths,
-    }
-
-
 def create_app(config: Config) -> Starlette:
     """The whole service: agent API, webhook ingest, health and metrics."""
     openapi = _encode(openapi_document())
-    listing = _encode(tools_listing())
+    listing = _encode(toolspecs.http_listing())
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -446,7 +361,8 @@ def create_app(config: Config) -> Starlette:
         return Response(listing, media_type="application/json")
 
     routes = [
-        *[tool_route(name, request_type, tool) for name, request_type, _, tool, _, _ in TOOLS],
+        *[tool_route(spec.name, spec.request_type, spec.run) for spec in toolspecs.HTTP_TOOLS],
+        Route("/v1/kbs", observed("kbs", kbs_handler), methods=["GET"]),
         Route("/v1/kbs/{kb}/search", observed("search", search_handler), methods=["GET"]),
         Route(
             "/v1/kbs/{kb}/concepts/{concept_id:concept_id}",

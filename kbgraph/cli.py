@@ -22,6 +22,7 @@ import shlex
 import sqlite3
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Final
 
@@ -362,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kbgraph", description="Graph retrieval for knowledge bases."
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"kbgraph {version('kbgraph')}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the service")
     serve.add_argument("--config", required=True, help="the TOML config file")
@@ -399,7 +401,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # ``kbgraph`` alone: the help, as for a usage error
+        parser.print_help(sys.stderr)
+        return 2
     return int(args.func(args))
 
 

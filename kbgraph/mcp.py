@@ -26,6 +26,7 @@ from kbgraph.access import RuleSet
 from kbgraph.projection import KBProjection, Projections
 from kbgraph.threads import ToolThreads
 from kbgraph.tools import ToolError
+from kbgraph.toolspecs import BY_NAME, SPECS, ToolSpec, input_schema, output_schema
 
 SCOPE_KEY: Final = "kbgraph.mcp.caller"  # the ASGI scope entry the HTTP gate fills
 TEXT_LIMIT: Final = 1500  # characters of a concept's text in the rendering (all in structured)
@@ -41,59 +42,6 @@ class Caller:
 
 
 Resolve = Callable[[ServerRequestContext[Any, Any]], Caller]
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    name: str
-    request_type: type
-    response_type: type
-    run: Callable[[Any, Any, Any], Any]  # (snapshot, view, request) -> response struct
-    description: str
-    advanced: bool = False
-
-
-SPECS: Final = (
-    ToolSpec(
-        "graph_context", tools.GraphContextRequest, tools.GraphContextResponse,
-        tools.graph_context,
-        "The concepts around a question or given concept ids, ranked by personalized PageRank "
-        "on the link graph: seeds (the best matches) first, then related concepts with their "
-        "score, hop count, the concept they were reached through (via) and a text snippet. "
-        "Start here.",
-    ),
-    ToolSpec(
-        "search", tools.SearchRequest, tools.SearchResponse,
-        lambda snap, view, req: tools.search(snap, view, req.query, req.limit),
-        "Full-text search (BM25) over titles and texts: hits with score and snippet.",
-    ),
-    ToolSpec(
-        "get_concept", tools.ConceptRequest, tools.ConceptResponse,
-        lambda snap, view, req: tools.concept(snap, view, req.id),
-        "One concept in full: title, aliases, type, status, tags, text, its links and backlinks.",
-    ),
-    ToolSpec(
-        "link_suggest", tools.LinkSuggestRequest, tools.LinkSuggestResponse, tools.link_suggest,
-        "Links a concept is probably missing, from the concepts it shares neighbours with.",
-    ),
-    ToolSpec(
-        "graph_path", tools.GraphPathRequest, tools.GraphPathResponse, tools.graph_path,
-        "Advanced: the shortest chain of links between two concepts.",
-        advanced=True,
-    ),
-)  # fmt: skip
-_BY_NAME: Final = {spec.name: spec for spec in SPECS}
-
-
-def input_schema(request_type: type) -> dict[str, Any]:
-    """The request struct's JSON Schema (descriptions, defaults, bounds, allowed values)."""
-    return msgspec.json.schema(request_type)["$defs"][request_type.__name__]
-
-
-def output_schema(response_type: type) -> dict[str, Any]:
-    """The response struct's JSON Schema, its nested types under ``$defs``."""
-    _, defs = msgspec.json.schema_components([response_type], ref_template="#/$defs/{name}")
-    return {**defs[response_type.__name__], "$defs": defs}
 
 
 def tool_listing() -> list[types.Tool]:
@@ -122,7 +70,7 @@ def build_server(resolve: Resolve, threads: Callable[[], ToolThreads]) -> Server
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        spec = _BY_NAME.get(params.name)
+        spec = BY_NAME.get(params.name)
         try:
             if spec is None:
                 raise ToolError(404, f"unknown tool: {params.name}")

@@ -244,6 +244,11 @@ class StatusResponse(msgspec.Struct):
     links: int
 
 
+class KBsResponse(msgspec.Struct):
+    kbs: list[StatusResponse]
+    count: int
+
+
 # --- the tools -----------------------------------------------------------------------------
 
 

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from starlette.testclient import TestClient
 
 from kbgraph.api import create_app
 from kbgraph.config import load_config
 from kbgraph.events import Event
+
+# Hypothesis: "ci" (what scripts/test.sh and .ci/run use) draws the same examples on every run
+# and keeps no example database, so a run never depends on an earlier one; "dev" (plain
+# pytest) draws new examples each run and remembers failures. Either prints a
+# ``@reproduce_failure`` blob with a failure (README: "Replaying a failure").
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("dev", deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 ADMIN = "admin-token"
@@ -20,7 +30,7 @@ RUNBOOKS = "runbooks-token"  # homelab: type Runbook only
 OTHER = "other-token"  # a rule for another KB only
 
 
-def write_config(folder: Path, extra: str = "") -> Path:
+def write_config(folder: Path, extra: str = "", min_seq_wait: float = 1.0) -> Path:
     runbooks_sha = hashlib.sha256(RUNBOOKS.encode()).hexdigest()
     path = folder / "kbgraph.toml"
     path.write_text(
@@ -32,7 +42,7 @@ path = "kbgraph.db"
 secrets = ["{SECRET}"]
 
 [server]
-min_seq_wait_seconds = 1.0
+min_seq_wait_seconds = {min_seq_wait}
 {extra}
 [[tokens]]
 name = "admin"

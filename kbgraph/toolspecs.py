@@ -1,0 +1,92 @@
+"""The tools as served: one catalogue that the HTTP API, MCP and the OpenAPI document all read.
+
+Each ``ToolSpec`` names a tool, its msgspec request and response types (whose field metadata
+carries every description, default, bound and allowed value: ``kbgraph.tools``), the function
+that answers it and the description an agent reads. Nothing here is written twice: the JSON
+Schemas of ``/v1/tools``, ``/openapi.json`` and MCP's ``tools/list`` are generated from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+
+from kbgraph import tools
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    request_type: type
+    response_type: type
+    run: Callable[[Any, Any, Any], Any]  # (snapshot, view, request) -> response struct
+    description: str
+    advanced: bool = False
+    http_post: bool = True  # served at POST /v1/kbs/{kb}/tools/{name} (else a GET route)
+
+
+SPECS: Final = (
+    ToolSpec(
+        "graph_context", tools.GraphContextRequest, tools.GraphContextResponse,
+        tools.graph_context,
+        "The concepts around a question or given concept ids, ranked by personalized PageRank "
+        "on the link graph: seeds (the best matches) first, then related concepts with their "
+        "score, hop count, the concept they were reached through (via) and a text snippet. "
+        "Start here.",
+    ),
+    ToolSpec(
+        "search", tools.SearchRequest, tools.SearchResponse,
+        lambda snap, view, req: tools.search(snap, view, req.query, req.limit),
+        "Search made for questions (BM25F over titles and aliases, then texts; stop words, "
+        "stems): hits with score and snippet.",
+        http_post=False,
+    ),
+    ToolSpec(
+        "get_concept", tools.ConceptRequest, tools.ConceptResponse,
+        lambda snap, view, req: tools.concept(snap, view, req.id),
+        "One concept in full: title, aliases, type, status, tags, text, its links and backlinks.",
+        http_post=False,
+    ),
+    ToolSpec(
+        "link_suggest", tools.LinkSuggestRequest, tools.LinkSuggestResponse, tools.link_suggest,
+        "Links a concept is probably missing: concepts its text mentions or shares rare terms "
+        "and tags with, and concepts it shares neighbours with (method hybrid, the default), "
+        "or shared neighbours alone (method structure); each with its evidence.",
+    ),
+    ToolSpec(
+        "graph_path", tools.GraphPathRequest, tools.GraphPathResponse, tools.graph_path,
+        "Advanced: the shortest chain of links between two concepts.",
+        advanced=True,
+    ),
+)  # fmt: skip
+BY_NAME: Final = {spec.name: spec for spec in SPECS}
+HTTP_TOOLS: Final = tuple(spec for spec in SPECS if spec.http_post)
+
+
+def input_schema(request_type: type) -> dict[str, Any]:
+    """The request struct's JSON Schema (descriptions, defaults, bounds, allowed values)."""
+    return msgspec.json.schema(request_type)["$defs"][request_type.__name__]
+
+
+def output_schema(response_type: type) -> dict[str, Any]:
+    """The response struct's JSON Schema, its nested types under ``$defs``."""
+    _, defs = msgspec.json.schema_components([response_type], ref_template="#/$defs/{name}")
+    return {**defs[response_type.__name__], "$defs": defs}
+
+
+def http_listing() -> list[dict[str, Any]]:
+    """``GET /v1/tools``: the tools served over HTTP POST, with their input schemas."""
+    return [
+        {
+            "name": spec.name,
+            "description": spec.description,
+            "advanced": spec.advanced,
+            "method": "POST",
+            "path": f"/v1/kbs/{{kb}}/tools/{spec.name}",
+            "input_schema": input_schema(spec.request_type),
+        }
+        for spec in HTTP_TOOLS
+    ]
