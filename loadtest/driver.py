@@ -64,6 +64,7 @@ class Options:
     chart: bool = True
     load_batch: int = 100
     keep: bool = False  # keep the temp dir (config, store, server log)
+    port: int | None = None  # the service's port (None: a free one)
 
     def resolved(self) -> Options:
         """Short mode: a few seconds, a small crowd (values above the short ones are capped)."""
@@ -81,7 +82,7 @@ class Options:
 async def run_async(opts: Options, tmp: Path) -> dict[str, Any]:
     creds = Credentials()
     config = write_config(tmp, creds)
-    service = ServiceProcess(config, opts.workers)
+    service = ServiceProcess(config, opts.workers, port=opts.port)
     rec = Recorder()
     model = Model()
     signer = kbgen.Signer(creds.secret)
@@ -285,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--keep", action="store_true", help="keep the temp dir (config, store, server log)"
     )
+    parser.add_argument(
+        "--port", type=int, default=None, help="the service port on 127.0.0.1 (default: a free one)"
+    )
     return parser  # fmt: skip
 
 
@@ -293,11 +297,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.agents < 0 or args.writers < 0 or args.workers < 1 or args.seconds <= 0:
         print("loadtest: --agents/--writers >= 0, --workers >= 1, --seconds > 0", file=sys.stderr)
         return 2
+    if args.port is not None and not 1 <= args.port <= 65535:
+        print(f"loadtest: --port {args.port}: expected 1-65535", file=sys.stderr)
+        return 2
     opts = Options(
         seconds=args.seconds, agents=args.agents, writers=args.writers,
         write_rate=args.write_rate, workers=args.workers, kind=args.kind, n=args.n,
         seed=args.seed, out=args.out, short=args.short, progress=not args.no_progress,
-        chart=not args.no_chart, keep=args.keep,
+        chart=not args.no_chart, keep=args.keep, port=args.port,
     )  # fmt: skip
     try:
         full = run(opts)

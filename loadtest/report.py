@@ -85,26 +85,32 @@ def chart(
     import matplotlib.pyplot as plt
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7.5), sharex=True)
     t = [row["t"] for row in agents]
     top.plot(t, [row["p50"] or np.nan for row in agents], label="agents p50")
     top.plot(t, [row["p99"] or np.nan for row in agents], label="agents p99")
     td = [row["t"] for row in deliveries]
     top.plot(td, [row["p99"] or np.nan for row in deliveries], ":", label="webhook ack p99")
     top.set_ylabel("latency (ms)")
-    top.set_yscale("log")
-    top.legend(loc="upper right")
-    top.grid(True, which="both", alpha=0.3)
+    top.set_ylim(bottom=0)  # from zero: a flat run must look flat
+    top.grid(True, alpha=0.3)
+    # Legends sit above the axes, never over a line.
+    top.legend(loc="lower left", bbox_to_anchor=(0, 1.01), ncol=3, frameon=False)
     bottom.plot(t, [row["rps"] for row in agents], label="agent requests/s")
     twin = bottom.twinx()
     twin.plot(td, [row["rps"] for row in deliveries], color="tab:red", label="deliveries/s")
     bottom.set_ylabel("agent requests/s")
     twin.set_ylabel("deliveries/s", color="tab:red")
+    bottom.set_ylim(bottom=0)
+    twin.set_ylim(bottom=0)
     bottom.set_xlabel("seconds since start of the timed phase")
     bottom.grid(True, alpha=0.3)
     lines = bottom.get_legend_handles_labels()
     more = twin.get_legend_handles_labels()
-    bottom.legend(lines[0] + more[0], lines[1] + more[1], loc="lower right")
+    bottom.legend(
+        lines[0] + more[0], lines[1] + more[1],
+        loc="lower left", bbox_to_anchor=(0, 1.01), ncol=2, frameon=False,
+    )  # fmt: skip
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # loadtest/ is not installed
 
 from loadtest import kbgen
-from loadtest.driver import Options, build_parser, run
+from loadtest.driver import Options, build_parser, main, run
 from loadtest.httpload import build_request
 from loadtest.model import Model
 
@@ -107,6 +107,13 @@ def test_request_bytes() -> None:
     raw = build_request("POST", "/x", "127.0.0.1", 80, {"a": "b"}, b"{}")
     assert raw == b"POST /x HTTP/1.1\r\nhost: 127.0.0.1:80\r\na: b\r\ncontent-length: 2\r\n\r\n{}"
     assert "--write-rate" in build_parser().format_help()
+
+
+def test_port_is_an_option_and_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    assert build_parser().parse_args(["--port", "9123"]).port == 9123
+    assert build_parser().parse_args([]).port is None
+    assert main(["--port", "70000"]) == 2
+    assert "--port 70000: expected 1-65535" in capsys.readouterr().err
 
 
 @pytest.mark.slow
