@@ -333,7 +333,7 @@ def create_app(config: Config) -> Starlette:
         # Tools run here, off the event loop; the compiled kernels release the GIL.
         tool_threads = ToolThreads(TOOL_THREADS)
         app.state.tool_threads = tool_threads
-        store = Store(config.store.path)
+        store = Store(config.store.path, max_kbs=config.limits.max_kbs)
         projections = Projections(store)
         app.state.store = store
         app.state.projections = projections
@@ -391,6 +391,10 @@ def create_app(config: Config) -> Starlette:
     app.state.write_probe = WriteProbe(config.store.path)
     app.state.tokens = config.token_index()
     app.state.verifier = SignatureVerifier(list(config.webhooks.secrets))
+    app.state.kb_verifiers = {
+        kb: SignatureVerifier(list(own.secrets)) for kb, own in config.webhooks.kbs.items()
+    }
+    app.state.inflight = ingest.InflightBytes(config.limits.max_inflight_ingest_bytes)
     app.state.ready = False
     return app
 

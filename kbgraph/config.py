@@ -9,7 +9,10 @@ message an operator can act on. Paths in the file are relative to the file's fol
 path = "kbgraph.db"
 
 [webhooks]
-secrets = ["whsec_..."]
+secrets = ["whsec_..."]          # every KB without secrets of its own
+
+[webhooks.kbs.homelab]
+secrets = ["whsec_..."]          # only these sign deliveries to KB homelab
 
 [server]                       # optional
 max_body_bytes = 16777216
@@ -21,6 +24,8 @@ max_header_bytes = 16384
 header_timeout_seconds = 10.0
 keep_alive_seconds = 5.0
 max_connections = 1000
+max_kbs = 1000
+max_inflight_ingest_bytes = 67108864
 
 [[tokens]]
 name = "ops-agent"
@@ -60,8 +65,17 @@ class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     path: str = "kbgraph.db"  # absolute once loaded
 
 
+class KBWebhooksConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    secrets: list[str] = []  # only these sign deliveries to this KB
+
+
 class WebhooksConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    secrets: list[str] = []
+    secrets: list[str] = []  # every KB without secrets of its own
+    kbs: dict[str, KBWebhooksConfig] = {}
+
+    def secrets_for(self, kb: str) -> list[str]:
+        own = self.kbs.get(kb)
+        return list(own.secrets) if own is not None else list(self.secrets)
 
 
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -77,6 +91,9 @@ class LimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     header_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0  # head not complete
     keep_alive_seconds: Annotated[float, msgspec.Meta(gt=0)] = 5.0  # idle between requests
     max_connections: Annotated[int, msgspec.Meta(ge=1)] = 1000  # per worker process
+    max_kbs: Annotated[int, msgspec.Meta(ge=1)] = 1000  # a delivery creating one more: 403
+    # delivery bodies being read or decoded at once, per worker process: past it 503
+    max_inflight_ingest_bytes: Annotated[int, msgspec.Meta(ge=1)] = 64 << 20
 
 
 class RuleConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -117,7 +134,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     @property
     def auth_enabled(self) -> bool:
-        """Both doors locked: signed webhooks and bearer tokens."""
+        """Both doors locked: signed webhooks (for every KB) and bearer tokens."""
         return bool(self.webhooks.secrets) and bool(self.tokens)
 
     def token_index(self) -> dict[str, TokenGrant]:
@@ -162,6 +179,12 @@ def parse_config(text: str, base_dir: str | Path = ".") -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"invalid TOML: {exc}") from None
+    kbs = data.get("webhooks", {}).get("kbs", {}) if isinstance(data.get("webhooks"), dict) else {}
+    for kb, table in kbs.items() if isinstance(kbs, dict) else ():
+        try:  # one KB at a time, so an error names the KB (msgspec says "kbs[...]")
+            msgspec.convert(table, KBWebhooksConfig)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(_name_key(str(exc), f"webhooks.kbs.{kb}")) from None
     try:
         config = msgspec.convert(data, Config)
     except msgspec.ValidationError as exc:
@@ -173,11 +196,11 @@ def parse_config(text: str, base_dir: str | Path = ".") -> Config:
     return msgspec.structs.replace(config, store=StoreConfig(path=str(store_path)))
 
 
-def _name_key(message: str) -> str:
+def _name_key(message: str, prefix: str = "") -> str:
     """msgspec's "Object contains unknown field `pth` - at `$.store`" -> "unknown key store.pth"."""
     match = _MSGSPEC_AT.match(message)
     assert match is not None
-    what, where = match["what"], (match["path"] or "").lstrip(".")
+    what, where = match["what"], _join(prefix, (match["path"] or "").lstrip(".")).strip(".")
     unknown = _UNKNOWN.match(what)
     if unknown:
         return f"unknown key {_join(where, unknown['key'])}"
@@ -191,20 +214,32 @@ def _join(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
+def _check_secrets(secrets: list[str], key: str) -> None:
+    for index, secret in enumerate(secrets):
+        where = f"{key}[{index}]"
+        if not secret.startswith("whsec_"):
+            raise ConfigError(f"{where}: expected whsec_<base64>")
+        try:
+            decoded = base64.b64decode(secret[len("whsec_") :], validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigError(f"{where}: not valid base64 after whsec_") from None
+        if not decoded:
+            raise ConfigError(f"{where}: empty secret")
+
+
 def _check(config: Config) -> None:
     """What the types cannot say: secret syntax, token form, rule KB names, unique names."""
     if not config.store.path:
         raise ConfigError("store.path: empty")
-    for index, secret in enumerate(config.webhooks.secrets):
-        where = f"webhooks.secrets[{index}]"
-        if not secret.startswith("whsec_"):
-            raise ConfigError(f"{where}: expected whsec_<base64>")
-        try:
-            key = base64.b64decode(secret[len("whsec_") :], validate=True)
-        except (binascii.Error, ValueError):
-            raise ConfigError(f"{where}: not valid base64 after whsec_") from None
-        if not key:
-            raise ConfigError(f"{where}: empty secret")
+    _check_secrets(config.webhooks.secrets, "webhooks.secrets")
+    for kb, own in config.webhooks.kbs.items():
+        if not is_kb_name(kb):
+            raise ConfigError(
+                f"webhooks.kbs.{kb}: invalid kb name {kb!r}: expected [a-z0-9][a-z0-9_-]{{0,63}}"
+            )
+        if not own.secrets:
+            raise ConfigError(f"webhooks.kbs.{kb}.secrets: empty (the KB would take no delivery)")
+        _check_secrets(own.secrets, f"webhooks.kbs.{kb}.secrets")
     names: set[str] = set()
     hashes: set[str] = set()
     for index, token in enumerate(config.tokens):

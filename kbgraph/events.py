@@ -8,6 +8,7 @@ problem is reported as ``<where>: <what>``, with ``events[i]`` naming the event 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from typing import Annotated, Final, Literal
 
@@ -20,11 +21,22 @@ MAX_TEXT_BYTES: Final = 1 << 20
 MAX_VERSION: Final = (1 << 63) - 1
 MAX_ALIASES: Final = 64
 MAX_ALIAS_CHARS: Final = 1024
+# Bounds per concept (README "Limits"): past one, 422 naming the field.
+MAX_TITLE_CHARS: Final = 1024
+MAX_TYPE_CHARS: Final = 256
+MAX_TAGS: Final = 256
+MAX_TAG_CHARS: Final = 256
+MAX_LINKS: Final = 10_000
 
 Version = Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 Alias = Annotated[str, msgspec.Meta(max_length=MAX_ALIAS_CHARS)]
 Aliases = Annotated[list[Alias], msgspec.Meta(max_length=MAX_ALIASES)]
+Title = Annotated[str, msgspec.Meta(max_length=MAX_TITLE_CHARS)]
+TypeName = Annotated[str, msgspec.Meta(max_length=MAX_TYPE_CHARS)]
+Tags = Annotated[list[Annotated[str, msgspec.Meta(max_length=MAX_TAG_CHARS)]],
+                 msgspec.Meta(max_length=MAX_TAGS)]  # fmt: skip
+Links = Annotated[list[str], msgspec.Meta(max_length=MAX_LINKS)]
 Status = Literal["", "draft", "active", "superseded", "disputed", "deprecated"]
 
 
@@ -32,13 +44,13 @@ class UpsertData(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """The full current state of a concept: an omitted field is empty, not "unchanged"."""
 
     version: Version
-    title: str = ""
+    title: Title = ""
     aliases: Aliases = []
-    type: str = ""
+    type: TypeName = ""
     status: Status = ""
-    tags: list[str] = []
+    tags: Tags = []
     text: str = ""
-    links: list[str] = []
+    links: Links = []
 
 
 class DeleteData(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -81,8 +93,8 @@ class LinkRemoved(_Envelope, frozen=True, tag="link.removed"):
 Event = ConceptUpserted | ConceptDeleted | LinkAdded | LinkRemoved
 LinkEvent = LinkAdded | LinkRemoved
 
-_SINGLE_TYPES: Final = frozenset({"application/cloudevents+json"})
-_BATCH_TYPES: Final = frozenset({"application/cloudevents-batch+json"})
+SINGLE_TYPES: Final = frozenset({"application/cloudevents+json"})
+BATCH_TYPES: Final = frozenset({"application/cloudevents-batch+json"})
 _EITHER_TYPES: Final = frozenset({"application/json"})
 
 _single_decoder = msgspec.json.Decoder(Event)
@@ -111,9 +123,9 @@ def media_type(content_type: str | None) -> str:
 def decode_delivery(body: bytes, content_type: str | None) -> list[Event]:
     """Decode and validate a delivery body, or raise DeliveryError (400, 415 or 422)."""
     kind = media_type(content_type)
-    if kind in _SINGLE_TYPES:
+    if kind in SINGLE_TYPES:
         decoder: msgspec.json.Decoder = _single_decoder
-    elif kind in _BATCH_TYPES:
+    elif kind in BATCH_TYPES:
         decoder = _batch_decoder
     elif kind in _EITHER_TYPES:
         decoder = _either_decoder
@@ -121,24 +133,33 @@ def decode_delivery(body: bytes, content_type: str | None) -> list[Event]:
         raise DeliveryError(
             415,
             f"unsupported content type {kind or '(none)'!r}: expected application/json, "
-            "application/cloudevents+json or application/cloudevents-batch+json",
+            "application/cloudevents+json or application/cloudevents-batch+json (or binary "
+            "mode: the event's attributes as ce-* headers, its data as the body)",
         )
     try:
         decoded = decoder.decode(body)
     except msgspec.ValidationError as exc:
         _raise_if_malformed(body)
         root = "events" if body.lstrip()[:1] == b"[" else "event"
-        raise DeliveryError(422, _name_where(str(exc), root)) from None
+        where = name_where(str(exc), root)
+        missing = _TOP_MISSING.match(where)
+        if missing:  # e.g. the data alone sent without the binary mode's ce-* headers
+            where += (
+                f" (structured mode, Content-Type {kind}: each event is an object with the "
+                "attributes specversion, id, source, type, subject and data; to send the data "
+                "alone, use binary mode: the attributes as ce-* headers)"
+            )
+        raise DeliveryError(422, where) from None
     except msgspec.DecodeError as exc:
         raise DeliveryError(400, f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise DeliveryError(400, "malformed JSON: nested too deeply") from None
     if isinstance(decoded, list):
-        events = decoded
-        for index, event in enumerate(events):
-            _check_event(event, f"events[{index}]")
-    else:
-        events = [decoded]
-        _check_event(decoded, "event")
-    return events
+        return [check_event(event, f"events[{index}]") for index, event in enumerate(decoded)]
+    return [check_event(decoded, "event")]
+
+
+_TOP_MISSING: Final = re.compile(r"^events?(\[\d+\])?: Object missing required field")
 
 
 def _raise_if_malformed(body: bytes) -> None:
@@ -146,9 +167,11 @@ def _raise_if_malformed(body: bytes) -> None:
         msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
         raise DeliveryError(400, f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise DeliveryError(400, "malformed JSON: nested too deeply") from None
 
 
-def _name_where(message: str, root: str) -> str:
+def name_where(message: str, root: str) -> str:
     """Turn msgspec's "Expected `int`, got `str` - at `$[3].data.version`" into
     "events[3].data.version: Expected int, got str"."""
     match = _MSGSPEC_PATH.match(message)
@@ -157,8 +180,13 @@ def _name_where(message: str, root: str) -> str:
     return f"{root}{match['path']}: {match['what'].replace('`', '')}"
 
 
-def _check_event(event: Event, where: str) -> None:
-    """The checks a JSON schema cannot express: id syntax and the text size."""
+def _nfc(concept_id: str) -> str:
+    return concept_id if concept_id.isascii() else unicodedata.normalize("NFC", concept_id)
+
+
+def check_event(event: Event, where: str) -> Event:
+    """The checks a JSON schema cannot express (id syntax, the text's size), and ids in NFC:
+    "café" typed on one keyboard and stored as a macOS file name is one concept, not two."""
     problem = concept_id_problem(event.subject)
     if problem:
         raise DeliveryError(422, f"{where}.subject: {problem}")
@@ -167,6 +195,8 @@ def _check_event(event: Event, where: str) -> None:
         problem = concept_id_problem(data.target)
         if problem:
             raise DeliveryError(422, f"{where}.data.target: {problem}")
+        if not (event.subject.isascii() and data.target.isascii()):
+            data = msgspec.structs.replace(data, target=_nfc(data.target))
     elif isinstance(data, UpsertData):
         for index, link in enumerate(data.links):
             problem = concept_id_problem(link)
@@ -174,6 +204,11 @@ def _check_event(event: Event, where: str) -> None:
                 raise DeliveryError(422, f"{where}.data.links[{index}]: {problem}")
         if len(data.text) > MAX_TEXT_BYTES // 4 and len(data.text.encode()) > MAX_TEXT_BYTES:
             raise DeliveryError(422, f"{where}.data.text: longer than 1 MiB")
+        if not all(link.isascii() for link in data.links):
+            data = msgspec.structs.replace(data, links=[_nfc(link) for link in data.links])
+    if data is not event.data or not event.subject.isascii():
+        event = msgspec.structs.replace(event, subject=_nfc(event.subject), data=data)
+    return event
 
 
 def encode_for_log(event: Event) -> bytes:
@@ -194,12 +229,28 @@ class SignatureVerifier:
     verified": the caller answers 401 and stores nothing.
     """
 
+    HEADERS: Final = ("webhook-id", "webhook-timestamp", "webhook-signature")
+    TOLERANCE_SECONDS: Final = 300  # the package's own tolerance, checked early here
+
     def __init__(self, secrets: list[str]) -> None:
         self._webhooks = [Webhook(secret) for secret in secrets]
 
     @property
     def enabled(self) -> bool:
         return bool(self._webhooks)
+
+    def header_problem(self, headers: Mapping[str, str], now: float) -> str | None:
+        """What is wrong with the signature headers alone, checked before a body byte is read,
+        so an unsigned or stale upload costs nothing; None when they may verify."""
+        missing = [name for name in self.HEADERS if not headers.get(name)]
+        if missing:
+            return f"missing webhook header {', '.join(missing)}"
+        stamp = headers["webhook-timestamp"]
+        if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 12):
+            return "webhook-timestamp: expected Unix seconds"
+        if abs(now - int(stamp)) > self.TOLERANCE_SECONDS:
+            return "webhook-timestamp outside the 5-minute tolerance"
+        return None
 
     def verify(self, body: bytes, headers: Mapping[str, str]) -> bool:
         wanted = {

@@ -1,13 +1,18 @@
 """Events in over HTTP: ``POST /v1/kbs/{kb}/events`` (SPEC section 2).
 
 Checks, in order, each refusing the whole delivery with nothing stored:
-KB name (422) -> body over the limit (413: Content-Length first, then while streaming) ->
-webhook signature when secrets are configured (401) -> ``decode_delivery`` (415 / 400 / 422).
-A 200 is sent only after the store's commit is durable; then ``app.state.on_commit()`` wakes
-this process's projection follower when the delivery applied at least one event.
+KB name (422) -> the signature headers, before a body byte is read (401: missing, or a
+timestamp outside the tolerance) -> body over the limit (413: Content-Length first, then while
+streaming) -> room among the bodies in flight (503) -> UTF-8 (400) -> the webhook signature
+with the KB's secrets (401) -> the content mode and its events (``kbgraph.binding``: 415 / 400
+/ 422) -> the store: a webhook-id already accepted for another KB (401), a KB beyond
+``max_kbs`` (403). A 200 is sent only after the store's commit is durable; then
+``app.state.on_commit()`` wakes this process's projection follower when the delivery applied
+at least one event.
 
-The route reads from ``request.app.state``: ``store`` (Store), ``verifier``
-(SignatureVerifier), ``config`` (Config) and ``on_commit`` (zero-argument callable).
+The route reads from ``request.app.state``: ``store`` (Store), ``verifier`` (the default
+SignatureVerifier) and ``kb_verifiers`` (per KB), ``inflight`` (InflightBytes), ``config``
+(Config) and ``on_commit`` (zero-argument callable).
 Metrics go to prometheus_client's default registry, which ``/metrics`` exposes.
 """
 
@@ -24,9 +29,17 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from kbgraph.events import DeliveryError, Event, SignatureVerifier, decode_delivery
+from kbgraph.binding import decode_request
+from kbgraph.events import DeliveryError, Event, SignatureVerifier
 from kbgraph.names import is_kb_name
-from kbgraph.store import DeliveryResult, Store, StoreBusy, StoreClosed
+from kbgraph.store import (
+    DeliveryResult,
+    KBLimitReached,
+    ReplayRefused,
+    Store,
+    StoreBusy,
+    StoreClosed,
+)
 
 DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 OFFLOAD_BYTES: Final = 1 << 20  # verify + decode bodies bigger than this off the event loop
@@ -48,7 +61,7 @@ ACK_SECONDS: Final = Histogram(
     "Time from request start to the answer of a delivery (200: after the durable commit)",
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
 )
-_STATUSES: Final = (200, 400, 401, 413, 415, 422, 500, 503)
+_STATUSES: Final = (200, 400, 401, 403, 413, 415, 422, 500, 503)
 _delivery_counter = {status: DELIVERIES.labels(str(status)) for status in _STATUSES}
 _event_counter = {
     outcome: EVENTS.labels(outcome) for outcome in ("applied", "duplicate", "stale", "ignored")
@@ -61,6 +74,27 @@ KB_NAME_PATTERN: Final = "[a-z0-9][a-z0-9_-]{0,63}"
 
 class _TooLarge(Exception):
     pass
+
+
+class InflightBytes:
+    """Delivery bodies being read or decoded in this process, bounded (event loop only).
+
+    A delivery reserves its declared size (else the body limit) before its body is read, so
+    slow or stalled uploads cannot pile up memory; one delivery alone is always let in.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, size: int) -> bool:
+        if self.used and self.used + size > self.limit:
+            return False
+        self.used += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.used -= size
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
@@ -89,11 +123,25 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 def _verify_and_decode(
-    verifier: SignatureVerifier | None, body: bytes, headers: dict[str, str], content_type: str
+    verifier: SignatureVerifier, body: bytes, headers: dict[str, str]
 ) -> list[Event]:
-    if verifier is not None and verifier.enabled and not verifier.verify(body, headers):
+    try:
+        body.decode()
+    except UnicodeDecodeError as exc:
+        raise DeliveryError(
+            400, f"body is not UTF-8 (byte {exc.start}): CloudEvents JSON is UTF-8"
+        ) from None
+    if verifier.enabled and not verifier.verify(body, headers):
         raise DeliveryError(401, "invalid webhook signature")
-    return decode_delivery(body, content_type)
+    return decode_request(body, headers)
+
+
+def verifier_for(state: object, kb: str) -> SignatureVerifier:
+    """The KB's own secrets' verifier, else the default one (none configured: unsigned)."""
+    own = getattr(state, "kb_verifiers", {}).get(kb)
+    if own is not None:
+        return own
+    return getattr(state, "verifier", None) or SignatureVerifier([])
 
 
 async def post_events(request: Request) -> Response:
@@ -115,36 +163,61 @@ async def _handle(request: Request) -> Response:
     if not is_kb_name(kb):
         return error_response(422, f'invalid kb name "{kb}": expected {KB_NAME_PATTERN}')
     state = request.app.state
+    headers = request.headers
+    verifier = verifier_for(state, kb)
+    if verifier.enabled:
+        problem = verifier.header_problem(headers, time.time())
+        if problem is not None:
+            return error_response(401, problem)
     config = getattr(state, "config", None)
     server = getattr(config, "server", None)
     limit: int = getattr(server, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+    declared = headers.get("content-length", "")
+    size = min(int(declared), limit) if declared.isdigit() and len(declared) < 19 else limit
+    if declared.isdigit() and size < int(declared):
+        return error_response(413, f"body over the limit of {limit} bytes")
+    inflight: InflightBytes | None = getattr(state, "inflight", None)
+    if inflight is not None and not inflight.take(size):
+        return error_response(
+            503,
+            f"ingest busy: {inflight.used} bytes of deliveries in flight (limit {inflight.limit}),"
+            " retry later",
+            {"Retry-After": "1", "Connection": "close"},
+        )
+    try:
+        return await _take(request, state, kb, verifier, limit)
+    finally:
+        if inflight is not None:
+            inflight.give(size)
+
+
+async def _take(
+    request: Request, state: object, kb: str, verifier: SignatureVerifier, limit: int
+) -> Response:
     try:
         body = await _read_body(request, limit)
     except _TooLarge:
         return error_response(413, f"body over the limit of {limit} bytes")
     except ClientDisconnect:
         return error_response(400, "client disconnected before the body was complete")
-
-    verifier: SignatureVerifier | None = getattr(state, "verifier", None)
     headers = request.headers
-    wanted = {
-        name: headers.get(name, "")
-        for name in ("webhook-id", "webhook-timestamp", "webhook-signature")
-    }
-    content_type = headers.get("content-type", "")
     try:
         if len(body) > OFFLOAD_BYTES:
-            events = await anyio.to_thread.run_sync(
-                _verify_and_decode, verifier, body, wanted, content_type
-            )
+            events = await anyio.to_thread.run_sync(_verify_and_decode, verifier, body, headers)
         else:
-            events = _verify_and_decode(verifier, body, wanted, content_type)
+            events = _verify_and_decode(verifier, body, headers)
     except DeliveryError as exc:
         return error_response(exc.status, exc.message)
+    del body
 
-    store: Store = state.store
+    store: Store = state.store  # type: ignore[attr-defined]
+    webhook_id = headers.get("webhook-id") if verifier.enabled else None
     try:
-        result: DeliveryResult = await store.append_async(kb, events)
+        result: DeliveryResult = await store.append_async(kb, events, webhook_id=webhook_id)
+    except ReplayRefused as exc:
+        return error_response(401, str(exc))
+    except KBLimitReached as exc:
+        return error_response(403, str(exc))
     except (StoreBusy, StoreClosed) as exc:
         log.warning("delivery to kb %s not stored: %s", kb, exc)
         return error_response(503, "store unavailable, retry later", {"Retry-After": "1"})

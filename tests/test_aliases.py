@@ -116,6 +116,6 @@ def test_schema_1_store_is_migrated(tmp_path: Path) -> None:
     with Store(path) as store:  # reopening a migrated file changes nothing
         assert store.load().kbs["kb"].concepts[0].aliases == ["Gateway"]
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_schema")}
     assert not {name for name in tables if name.startswith("fts")}, tables

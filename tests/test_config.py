@@ -14,6 +14,7 @@ from kbgraph.access import Rule
 from kbgraph.config import ConfigError, load_config, parse_config
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+OTHER = "whsec_cHJpdmF0ZS1rYi1zZWNyZXQtZm9yLXRlc3Rz"
 GOOD = f"""
 [store]
 path = "data/kb.db"
@@ -111,6 +112,11 @@ TOKEN = 'name = "t"\ntoken = "x"\n'
         ),
         ("[[tokens]]\n" + TOKEN + "[[tokens]]\n" + TOKEN, "tokens[1].name: duplicate"),
         ("[server]\nmax_body_bytes = 0", "server.max_body_bytes: Expected int >= 1"),
+        ("[webhooks.kbs.Bad]\nsecrets = []", "webhooks.kbs.Bad: invalid kb name 'Bad'"),
+        ("[webhooks.kbs.ok]\nsecrets = []", "webhooks.kbs.ok.secrets: empty"),
+        ("[webhooks.kbs.ok]\nsecrets = ['abc']", "webhooks.kbs.ok.secrets[0]: expected whsec_"),
+        ("[webhooks.kbs.ok]\nsecret = 'x'", "unknown key webhooks.kbs.ok.secret"),
+        ("[limits]\nmax_kbs = 0", "limits.max_kbs: Expected int >= 1"),
         ("[store\n", "invalid TOML"),
     ],
 )
@@ -198,6 +204,11 @@ def test_limits_defaults_and_keys() -> None:
     assert limits.max_request_bytes == 1 << 20 and limits.max_header_bytes == 16 << 10
     assert limits.header_timeout_seconds == 10.0 and limits.keep_alive_seconds == 5.0
     assert limits.max_connections == 1000
+    assert limits.max_kbs == 1000 and limits.max_inflight_ingest_bytes == 64 << 20
+    own = parse_config(
+        f"[webhooks]\nsecrets = ['{SECRET}']\n[webhooks.kbs.a]\nsecrets = ['{OTHER}']"
+    )
+    assert own.webhooks.secrets_for("a") == [OTHER] and own.webhooks.secrets_for("b") == [SECRET]
     set_ = parse_config("[limits]\nmax_request_bytes = 10\nmax_connections = 3\n").limits
     assert (set_.max_request_bytes, set_.max_connections) == (10, 3)
     with pytest.raises(ConfigError, match=r"^limits.max_header_bytes: Expected int >= 1024"):

@@ -9,7 +9,9 @@ from kbgraph.eventlog import LogRecord
 from kbgraph.store.model import (
     ConceptState,
     DeliveryResult,
+    KBLimitReached,
     KBState,
+    ReplayRefused,
     StoreBusy,
     StoreClosed,
     StoreSnapshot,
@@ -19,8 +21,10 @@ from kbgraph.store.sqlite import Store
 __all__ = [
     "ConceptState",
     "DeliveryResult",
+    "KBLimitReached",
     "KBState",
     "LogRecord",
+    "ReplayRefused",
     "Store",
     "StoreBusy",
     "StoreClosed",

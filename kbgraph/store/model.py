@@ -42,3 +42,11 @@ class StoreClosed(RuntimeError):
 
 class StoreBusy(RuntimeError):
     """Another process held the write lock for longer than ``BUSY_RETRY_SECONDS``."""
+
+
+class KBLimitReached(RuntimeError):
+    """The delivery would create a KB beyond ``[limits] max_kbs``: nothing was stored (403)."""
+
+
+class ReplayRefused(RuntimeError):
+    """The delivery's webhook-id was accepted for another KB within the window (401)."""

@@ -6,8 +6,9 @@ import sqlite3
 from pathlib import Path
 from typing import Final
 
-# 2: concept.aliases; 3: no FTS5 tables (search is answered from memory, kbgraph.search)
-SCHEMA_VERSION: Final = 3
+# 2: concept.aliases; 3: no FTS5 tables (search is answered from memory, kbgraph.search);
+# 4: webhook_id (which KB a signed delivery's webhook-id was accepted for)
+SCHEMA_VERSION: Final = 4
 
 _TABLES: Final = """
 CREATE TABLE IF NOT EXISTS kb (
@@ -55,6 +56,12 @@ CREATE TABLE IF NOT EXISTS accepted (
     id TEXT NOT NULL,
     PRIMARY KEY (kid, source, id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS webhook_id (
+    id TEXT PRIMARY KEY,
+    kb TEXT NOT NULL,
+    received_at REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS webhook_id_received ON webhook_id (received_at);
 """
 
 
@@ -75,7 +82,8 @@ def create_or_migrate(conn: sqlite3.Connection, path: Path) -> None:
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
-    """Schema 1 or 2 -> 3: concepts gain ``aliases`` (2); the per-KB FTS5 tables go (3)."""
+    """Schema 1-3 -> 4: concepts gain ``aliases`` (2); the per-KB FTS5 tables go (3); the
+    ``webhook_id`` table (4) is created with the others."""
     columns = {row[1] for row in conn.execute("PRAGMA table_info(concept)")}
     if "aliases" not in columns:
         conn.execute("ALTER TABLE concept ADD COLUMN aliases TEXT NOT NULL DEFAULT '[]'")

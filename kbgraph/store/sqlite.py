@@ -51,6 +51,8 @@ from kbgraph.store.decide import Subject, decide
 from kbgraph.store.load import load_snapshot
 from kbgraph.store.model import (
     DeliveryResult,
+    KBLimitReached,
+    ReplayRefused,
     StoreBusy,
     StoreClosed,
     StoreSnapshot,
@@ -65,6 +67,7 @@ BUSY_TIMEOUT_MS: Final = 5_000
 BUSY_RETRY_SECONDS: Final = 60.0  # give up on the write lock after this long (then 503)
 MAX_GROUP_DELIVERIES: Final = 512
 MAX_GROUP_EVENTS: Final = 20_000  # bounds one group's transaction (and its latency)
+REPLAY_WINDOW_SECONDS: Final = 300.0  # Standard Webhooks' timestamp tolerance
 _T = TypeVar("_T")
 
 
@@ -89,16 +92,22 @@ class _Pending:
     kb: str
     events: list[Event]
     resolve: Callable[[DeliveryResult | None, BaseException | None], None]
+    webhook_id: str | None = None
 
 
 class Store:
     """One SQLite file in WAL mode; safe to share between threads and between processes."""
 
-    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+    def __init__(
+        self, path: str | Path, *, read_only: bool = False, max_kbs: int | None = None
+    ) -> None:
         """Open (creating) the store; ``read_only`` opens an existing one for reading only
-        (``load``, ``read_log``: what a process that only follows the log needs)."""
+        (``load``, ``read_log``: what a process that only follows the log needs). A delivery
+        that would create a KB beyond ``max_kbs`` is refused with ``KBLimitReached``."""
         self.path = Path(path)
         self.read_only = read_only
+        self.max_kbs = max_kbs
+        self._pruned_at = 0.0
         self._closed = False
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._idle_readers: list[sqlite3.Connection] = []
@@ -205,8 +214,13 @@ class Store:
 
     # -- appending ---------------------------------------------------------------------------
 
-    def append(self, kb: str, events: list[Event]) -> DeliveryResult:
-        """Apply one delivery atomically and durably (blocking; thread-safe)."""
+    def append(
+        self, kb: str, events: list[Event], *, webhook_id: str | None = None
+    ) -> DeliveryResult:
+        """Apply one delivery atomically and durably (blocking; thread-safe).
+
+        ``webhook_id`` (a signed delivery's) binds the delivery to its KB: the same id for
+        another KB within ``REPLAY_WINDOW_SECONDS`` raises ``ReplayRefused``, stores nothing."""
         if not events:
             return self._empty_result(kb)
         future: concurrent.futures.Future[DeliveryResult] = concurrent.futures.Future()
@@ -217,10 +231,12 @@ class Store:
             else:
                 future.set_result(result)  # type: ignore[arg-type]
 
-        self._submit(_Pending(kb, list(events), resolve))
+        self._submit(_Pending(kb, list(events), resolve, webhook_id))
         return future.result()
 
-    async def append_async(self, kb: str, events: list[Event]) -> DeliveryResult:
+    async def append_async(
+        self, kb: str, events: list[Event], *, webhook_id: str | None = None
+    ) -> DeliveryResult:
         """``append`` for the event loop: never blocks it (the writer thread resolves a future)."""
         if not events:
             return self._empty_result(kb)
@@ -238,7 +254,7 @@ class Store:
         def resolve(result: DeliveryResult | None, exc: BaseException | None) -> None:
             loop.call_soon_threadsafe(settle, result, exc)
 
-        self._submit(_Pending(kb, list(events), resolve))
+        self._submit(_Pending(kb, list(events), resolve, webhook_id))
         # Shielded: a caller cancelled while waiting (a client that hung up) does not undo the
         # delivery; its outcome is then consumed here so that nothing is logged as unretrieved.
         future.add_done_callback(_consume)
@@ -301,12 +317,13 @@ class Store:
                 self._begin_immediate(conn)
                 try:
                     try:
-                        results = self._apply_group(conn, [(p.kb, p.events) for p in group])
+                        results = self._apply_group(conn, group)
                         outcomes = [(result, None) for result in results]
                     except Exception:
                         conn.execute("ROLLBACK")
                         self._begin_immediate(conn)
                         outcomes = [self._apply_alone(conn, p) for p in group]
+                    self._prune_webhook_ids(conn)
                     self._retry_busy(lambda: conn.execute("COMMIT"))
                 except BaseException:
                     if conn.in_transaction:
@@ -325,7 +342,7 @@ class Store:
     ) -> tuple[DeliveryResult | None, BaseException | None]:
         conn.execute("SAVEPOINT delivery")
         try:
-            (result,) = self._apply_group(conn, [(pending.kb, pending.events)])
+            (result,) = self._apply_group(conn, [pending])
         except Exception as exc:
             conn.execute("ROLLBACK TO delivery")
             conn.execute("RELEASE delivery")
@@ -337,8 +354,38 @@ class Store:
         row = conn.execute(sql.KB_GET, (kb,)).fetchone()
         if row is not None:
             return row[0], row[1]
+        if self.max_kbs is not None:
+            count = conn.execute(sql.KB_COUNT).fetchone()[0]
+            if count >= self.max_kbs:
+                raise KBLimitReached(
+                    f"kb {kb} not created: {count} KBs exist, the limit ([limits] max_kbs)"
+                )
         kid = conn.execute(sql.KB_NEW, (kb,)).fetchone()[0]
         return kid, 0
+
+    def _bind_webhook_ids(self, conn: sqlite3.Connection, group: list[_Pending]) -> None:
+        """A webhook-id seen for another KB within the window refuses its delivery (a signature
+        does not cover the URL, so a captured delivery could be replayed into another KB)."""
+        now = time.time()
+        for pending in group:
+            if pending.webhook_id is None:
+                continue
+            row = conn.execute(sql.WEBHOOK_ID_GET, (pending.webhook_id,)).fetchone()
+            if row is not None and row[1] >= now - REPLAY_WINDOW_SECONDS:
+                if row[0] != pending.kb:
+                    raise ReplayRefused(
+                        f"webhook-id {pending.webhook_id[:64]!r} was accepted for another KB:"
+                        " refused as a replay"
+                    )
+                continue  # a retry to the same KB: its events answer as duplicates
+            conn.execute(sql.WEBHOOK_ID_PUT, (pending.webhook_id, pending.kb, now))
+
+    def _prune_webhook_ids(self, conn: sqlite3.Connection) -> None:
+        """Forget webhook-ids past twice the window, at most once a minute."""
+        now = time.monotonic()
+        if now - self._pruned_at >= 60.0:
+            self._pruned_at = now
+            conn.execute(sql.WEBHOOK_ID_PRUNE, (time.time() - 2 * REPLAY_WINDOW_SECONDS,))
 
     def _load_kb(self, conn: sqlite3.Connection, kb: str, deliveries: list[list[Event]]) -> _KBWork:
         """What the store already knows about the keys and subjects these deliveries touch."""
@@ -359,22 +406,22 @@ class Store:
                 subjects[cid] = Subject(None, True, row[3], False)
         return work
 
-    def _apply_group(
-        self, conn: sqlite3.Connection, group: list[tuple[str, list[Event]]]
-    ) -> list[DeliveryResult]:
+    def _apply_group(self, conn: sqlite3.Connection, group: list[_Pending]) -> list[DeliveryResult]:
         """Apply deliveries in order in the open transaction; few statements for the group.
 
         Every event is decided in memory against what the store knew plus what the earlier
         events of the group did; then the net effect per concept is written with one
         statement per kind of change (``kbgraph.store.statements.write_subjects``).
         """
+        self._bind_webhook_ids(conn, group)
         per_kb: dict[str, list[list[Event]]] = {}
-        for kb, events in group:
-            per_kb.setdefault(kb, []).append(events)
+        for pending in group:
+            per_kb.setdefault(pending.kb, []).append(pending.events)
         works = {kb: self._load_kb(conn, kb, deliveries) for kb, deliveries in per_kb.items()}
         entries: list[tuple[str, int, Event, bool]] = []
         results = []
-        for kb, events in group:
+        for pending in group:
+            kb, events = pending.kb, pending.events
             work = works[kb]
             applied, duplicates, stale, ignored = decide(
                 events, work.seen, work.subjects, work.new_keys

@@ -1,0 +1,85 @@
+"""The CloudEvents HTTP binding: which content mode a request is in, and its events.
+
+The binding (CloudEvents 1.0, HTTP Protocol Binding, section 3) tells the modes apart by the
+``Content-Type``: ``application/cloudevents+json`` is structured (one event),
+``application/cloudevents-batch+json`` batched (an array), and any other content type with a
+``ce-specversion`` header is binary: the event's attributes are the ``ce-*`` headers, their
+values percent-encoded (section 3.1.3.2), and the body is the event's ``data``, here JSON.
+``application/json`` without ``ce-specversion`` holds an event or an array (SPEC section 2).
+Every mode ends in the same validation (``kbgraph.events``), so an event means the same
+whichever way it came.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+from urllib.parse import unquote
+
+import msgspec
+
+from kbgraph.events import (
+    BATCH_TYPES,
+    SINGLE_TYPES,
+    DeliveryError,
+    Event,
+    check_event,
+    decode_delivery,
+    media_type,
+    name_where,
+)
+
+ATTRIBUTES: Final = ("specversion", "id", "source", "type", "subject", "time")
+REQUIRED: Final = ("specversion", "id", "source", "type", "subject")
+
+_data_decoder = msgspec.json.Decoder()
+
+
+def is_binary(headers: Mapping[str, str]) -> bool:
+    """Binary content mode: a ``ce-specversion`` header and no CloudEvents content type."""
+    kind = media_type(headers.get("content-type"))
+    return "ce-specversion" in headers and kind not in SINGLE_TYPES | BATCH_TYPES
+
+
+def decode_request(body: bytes, headers: Mapping[str, str]) -> list[Event]:
+    """The events of one delivery in any content mode, or ``DeliveryError`` naming what is
+    wrong and, where it helps, the mode the request was taken to be in."""
+    if is_binary(headers):
+        return [_binary_event(body, headers)]
+    return decode_delivery(body, headers.get("content-type"))
+
+
+def _binary_event(body: bytes, headers: Mapping[str, str]) -> Event:
+    kind = media_type(headers.get("content-type")) or "(none)"
+    mode = f"binary mode (a ce-specversion header, Content-Type {kind})"
+    missing = [f"ce-{name}" for name in REQUIRED if f"ce-{name}" not in headers]
+    if missing:
+        raise DeliveryError(422, f"{mode}: missing header {', '.join(missing)}")
+    if kind != "application/json" and not kind.endswith("+json"):
+        raise DeliveryError(415, f"{mode}: the data must be JSON (application/json)")
+    attributes: dict[str, object] = {}
+    for name in ATTRIBUTES:
+        raw = headers.get(f"ce-{name}")
+        if raw is not None:
+            try:
+                attributes[name] = unquote(raw, errors="strict")
+            except UnicodeDecodeError:
+                raise DeliveryError(
+                    422, f"ce-{name} header: its percent-encoding is not UTF-8"
+                ) from None
+    try:
+        data = _data_decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise DeliveryError(400, f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise DeliveryError(400, "malformed JSON: nested too deeply") from None
+    try:
+        event = msgspec.convert({**attributes, "data": data}, Event)
+    except msgspec.ValidationError as exc:
+        where = name_where(str(exc), "event")
+        for name in ATTRIBUTES:  # an attribute's fault is its header's
+            if where.startswith(f"event.{name}:"):
+                where = f"ce-{name} header:" + where.removeprefix(f"event.{name}:")
+        raise DeliveryError(422, where) from None
+    check_event(event, "event")
+    return event

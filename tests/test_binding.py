@@ -1,0 +1,138 @@
+"""CloudEvents binary content mode (issue 18): the same event in binary and structured mode
+is the same delivery; a request in neither mode is told which mode it was taken for."""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from starlette.testclient import TestClient
+
+from kbgraph.api import create_app
+from kbgraph.binding import decode_request
+from kbgraph.config import load_config
+from tests import webhook_client as wc
+from tests.conftest import SECRET, Service, write_config
+
+KB = "homelab"
+
+
+@pytest.fixture
+def svc(tmp_path: Path) -> Iterator[Service]:
+    with TestClient(create_app(load_config(write_config(tmp_path)))) as client:
+        yield Service(client)
+
+
+def binary(event: dict, content_type: str = "application/json", **extra: str):
+    """(body, headers) of ``event`` in binary mode, signed; attribute values percent-encoded."""
+    body = json.dumps(event["data"]).encode()
+    headers = wc.signed_headers(SECRET, body, content_type)
+    for name in ("specversion", "id", "source", "type", "subject"):
+        headers[f"ce-{name}"] = quote(event[name], safe="/:")
+    headers.update(extra)
+    return body, headers
+
+
+def post(svc: Service, body: bytes, headers: dict[str, str], kb: str = KB):
+    return svc.client.post(f"/v1/kbs/{kb}/events", content=body, headers=headers)
+
+
+def state(svc: Service, kb: str = KB) -> tuple:
+    snapshot = svc.app.state.store.load()
+    log = [(r.seq, r.event) for r in svc.app.state.store.read_log(0) if r.kb == kb]
+    return snapshot.kbs.get(kb), log
+
+
+def test_binary_mode_applies_as_structured_does(tmp_path: Path) -> None:
+    events = [
+        wc.upsert("notes/café et thé", title="Café", links=["notes/b"], tags=["x"]),
+        wc.event("link.added", "notes/café et thé", 2, target="notes/c"),
+        wc.upsert("notes/b", 1, text="b"),
+        wc.event("deleted", "notes/b", 2),
+    ]
+    answers, states = [], []
+    for mode in ("structured", "binary"):
+        (tmp_path / mode).mkdir()
+        with TestClient(create_app(load_config(write_config(tmp_path / mode)))) as client:
+            svc = Service(client)
+            for event in events + events[:1]:  # the re-sent first event: a duplicate
+                if mode == "binary":
+                    body, headers = binary(event)
+                else:
+                    body, headers = wc.delivery(SECRET, event)
+                answers.append((mode, post(svc, body, headers).json()))
+            states.append(state(svc))
+    structured = [a for m, a in answers if m == "structured"]
+    assert structured == [a for m, a in answers if m == "binary"]
+    assert structured[-1]["duplicates"] == 1 and structured[0]["applied"] == 1
+    assert states[0] == states[1]
+    assert states[0][0].concepts[0].id == "notes/café et thé"  # percent-decoded
+
+
+@pytest.mark.parametrize(
+    ("drop", "missing"), [("ce-id", "ce-id"), ("ce-type", "ce-type"), ("ce-subject", "ce-subject")]
+)
+def test_binary_mode_names_a_missing_header(svc: Service, drop: str, missing: str) -> None:
+    body, headers = binary(wc.upsert("a/x"))
+    del headers[drop]
+    response = post(svc, body, headers)
+    assert response.status_code == 422
+    assert response.json() == {
+        "error": "binary mode (a ce-specversion header, Content-Type application/json): "
+        f"missing header {missing}"
+    }
+    assert state(svc) == (None, [])
+
+
+def test_binary_mode_errors_name_the_header_or_the_data(svc: Service) -> None:
+    body, headers = binary(wc.upsert("a/x"))
+    headers["ce-type"] = "concept.renamed"
+    wrong_type = post(svc, body, headers)
+    assert wrong_type.status_code == 422
+    assert wrong_type.json()["error"].startswith("ce-type header: Invalid value 'concept.renamed'")
+    body, headers = binary(wc.upsert("a/x"))
+    headers["ce-specversion"] = "0.3"
+    assert post(svc, body, headers).json()["error"].startswith("ce-specversion header:")
+    body, headers = binary({**wc.upsert("a/x"), "data": {"version": "one"}})
+    bad_data = post(svc, body, headers)
+    assert (bad_data.status_code, bad_data.json()) == (
+        422, {"error": "event.data.version: Expected int, got str"}
+    )  # fmt: skip
+    body, headers = binary(wc.upsert("a/x"), "text/plain")
+    as_text = post(svc, body, headers)
+    assert as_text.status_code == 415
+    assert "binary mode" in as_text.json()["error"] and "JSON" in as_text.json()["error"]
+    body, headers = binary(wc.upsert("a/x"))
+    headers["ce-subject"] = "a/%FF"
+    assert post(svc, body, headers).json() == {
+        "error": "ce-subject header: its percent-encoding is not UTF-8"
+    }
+    assert state(svc) == (None, [])
+
+
+def test_data_without_attributes_is_told_about_binary_mode(svc: Service) -> None:
+    body = json.dumps({"version": 1, "title": "x"}).encode()
+    response = post(svc, body, wc.signed_headers(SECRET, body, "application/json"))
+    assert response.status_code == 422
+    message = response.json()["error"]
+    assert message.startswith("event: Object missing required field type (structured mode")
+    assert "binary mode: the attributes as ce-* headers" in message
+
+
+@settings(max_examples=30, deadline=None)
+@given(subject=st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc", "Cf"]),
+                       min_size=1, max_size=12).filter(lambda s: "/" not in s))  # fmt: skip
+def test_any_percent_encoded_subject_round_trips(subject: str) -> None:
+    event = wc.upsert(f"notes/{subject}")
+    body = json.dumps(event["data"]).encode()
+    headers = {"content-type": "application/json", "ce-specversion": "1.0", "ce-id": "1",
+               "ce-source": "s", "ce-type": "concept.upserted",
+               "ce-subject": quote(event["subject"], safe="")}  # fmt: skip
+    (decoded,) = decode_request(body, headers)
+    assert decoded.subject == unicodedata.normalize("NFC", event["subject"])

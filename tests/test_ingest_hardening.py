@@ -1,0 +1,223 @@
+"""Ingest hardening (issue 10): webhooks bound to their KB, a cap on KBs, bounded fields, NFC
+ids, nested and non-UTF-8 bodies, headers before the body; each refusal stores nothing."""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+import unicodedata
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from kbgraph.api import create_app
+from kbgraph.config import load_config
+from tests import webhook_client as wc
+from tests.conftest import ADMIN, SECRET, Service, write_config
+from tests.test_crash import free_port, start_server, stop
+
+PRIVATE_SECRET = "whsec_cHJpdmF0ZS1rYi1zZWNyZXQtZm9yLXRlc3Rz"
+EXTRA = f"""
+[limits]
+max_kbs = 3
+
+[webhooks.kbs.private]
+secrets = ["{PRIVATE_SECRET}"]
+"""
+
+
+def app_for(folder: Path) -> TestClient:
+    return TestClient(create_app(load_config(write_config(folder, EXTRA))))
+
+
+@pytest.fixture
+def svc(tmp_path: Path) -> Iterator[Service]:
+    with app_for(tmp_path) as client:
+        yield Service(client)
+
+
+def post(svc: Service, kb: str, body: bytes, headers: dict[str, str]):
+    return svc.client.post(f"/v1/kbs/{kb}/events", content=body, headers=headers)
+
+
+def send(svc: Service, kb: str, events, secret: str = SECRET):
+    body, headers = wc.delivery(secret, events)
+    return post(svc, kb, body, headers)
+
+
+def kb_seq(svc: Service, kb: str) -> int:
+    return svc.app.state.store.kb_seq(kb)
+
+
+def test_a_kb_with_its_own_secrets_takes_only_those(svc: Service) -> None:
+    refused = send(svc, "private", [wc.upsert("a/x")])
+    assert (refused.status_code, refused.json()) == (401, {"error": "invalid webhook signature"})
+    assert kb_seq(svc, "private") == 0
+    assert send(svc, "private", [wc.upsert("a/x")], PRIVATE_SECRET).json()["applied"] == 1
+    # and its secret signs nothing for the other KBs
+    assert send(svc, "homelab", [wc.upsert("a/x")], PRIVATE_SECRET).status_code == 401
+    assert kb_seq(svc, "homelab") == 0
+
+
+def test_a_webhook_id_is_bound_to_its_kb_across_restarts(tmp_path: Path) -> None:
+    body, headers = wc.delivery(SECRET, [wc.upsert("infra/dns")])
+    with app_for(tmp_path) as client:
+        svc = Service(client)
+        assert post(svc, "one", body, headers).json()["applied"] == 1
+        replay = post(svc, "two", body, headers)
+        assert replay.status_code == 401
+        assert "accepted for another KB: refused as a replay" in replay.json()["error"]
+        assert kb_seq(svc, "two") == 0
+        retry = post(svc, "one", body, headers)  # a sender's retry stays a duplicate
+        assert (retry.status_code, retry.json()["duplicates"]) == (200, 1)
+    with app_for(tmp_path) as client:  # durable: the binding holds after a restart
+        svc = Service(client)
+        assert post(svc, "two", body, headers).status_code == 401
+        assert kb_seq(svc, "two") == 0
+        fresh_body, fresh_headers = wc.delivery(SECRET, [wc.upsert("infra/dns")])
+        assert post(svc, "two", fresh_body, fresh_headers).json()["applied"] == 1
+
+
+def test_kb_creation_is_capped(svc: Service) -> None:
+    for kb in ("k1", "k2", "k3"):
+        assert send(svc, kb, [wc.upsert("a/x")]).status_code == 200
+    refused = send(svc, "k4", [wc.upsert("a/x")])
+    assert refused.status_code == 403
+    assert refused.json() == {
+        "error": "kb k4 not created: 3 KBs exist, the limit ([limits] max_kbs)"
+    }
+    assert kb_seq(svc, "k4") == 0 and "k4" not in svc.app.state.store.load().kbs
+    assert send(svc, "k1", [wc.upsert("a/y")]).json()["applied"] == 1  # existing KBs go on
+
+
+@pytest.mark.parametrize("depth", [1000, 100_000])
+def test_deeply_nested_json_is_400(svc: Service, depth: int) -> None:
+    body = b"[" * depth + b"]" * depth
+    response = post(svc, "homelab", body, wc.signed_headers(SECRET, body, wc.BATCH))
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("malformed JSON")
+    assert kb_seq(svc, "homelab") == 0
+
+
+def test_a_signed_non_utf8_body_is_400_naming_the_encoding(svc: Service) -> None:
+    body = wc.encode([wc.upsert("a/x", title="caf")])[:-3] + b'\xe9"}}]'
+    response = post(svc, "homelab", body, wc.signed_headers(SECRET, body, wc.BATCH))
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("body is not UTF-8 (byte ")
+    assert kb_seq(svc, "homelab") == 0
+
+
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        ({"title": "t" * 1025}, "events[0].data.title: Expected str of length <= 1024"),
+        ({"type": "T" * 257}, "events[0].data.type: Expected str of length <= 256"),
+        ({"tags": ["t"] * 257}, "events[0].data.tags: Expected array of length <= 256"),
+        ({"tags": ["t" * 257]}, "events[0].data.tags[0]: Expected str of length <= 256"),
+        ({"links": [f"a/{i}" for i in range(10_001)]},
+         "events[0].data.links: Expected array of length <= 10000"),
+    ],
+)  # fmt: skip
+def test_fields_are_bounded(svc: Service, data: dict, where: str) -> None:
+    response = send(svc, "homelab", [wc.upsert("a/x", **data)])
+    assert (response.status_code, response.json()) == (422, {"error": where})
+    assert kb_seq(svc, "homelab") == 0
+
+
+def test_ids_are_nfc_and_format_characters_refused(svc: Service) -> None:
+    nfd = unicodedata.normalize("NFD", "notes/café")
+    nfc = unicodedata.normalize("NFC", "notes/café")
+    assert nfd != nfc
+    assert send(svc, "homelab", [wc.upsert(nfd, links=[unicodedata.normalize("NFD", "x/é")])]
+                ).json()["applied"] == 1  # fmt: skip
+    # the NFC spelling is the same concept: version 1 again is stale
+    assert send(svc, "homelab", [wc.upsert(nfc)]).json()["stale"] == 1
+    (stored,) = svc.app.state.store.load().kbs["homelab"].concepts
+    assert (stored.id, stored.links) == (nfc, [unicodedata.normalize("NFC", "x/é")])
+    seq = kb_seq(svc, "homelab")
+    read = svc.call(ADMIN, "GET", "/v1/kbs/homelab/concepts/notes/café", seq)
+    assert read.status_code == 200 and read.json()["id"] == nfc
+    for bad in ("a/x\u200by", "a/\u202eevil"):
+        refused = send(svc, "homelab", [wc.upsert(bad)])
+        assert refused.status_code == 422
+        assert refused.json() == {
+            "error": "events[0].subject: invalid concept id: format character (Unicode Cf)"
+        }
+    assert kb_seq(svc, "homelab") == seq
+
+
+# --- over real sockets ------------------------------------------------------------------------
+
+
+def request_head(port: int, kb: str, length: int, headers: dict[str, str]) -> bytes:
+    lines = [f"POST /v1/kbs/{kb}/events HTTP/1.1", f"host: 127.0.0.1:{port}",
+             f"content-length: {length}", "content-type: application/json"]  # fmt: skip
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def answer(sock: socket.socket) -> bytes:
+    """The response (head and body) the server sends while the client still owes its body."""
+    sock.settimeout(20)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def test_headers_are_checked_before_the_body_and_bodies_in_flight_are_bounded(
+    tmp_path: Path,
+) -> None:
+    config = write_config(tmp_path, "[limits]\nmax_inflight_ingest_bytes = 33554432\n")
+    port = free_port()
+    proc = start_server(config, port)
+    sockets: list[socket.socket] = []
+    try:
+        # unsigned, and a stale timestamp: answered at once, not a body byte sent
+        for headers, error in (
+            ({}, b"missing webhook header webhook-id, webhook-timestamp, webhook-signature"),
+            ({"webhook-id": "m1", "webhook-timestamp": str(int(time.time()) - 3600),
+              "webhook-signature": "v1,AAAA"}, b"webhook-timestamp outside the 5-minute"),
+        ):  # fmt: skip
+            sock = socket.create_connection(("127.0.0.1", port))
+            sockets.append(sock)
+            sock.sendall(request_head(port, "homelab", 15 << 20, headers))
+            response = answer(sock)
+            assert response.startswith(b"HTTP/1.1 401") and error in response, response
+        # plausible headers (a fresh timestamp, a signature that will not verify): the body is
+        # awaited, but at most 32 MiB of bodies at once; one of three 15 MB uploads held back
+        # by the client is turned away at once (whichever the server reads last)
+        uploads = []
+        for index in range(3):
+            sock = socket.create_connection(("127.0.0.1", port))
+            sockets.append(sock)
+            uploads.append(sock)
+            fake = {"webhook-id": f"m{index}", "webhook-timestamp": str(int(time.time())),
+                    "webhook-signature": "v1,AAAA"}  # fmt: skip
+            sock.sendall(request_head(port, "homelab", 15 << 20, fake) + b"[")
+        ready, _, _ = select.select(uploads, [], [], 20)
+        assert ready, "no upload was turned away"
+        response = answer(ready[0])
+        assert response.startswith(b"HTTP/1.1 503"), response
+        assert b"ingest busy" in response and b"retry-after: 1" in response.lower()
+    finally:
+        for sock in sockets:
+            sock.close()
+        stop(proc)
