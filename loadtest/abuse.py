@@ -8,7 +8,8 @@ a webhook secret, an admin and a narrowed token) on loopback, loads a small KB, 
 - runs each attack for ``--seconds`` while that probe and a well-behaved client (status,
   search and graph_context with the narrowed token, reconnecting as a browser would) keep
   going: a 100 MB agent body, a 100 MB header, 2,000 idle sockets, 40 slow 15 MB uploads to
-  the events endpoint (one byte held back), a flood of signed deliveries creating new KBs, and
+  the events endpoint (plausible signature headers, one byte held back), a flood of signed
+  deliveries creating new KBs, and
   a snippet bomb (a concept with 1 MiB of text without a word break, 200-term queries).
 
 Per attack: the probe's p50/p99, the server's RSS growth (peak during the attack over the RSS
@@ -233,7 +234,9 @@ def attack_idle_sockets(port: int, creds: Credentials, seconds: float) -> dict[s
 
 
 def attack_slow_uploads(port: int, creds: Credentials, seconds: float) -> dict[str, Any]:
-    """40 unsigned 15 MB uploads to the events endpoint, each holding back its last byte."""
+    """40 15 MB uploads to the events endpoint, each holding back its last byte, with
+    plausible signature headers (a fresh timestamp, a signature that will not verify), so the
+    server must await the body: the bound on bodies in flight is what holds."""
     stop_at = time.monotonic() + seconds
     size = 15 * MB
     sent = [0] * 40
@@ -247,7 +250,9 @@ def attack_slow_uploads(port: int, creds: Credentials, seconds: float) -> dict[s
         socks.append(sock)
         head = (
             f"POST /v1/kbs/{KB}/events HTTP/1.1\r\nHost: x\r\n"
-            f"Content-Type: application/cloudevents+json\r\nContent-Length: {size}\r\n\r\n"
+            f"Content-Type: application/cloudevents+json\r\nContent-Length: {size}\r\n"
+            f"webhook-id: slow-{i}\r\nwebhook-timestamp: {int(time.time())}\r\n"
+            "webhook-signature: v1,AAAA\r\n\r\n"
         )
         sent[i] = _send_until_closed(sock, head.encode(), size - 65536, stop_at)
         with contextlib.suppress(OSError):
