@@ -469,7 +469,7 @@ def concept(snap: Snapshot, view: View, concept_id: str) -> ConceptResponse:
         if target is not None and snap.is_visible(target, view):
             links.append(target_id)
     return ConceptResponse(
-        id=concept_id,
+        id=snap.ids[node],  # the stored (NFC) spelling
         title=snap.titles[node],
         aliases=list(snap.aliases[node]),
         type=snap.types[node],

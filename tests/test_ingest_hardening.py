@@ -138,8 +138,11 @@ def test_ids_are_nfc_and_format_characters_refused(svc: Service) -> None:
     (stored,) = svc.app.state.store.load().kbs["homelab"].concepts
     assert (stored.id, stored.links) == (nfc, [unicodedata.normalize("NFC", "x/é")])
     seq = kb_seq(svc, "homelab")
-    read = svc.call(ADMIN, "GET", "/v1/kbs/homelab/concepts/notes/café", seq)
-    assert read.status_code == 200 and read.json()["id"] == nfc
+    for spelling in (nfc, nfd):  # reads find it by either spelling
+        read = svc.call(ADMIN, "GET", f"/v1/kbs/homelab/concepts/{spelling}", seq)
+        assert read.status_code == 200 and read.json()["id"] == nfc
+        path = svc.tool(ADMIN, "homelab", "graph_path", {"source": spelling, "target": spelling})
+        assert path.json()["path"] == [{"id": nfc, "title": ""}]
     for bad in ("a/x\u200by", "a/\u202eevil"):
         refused = send(svc, "homelab", [wc.upsert(bad)])
         assert refused.status_code == 422

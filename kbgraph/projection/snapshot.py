@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -66,7 +67,10 @@ class Snapshot:
         return View(self.graph, entry.mask[:n], entry.deg[:n])
 
     def node(self, concept_id: str) -> int | None:
-        """The int of an existing concept, else None."""
+        """The int of an existing concept, else None; ids are stored in NFC (ingest normalises
+        them), so an NFD spelling (a macOS file name) finds the same concept."""
+        if not concept_id.isascii():
+            concept_id = unicodedata.normalize("NFC", concept_id)
         kb = self._kb
         u = kb._index_of.get(concept_id)
         return u if u is not None and kb._alive[u] else None
