@@ -67,12 +67,13 @@ class Snapshot:
         return View(self.graph, entry.mask[:n], entry.deg[:n])
 
     def node(self, concept_id: str) -> int | None:
-        """The int of an existing concept, else None; ids are stored in NFC (ingest normalises
-        them), so an NFD spelling (a macOS file name) finds the same concept."""
-        if not concept_id.isascii():
-            concept_id = unicodedata.normalize("NFC", concept_id)
+        """The int of an existing concept, else None. Ingest stores ids in NFC, so an id not
+        found as spelled is looked up in NFC too: an NFD spelling (a macOS file name) finds the
+        same concept, while an id stored before normalisation still finds itself."""
         kb = self._kb
         u = kb._index_of.get(concept_id)
+        if u is None and not concept_id.isascii():
+            u = kb._index_of.get(unicodedata.normalize("NFC", concept_id))
         return u if u is not None and kb._alive[u] else None
 
     def is_visible(self, node: int, view: View) -> bool:
