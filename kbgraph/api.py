@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from kbgraph import evidence, graphalgo, ingest, search, tools, toolspecs
+from kbgraph import evidence, explorer, graphalgo, ingest, search, tools, toolspecs
 from kbgraph import mcp as mcp_out
 from kbgraph.access import RuleSet
 from kbgraph.bodies import BodyRefused, read_body, replay
@@ -325,7 +325,7 @@ async def metrics(request: Request) -> Response:
 
 def create_app(config: Config) -> Starlette:
     """The whole service: agent API, webhook ingest, health and metrics."""
-    openapi = _encode(openapi_document())
+    openapi = _encode(openapi_document(explorer.OPENAPI_PATHS))
     listing = _encode(toolspecs.http_listing())
 
     @asynccontextmanager
@@ -377,6 +377,7 @@ def create_app(config: Config) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
         *ingest.routes,
+        *explorer.routes,
     ]
     app = Starlette(
         routes=routes,

@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
-# Creates .venv (once) and installs kbgraph with its test and load-test extras into it.
+# Creates .venv (once) and installs kbgraph with its test and load-test extras into it; installs
+# Debian's chromium and chromium-driver for the explorer's browser tests when they are missing
+# (root and apt-get needed; without them those tests are skipped with a loud message).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+        echo "setup: installing chromium and chromium-driver (browser tests)" >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            chromium chromium-driver; } >/dev/null 2>&1 \
+            || echo "setup: could not install chromium: the browser tests will be skipped" >&2
+    else
+        echo "setup: no chromium and no root apt-get: the browser tests will be skipped" >&2
+    fi
+fi

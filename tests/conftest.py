@@ -92,6 +92,12 @@ class Service:
 
 
 @pytest.fixture
+def anyio_backend() -> str:
+    """Async tests run on asyncio (what the service runs on; selenium brings trio along)."""
+    return "asyncio"
+
+
+@pytest.fixture
 def service(tmp_path: Path) -> Iterator[Service]:
     app = create_app(load_config(write_config(tmp_path)))
     with TestClient(app) as client:
