@@ -15,20 +15,15 @@ from cloudevents.core.v1.event import CloudEvent
 from standardwebhooks.webhooks import Webhook
 
 from tests import webhook_client as wc
-from tests.test_crash import ADMIN, SECRET, free_port, start_server, stop, write_config
+from tests.test_crash import ADMIN, SECRET, running, write_config
 
 SOURCE = "https://wiki.example/sdk"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder = tmp_path_factory.mktemp("interop")
-    port = free_port()
-    proc = start_server(write_config(folder), port)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop(proc)
+    with running(write_config(tmp_path_factory.mktemp("interop"))) as url:
+        yield url
 
 
 def sdk_event(event_id: str, kind: str, subject: str, data: dict) -> CloudEvent:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -68,6 +69,17 @@ def start_server(config: Path, port: int, workers: int = 1) -> subprocess.Popen[
         time.sleep(0.1)
     proc.kill()
     raise AssertionError("server did not start")
+
+
+@contextlib.contextmanager
+def running(config: Path) -> Iterator[str]:
+    """A real ``kbgraph serve`` on a free loopback port for the block; yields its base URL."""
+    port = free_port()
+    proc = start_server(config, port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

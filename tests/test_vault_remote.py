@@ -17,7 +17,7 @@ from kbgraph.vault.manifest import Manifest
 from kbgraph.vault.reader import read_vault
 from kbgraph.vault.sinks import SECRET_ENV, SyncError, WebhookSink
 from kbgraph.vault.sync import sync_once, upsert_event
-from tests.test_crash import ADMIN, SECRET, free_port, start_server, stop, write_config
+from tests.test_crash import ADMIN, SECRET, free_port, running, write_config
 from tests.vault_files import write_vault
 
 pytestmark = pytest.mark.slow
@@ -26,13 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder = tmp_path_factory.mktemp("remote")
-    port = free_port()
-    proc = start_server(write_config(folder), port)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop(proc)
+    with running(write_config(tmp_path_factory.mktemp("remote"))) as url:
+        yield url
 
 
 def cli(*args: str, secret: str | None = SECRET) -> subprocess.CompletedProcess[str]:
