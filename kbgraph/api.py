@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from kbgraph import evidence, explorer, graphalgo, ingest, search, tools, toolspecs
+from kbgraph import evidence, explorer, graphalgo, ingest, search, shapes, tools, toolspecs
 from kbgraph import mcp as mcp_out
 from kbgraph.access import RuleSet
 from kbgraph.bodies import BodyRefused, read_body, replay
@@ -226,7 +226,7 @@ async def kbs_handler(request: Request) -> Response:
             with projection.read() as snap:
                 view = snap.view(None if grant.admin else grant.rules[name])
                 listed.append(tools.status(snap, view, name))
-        return _encode(tools.KBsResponse(kbs=listed, count=len(listed)))
+        return _encode(shapes.KBsResponse(kbs=listed, count=len(listed)))
 
     body = await request.app.state.tool_threads.run(work)
     return Response(body, media_type="application/json")

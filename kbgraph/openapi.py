@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import msgspec
 
-from kbgraph import events, tools
+from kbgraph import events, shapes
 from kbgraph.store import DeliveryResult
 from kbgraph.toolspecs import BY_NAME, HTTP_TOOLS
 
@@ -151,7 +151,7 @@ def _get(operation: str, summary: str, ok: str | None, params: list, *codes: int
 def document(extra_paths: dict[str, Any] | None = None) -> dict[str, Any]:
     """OpenAPI 3.1 for the whole app; ``extra_paths`` are other modules' routes."""
     types: list[Any] = [t for s in BY_NAME.values() for t in (s.request_type, s.response_type)]
-    types += [tools.KBsResponse, tools.StatusResponse, DeliveryResult, *EVENT_TYPES]
+    types += [shapes.KBsResponse, shapes.StatusResponse, DeliveryResult, *EVENT_TYPES]
     _, components = msgspec.json.schema_components(types, ref_template=_REF)
     components["Error"] = {
         "type": "object",

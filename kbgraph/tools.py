@@ -1,5 +1,7 @@
 """The agent tools of SPEC section 3, as plain functions over a projection snapshot.
 
+Their request and response types live in ``kbgraph.shapes``.
+
 Each tool takes a ``Snapshot`` (read-locked, delivery-whole) and the caller's ``View`` (the
 visible subgraph) and returns a response struct; no HTTP here. Hidden concepts are never
 looked at: ids resolve through the view, search ranks with the view's statistics, and the
@@ -9,18 +11,34 @@ on a KB where the hidden concepts were never written.
 
 from __future__ import annotations
 
-from typing import Annotated, Final, TypeVar
+from typing import Final, TypeVar
 
 import msgspec
 import numpy as np
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET
 
 from kbgraph import evidence, graphalgo
 from kbgraph.graphalgo.graph import View
 from kbgraph.projection import Snapshot
 from kbgraph.search import query_terms, snippet, snippet_at, top
+from kbgraph.shapes import (
+    MAX_IDS,
+    Candidate,
+    ConceptResponse,
+    ContextResult,
+    GraphContextRequest,
+    GraphContextResponse,
+    GraphPathRequest,
+    GraphPathResponse,
+    LinkSuggestRequest,
+    LinkSuggestResponse,
+    PathStep,
+    SearchHit,
+    SearchResponse,
+    Seed,
+    StatusResponse,
+)
 
-MAX_IDS: Final = 10
 SEARCH_SEEDS: Final = 5
 # Seeding from search scores (README, "Retrieval quality"): of the top SEARCH_SEEDS hits, those
 # scoring at least SEED_CUT of the best add (score / best) ** SEED_POWER.
@@ -69,184 +87,6 @@ def visible_node(snap: Snapshot, view: View, concept_id: str) -> int:
     if node is None or not snap.is_visible(node, view):
         raise ToolError(404, f"not found: {concept_id}")
     return node
-
-
-# --- requests ------------------------------------------------------------------------------
-
-
-def _field(description: str, **schema: object) -> msgspec.Meta:
-    """A request field's description, plus bounds or allowed values for the JSON Schema only:
-    clamping and the contract's own error messages stay with the tools, not the decoder."""
-    return msgspec.Meta(description=description, extra_json_schema=schema or None)
-
-
-class GraphContextRequest(msgspec.Struct, forbid_unknown_fields=True):
-    query: Annotated[
-        str | None,
-        _field("A question or keywords; its best search hits seed the ranking."),
-    ] = None
-    ids: Annotated[
-        list[str] | None,
-        _field(
-            f"Concept ids to start from (each adds weight 1), at most {MAX_IDS}.", maxItems=MAX_IDS
-        ),
-    ] = None
-    limit: Annotated[
-        int,
-        _field(
-            "How many results; 0 takes the default 10, others clamp into 1-30.",
-            minimum=0,
-            maximum=30,
-        ),
-    ] = 10
-
-
-class LinkSuggestRequest(msgspec.Struct, forbid_unknown_fields=True):
-    id: Annotated[str, _field("The concept to suggest missing links for.")]
-    limit: Annotated[
-        int,
-        _field(
-            "How many candidates; 0 takes the default 5, others clamp into 1-20.",
-            minimum=0,
-            maximum=20,
-        ),
-    ] = 5
-    method: Annotated[
-        str | None,
-        _field(
-            "'hybrid' adds the text's evidence (unlinked mentions, shared rare terms and tags)"
-            " to the link structure; 'structure' is resource allocation alone.",
-            enum=["hybrid", "structure", None],
-        ),
-    ] = "hybrid"
-
-
-class GraphPathRequest(msgspec.Struct, forbid_unknown_fields=True):
-    source: Annotated[str, _field("The concept id the path starts at.")]
-    target: Annotated[str, _field("The concept id the path ends at.")]
-    direction: Annotated[
-        str | None,
-        _field(
-            "'both' follows links either way, 'out' only as written.",
-            enum=["both", "out", None],
-        ),
-    ] = "both"
-    max_hops: Annotated[
-        int,
-        _field(
-            "The longest path considered; 0 takes the default 6, others clamp into 1-12.",
-            minimum=0,
-            maximum=12,
-        ),
-    ] = 6
-
-
-class SearchRequest(msgspec.Struct, forbid_unknown_fields=True):  # GET search?q=&limit=
-    query: Annotated[str, _field("Words to search titles and texts for (no syntax).")]
-    limit: Annotated[
-        int,
-        _field(
-            "How many hits; 0 takes the default 10, others clamp into 1-50.", minimum=0, maximum=50
-        ),
-    ] = 10
-
-
-class ConceptRequest(msgspec.Struct, forbid_unknown_fields=True):  # GET concepts/{id}
-    id: Annotated[str, _field("The concept id, e.g. 'infra/dns'.")]
-
-
-# --- responses -----------------------------------------------------------------------------
-
-
-class Seed(msgspec.Struct):
-    id: str
-    title: str
-    weight: float
-    score: float
-    snippet: str
-
-
-class ContextResult(msgspec.Struct):
-    id: str
-    title: str
-    score: float
-    hops: int
-    via: str
-    snippet: str
-
-
-class GraphContextResponse(msgspec.Struct, kw_only=True):
-    query: str | UnsetType = UNSET
-    ids: list[str] | UnsetType = UNSET
-    seeds: list[Seed]
-    results: list[ContextResult]
-    count: int
-    note: str | UnsetType = UNSET
-
-
-class Candidate(msgspec.Struct):
-    id: str
-    title: str
-    score: float
-    common: list[str]
-    mention: str | UnsetType = UNSET
-
-
-class LinkSuggestResponse(msgspec.Struct):
-    id: str
-    method: str
-    candidates: list[Candidate]
-    count: int
-
-
-class PathStep(msgspec.Struct):
-    id: str
-    title: str
-
-
-class GraphPathResponse(msgspec.Struct, kw_only=True):
-    source: str
-    target: str
-    hops: int
-    path: list[PathStep]
-    note: str | UnsetType = UNSET
-
-
-class SearchHit(msgspec.Struct):
-    id: str
-    title: str
-    score: float
-    snippet: str
-
-
-class SearchResponse(msgspec.Struct):
-    query: str
-    hits: list[SearchHit]
-    count: int
-
-
-class ConceptResponse(msgspec.Struct):
-    id: str
-    title: str
-    aliases: list[str]
-    type: str
-    status: str
-    tags: list[str]
-    text: str
-    version: int
-    links: list[str]
-    backlinks: list[str]
-
-
-class StatusResponse(msgspec.Struct):
-    kb: str
-    concepts: int
-    links: int
-
-
-class KBsResponse(msgspec.Struct):
-    kbs: list[StatusResponse]
-    count: int
 
 
 # --- the tools -----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import msgspec
 
-from kbgraph import tools
+from kbgraph import shapes, tools
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ class ToolSpec:
 
 SPECS: Final = (
     ToolSpec(
-        "graph_context", tools.GraphContextRequest, tools.GraphContextResponse,
+        "graph_context", shapes.GraphContextRequest, shapes.GraphContextResponse,
         tools.graph_context,
         "The concepts around a question or given concept ids, ranked by personalized PageRank "
         "on the link graph: seeds (the best matches) first, then related concepts with their "
@@ -38,26 +38,26 @@ SPECS: Final = (
         "Start here.",
     ),
     ToolSpec(
-        "search", tools.SearchRequest, tools.SearchResponse,
+        "search", shapes.SearchRequest, shapes.SearchResponse,
         lambda snap, view, req: tools.search(snap, view, req.query, req.limit),
         "Search made for questions (BM25F over titles and aliases, then texts; stop words, "
         "stems): hits with score and snippet.",
         http_post=False,
     ),
     ToolSpec(
-        "get_concept", tools.ConceptRequest, tools.ConceptResponse,
+        "get_concept", shapes.ConceptRequest, shapes.ConceptResponse,
         lambda snap, view, req: tools.concept(snap, view, req.id),
         "One concept in full: title, aliases, type, status, tags, text, its links and backlinks.",
         http_post=False,
     ),
     ToolSpec(
-        "link_suggest", tools.LinkSuggestRequest, tools.LinkSuggestResponse, tools.link_suggest,
+        "link_suggest", shapes.LinkSuggestRequest, shapes.LinkSuggestResponse, tools.link_suggest,
         "Links a concept is probably missing: concepts its text mentions or shares rare terms "
         "and tags with, and concepts it shares neighbours with (method hybrid, the default), "
         "or shared neighbours alone (method structure); each with its evidence.",
     ),
     ToolSpec(
-        "graph_path", tools.GraphPathRequest, tools.GraphPathResponse, tools.graph_path,
+        "graph_path", shapes.GraphPathRequest, shapes.GraphPathResponse, tools.graph_path,
         "Advanced: the shortest chain of links between two concepts.",
         advanced=True,
     ),
