@@ -8,10 +8,11 @@ delivery sent again as duplicates.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,12 +33,6 @@ ADMIN = "crash-admin-token"
 STARTUP_SECONDS = 120.0
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def write_config(folder: Path) -> Path:
     path = folder / "kbgraph.toml"
     path.write_text(
@@ -47,37 +42,76 @@ def write_config(folder: Path) -> Path:
     return path
 
 
-def start_server(config: Path, port: int, workers: int = 1) -> subprocess.Popen[bytes]:
+BOUND = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")  # uvicorn's start-up line
+
+
+class ServerProcess(subprocess.Popen[bytes]):
+    """A ``kbgraph serve`` child; ``port`` is the one it bound (it chose it: ``--port 0``).
+
+    Letting the server pick its own port leaves no window for another process (a parallel test
+    run, say) to take a port probed as free, and none in which a health check could reach some
+    other server. A thread drains stderr (a full pipe would block the server's logging) and
+    keeps its tail for the failure message.
+    """
+
+    port: int | None = None
+
+    def __init__(self, command: list[str]) -> None:
+        super().__init__(
+            command,
+            start_new_session=True,  # the workers of --workers N share the group
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        self.log: collections.deque[str] = collections.deque(maxlen=40)
+        self.bound = threading.Event()
+        self.reader = threading.Thread(target=self._drain, daemon=True)
+        self.reader.start()
+
+    def _drain(self) -> None:
+        for raw in self.stderr:  # type: ignore[union-attr]
+            line = raw.decode(errors="replace").rstrip()
+            self.log.append(line)
+            found = BOUND.search(line)
+            if found and self.port is None:
+                self.port = int(found[1])
+                self.bound.set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def tail(self) -> str:
+        self.reader.join(5)
+        return "\n".join(self.log)
+
+
+def start_server(config: Path, port: int = 0, workers: int = 1) -> ServerProcess:
+    """``kbgraph serve`` on loopback, returned once it answers ``/healthz``."""
     command = [sys.executable, "-m", "kbgraph", "serve", "--config", str(config)]
-    command += ["--port", str(port), "--workers", str(workers)]
-    proc = subprocess.Popen(
-        command,
-        start_new_session=True,  # the workers of --workers N share the group
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
+    proc = ServerProcess([*command, "--port", str(port), "--workers", str(workers)])
     deadline = time.monotonic() + STARTUP_SECONDS
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"server exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("server did not start")
+            raise AssertionError(f"server exited: {proc.tail()[-2000:]}")
+        if proc.bound.wait(0.1):
+            try:
+                if httpx.get(f"{proc.url}/healthz", timeout=1).status_code == 200:
+                    return proc
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+    stop(proc)
+    raise AssertionError(f"server did not start: {proc.tail()[-2000:]}")
 
 
 @contextlib.contextmanager
 def running(config: Path) -> Iterator[str]:
-    """A real ``kbgraph serve`` on a free loopback port for the block; yields its base URL."""
-    port = free_port()
-    proc = start_server(config, port)
+    """A real ``kbgraph serve`` on a loopback port of its choosing; yields its base URL."""
+    proc = start_server(config)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield proc.url
     finally:
         stop(proc)
 
@@ -87,15 +121,16 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
+    if isinstance(proc, ServerProcess):
+        proc.reader.join(30)  # EOF once every process of the group is gone
     if proc.stderr is not None:
         proc.stderr.close()
 
 
 def test_sigkill_loses_no_acknowledged_delivery(tmp_path: Path) -> None:
     config = write_config(tmp_path)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/v1/kbs/crash/events"
-    proc = start_server(config, port)
+    proc = start_server(config)
+    url = f"{proc.url}/v1/kbs/crash/events"
     sent: list[list[dict]] = []  # every delivery attempted
     acked: list[list[dict]] = []  # deliveries answered 200
     lock = threading.Lock()
@@ -152,7 +187,8 @@ def test_sigkill_loses_no_acknowledged_delivery(tmp_path: Path) -> None:
         assert len(log) == len(present) == state.kbs["crash"].seq
 
     # a restarted server knows every acknowledged event: sent again, they are duplicates
-    proc = start_server(config, port)
+    proc = start_server(config)
+    url = f"{proc.url}/v1/kbs/crash/events"
     try:
         for events in acked[:: max(1, len(acked) // 10)]:
             body, headers = wc.delivery(SECRET, events)
@@ -165,9 +201,8 @@ def test_sigkill_loses_no_acknowledged_delivery(tmp_path: Path) -> None:
 def test_two_workers_share_the_store(tmp_path: Path) -> None:
     """``--workers 2``: two processes take deliveries into one SQLite file; none is lost."""
     config = write_config(tmp_path)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/v1/kbs/shared/events"
-    proc = start_server(config, port, workers=2)
+    proc = start_server(config, workers=2)
+    url = f"{proc.url}/v1/kbs/shared/events"
     statuses: list[int] = []
 
     def client(n: int) -> None:

@@ -23,7 +23,7 @@ import pytest
 from kbgraph.names import collection_of
 from kbgraph.store import Store
 from tests import webhook_client as wc
-from tests.test_crash import SECRET, free_port, start_server, stop
+from tests.test_crash import SECRET, start_server, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -66,10 +66,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
          "--quiet"],
         check=True, cwd=ROOT, capture_output=True, timeout=120,
     )  # fmt: skip
-    port = free_port()
-    proc = start_server(config, port)
+    proc = start_server(config)
     try:
-        yield f"http://127.0.0.1:{port}", folder / "kb.db"
+        yield proc.url, folder / "kb.db"
     finally:
         stop(proc)
 

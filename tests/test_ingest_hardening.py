@@ -17,7 +17,7 @@ from kbgraph.api import create_app
 from kbgraph.config import load_config
 from tests import webhook_client as wc
 from tests.conftest import ADMIN, SECRET, Service, write_config
-from tests.test_crash import free_port, start_server, stop
+from tests.test_crash import start_server, stop
 
 PRIVATE_SECRET = "whsec_cHJpdmF0ZS1rYi1zZWNyZXQtZm9yLXRlc3Rz"
 EXTRA = f"""
@@ -189,8 +189,8 @@ def test_headers_are_checked_before_the_body_and_bodies_in_flight_are_bounded(
     tmp_path: Path,
 ) -> None:
     config = write_config(tmp_path, "[limits]\nmax_inflight_ingest_bytes = 33554432\n")
-    port = free_port()
-    proc = start_server(config, port)
+    proc = start_server(config)
+    port = proc.port
     sockets: list[socket.socket] = []
     try:
         # unsigned, and a stale timestamp: answered at once, not a body byte sent

@@ -27,7 +27,7 @@ from mcp.client.streamable_http import streamable_http_client
 from kbgraph.store import Store
 from tests.conftest import ADMIN, INFRA, OTHER, write_config
 from tests.kb_events import upsert
-from tests.test_crash import free_port, start_server, stop
+from tests.test_crash import start_server, stop
 
 pytestmark = pytest.mark.slow
 
@@ -55,10 +55,10 @@ def homelab(only_infra: bool = False) -> list:
 
 
 class Served:
-    def __init__(self, folder: Path, port: int) -> None:
+    def __init__(self, folder: Path) -> None:
         self.config = folder / "kbgraph.toml"
         self.store = folder / "kbgraph.db"
-        self.base = f"http://127.0.0.1:{port}"
+        self.base = ""  # the server's URL, once it runs
 
     def http(self, token: str | None, method: str, path: str, body: Any = None) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -69,11 +69,12 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     folder = tmp_path_factory.mktemp("mcp")
     write_config(folder)
-    service = Served(folder, free_port())
+    service = Served(folder)
     with Store(service.store) as store:
         store.append(KB, homelab())
         store.append(INFRA_ONLY, homelab(only_infra=True))
-    proc = start_server(service.config, int(service.base.rsplit(":", 1)[1]))
+    proc = start_server(service.config)
+    service.base = proc.url
     try:
         yield service
     finally:

@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.test_crash import free_port, start_server, stop
+from tests.test_crash import start_server, stop
 
 pytestmark = pytest.mark.slow
 
@@ -49,10 +49,9 @@ class Server:
 def serve(folder: Path, limits: str, server: str = "") -> Iterator[Server]:
     config = folder / "kbgraph.toml"
     config.write_text(f'[store]\npath = "kb.db"\n[server]\n{server}\n[limits]\n{limits}\n')
-    port = free_port()
-    proc = start_server(config, port)
+    proc = start_server(config)
     try:
-        yield Server(proc, port, folder / "kb.db")
+        yield Server(proc, proc.port, folder / "kb.db")
     finally:
         stop(proc)
 

@@ -4,6 +4,7 @@ delivery is all duplicates; clear failures for a wrong secret and an unreachable
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from kbgraph.vault.manifest import Manifest
 from kbgraph.vault.reader import read_vault
 from kbgraph.vault.sinks import SECRET_ENV, SyncError, WebhookSink
 from kbgraph.vault.sync import sync_once, upsert_event
-from tests.test_crash import ADMIN, SECRET, free_port, running, write_config
+from tests.test_crash import ADMIN, SECRET, running, write_config
 from tests.vault_files import write_vault
 
 pytestmark = pytest.mark.slow
@@ -87,13 +88,15 @@ def test_wrong_secret_and_unreachable_url_are_clear(server: str, tmp_path: Path)
                 secret="whsec_" + "A" * 32)  # fmt: skip
     assert wrong.returncode == 1
     assert "refused the delivery (401)" in wrong.stderr
-    dead = f"http://127.0.0.1:{free_port()}"
-    down = cli("import", str(root), "--kb", "kb", "--url", dead, "--retries", "1")
+    with socket.socket() as held:  # bound, never listening: nothing else can take the port
+        held.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{held.getsockname()[1]}"
+        down = cli("import", str(root), "--kb", "kb", "--url", dead, "--retries", "1")
+        with pytest.raises(SyncError, match="cannot reach"):
+            WebhookSink(dead, SECRET, attempts=1).send("kb", [])
     assert down.returncode == 1
     assert f"cannot reach {dead}/v1/kbs/kb/events" in down.stderr
     assert "gave up after 2 attempts" in down.stderr
-    with pytest.raises(SyncError, match="cannot reach"):
-        WebhookSink(dead, SECRET, attempts=1).send("kb", [])
 
 
 def test_watch_over_the_webhook_reaches_graph_context(server: str, tmp_path: Path) -> None:
