@@ -8,6 +8,9 @@
     token: sessionStorage.getItem("kbgraph.token") || "",
     kb: "", seq: null, answer: null, lastAsk: null, selected: null, pathFrom: null,
   };
+  // Each ask and each concept shown gets a number; an answer that arrives after a newer
+  // request was made is dropped, so a slow reply never overwrites what was asked later.
+  const latest = { ask: 0, concept: 0 };
   let cy = null;
   let rings = [];
 
@@ -69,7 +72,9 @@
   }
 
   async function ask(body) {
+    const mine = ++latest.ask;
     const { data, seq } = await api("POST", kbPath("/tools/graph_context"), body);
+    if (mine !== latest.ask) return;
     state.lastAsk = body;
     state.answer = data;
     state.seq = seq;
@@ -122,16 +127,31 @@
         edges.push({ data: { id: `via:${r.via}->${r.id}`, source: r.via, target: r.id } });
       }
     }
-    const maxHops = Math.max(0, ...[...nodes.values()].map((n) => n.hops));
-    const elements = [...[...nodes.values()].map((n) => ({ data: n, classes: n.kind })), ...edges];
+    // Each ring in the order of the ring inside it (a node beside the one it was reached via),
+    // so the via edges run outwards rather than across the picture.
+    const viaOf = new Map(data.results.map((r) => [r.id, r.via]));
+    const levels = new Map();
+    for (const n of nodes.values()) levels.set(n.hops, [...(levels.get(n.hops) || []), n]);
+    const rank = new Map();
+    const ordered = [];
+    for (const hops of [...levels.keys()].sort((a, b) => a - b)) {
+      const ring = levels.get(hops);
+      const key = (n) => (rank.has(viaOf.get(n.id)) ? rank.get(viaOf.get(n.id)) : ring.length);
+      if (hops > 0) ring.sort((a, b) => key(a) - key(b) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+      ring.forEach((n, i) => rank.set(n.id, i));
+      ordered.push(...ring);
+    }
+    const maxHops = Math.max(0, ...levels.keys());
+    const fullest = Math.max(1, ...[...levels.values()].map((ring) => ring.length));
+    const elements = [...ordered.map((n) => ({ data: n, classes: n.kind })), ...edges];
     if (cy) cy.destroy();
     cy = cytoscape({
       container: $("graph"),
       elements,
       style: [
         { selector: "node", style: { label: "data(label)", width: "data(size)", height: "data(size)",
-          "font-size": 11, "text-valign": "bottom", "text-margin-y": 3, "text-wrap": "ellipsis",
-          "text-max-width": 140, color: "#1f2937", "background-color": "#1d4ed8" } },
+          "font-size": 13, "text-valign": "bottom", "text-margin-y": 3, "text-wrap": "wrap",
+          "text-max-width": 110, "line-height": 1.1, color: "#1f2937", "background-color": "#1d4ed8" } },
         { selector: "node.seed", style: { "background-color": "#c2410c" } },
         { selector: "node.context", style: { "background-color": "#cbd5e1" } },
         { selector: "node:selected", style: { "border-width": 3, "border-color": "#f59e0b" } },
@@ -140,8 +160,11 @@
         { selector: ".path", style: { "line-color": "#16a34a", "target-arrow-color": "#16a34a", width: 4,
           "border-width": 3, "border-color": "#16a34a" } },
       ],
+      // One ring per hop count, seeds in the middle. Every ring starts half a step of the
+      // fullest ring past the top, so the top of each ring is free for its "N hops" label.
       layout: { name: "concentric", concentric: (n) => maxHops - n.data("hops"), levelWidth: () => 1,
-                minNodeSpacing: 24, animate: false },
+                minNodeSpacing: 16, nodeDimensionsIncludeLabels: true, animate: false, padding: 24,
+                startAngle: (3 / 2) * Math.PI + Math.PI / fullest },
     });
     cy.on("tap", "node", (event) => showConcept(event.target.id()));
     measureRings(maxHops);
@@ -170,7 +193,7 @@
       canvas.style.left = "0";
       canvas.style.top = "0";
       canvas.style.pointerEvents = "none";
-      container.append(canvas);
+      container.prepend(canvas);  // under the graph: rings never cover a node
     }
     canvas.width = container.clientWidth;
     canvas.height = container.clientHeight;
@@ -178,23 +201,32 @@
     const zoom = cy.zoom();
     const pan = cy.pan();
     g.clearRect(0, 0, canvas.width, canvas.height);
-    g.strokeStyle = "rgba(100,116,139,0.35)";
-    g.fillStyle = "rgba(100,116,139,0.8)";
-    g.setLineDash([4, 4]);
     g.font = "11px system-ui, sans-serif";
+    g.textAlign = "center";
+    g.textBaseline = "middle";
     for (const ring of rings) {
       const x = ring.x * zoom + pan.x;
       const y = ring.y * zoom + pan.y;
+      g.strokeStyle = "rgba(100,116,139,0.35)";
+      g.setLineDash([4, 4]);
       g.beginPath();
       g.arc(x, y, ring.r * zoom, 0, 2 * Math.PI);
       g.stroke();
-      g.fillText(`${ring.hops} hop${ring.hops > 1 ? "s" : ""}`, x - ring.r * zoom - 4, y - 4);
+      const text = `${ring.hops} hop${ring.hops > 1 ? "s" : ""}`;
+      const w = g.measureText(text).width + 8;
+      g.fillStyle = "rgba(255,255,255,0.9)";
+      g.fillRect(x - w / 2, y - ring.r * zoom - 8, w, 16);
+      g.fillStyle = "rgba(71,85,105,1)";
+      g.fillText(text, x, y - ring.r * zoom);
     }
   }
 
   async function showConcept(id) {
+    const mine = ++latest.concept;
+    delete $("detail").dataset.id;
     try {
       const { data } = await api("GET", conceptPath(id));
+      if (mine !== latest.concept) return;
       state.selected = data.id;
       $("detail").hidden = false;
       $("detail").scrollIntoView({ block: "nearest" });
@@ -211,19 +243,21 @@
       if (cy) { cy.nodes().unselect(); const node = cy.getElementById(data.id); if (node.length) node.select(); }
       $("path-to").disabled = !state.pathFrom || state.pathFrom === data.id;
       const { data: suggested } = await api("POST", kbPath("/tools/link_suggest"), { id: data.id });
+      if (mine !== latest.concept) return;
       const list = $("detail-suggestions");
       list.replaceChildren();
       for (const c of suggested.candidates) {
         const item = el("li");
         item.append(el("span", `${label(c)} `, "title"), el("span", `score ${c.score.toFixed(4)}`, "meta"));
-        if (c.common.length) item.append(el("span", `shares neighbours: ${c.common.join(", ")}`, "snippet"));
+        if (c.common.length) item.append(el("span", `shares neighbours: ${c.common.join(", ")}`, "evidence"));
         if (c.mention) item.append(el("span", `mentioned: “${c.mention}”`, "snippet"));
         list.append(item);
       }
       if (!suggested.candidates.length) list.append(el("li", "none", "meta"));
+      $("detail").dataset.id = data.id;  // all of it shown: text, links and suggestions
       showError("");
     } catch (error) {
-      showError(error.message);
+      if (mine === latest.concept) showError(error.message);
     }
   }
 
@@ -265,6 +299,23 @@
     }
   }
 
+  // Forget what the previous token or KB showed: nothing of it stays on the page.
+  function reset() {
+    latest.ask += 1;
+    latest.concept += 1;
+    Object.assign(state, { seq: null, answer: null, lastAsk: null, selected: null, pathFrom: null });
+    if (cy) { cy.destroy(); cy = null; }
+    rings = [];
+    $("graph").replaceChildren();
+    $("answer").replaceChildren();
+    $("detail").hidden = true;
+    delete $("detail").dataset.id;
+    for (const id of ["detail-title", "detail-meta", "detail-text", "path-result", "status"]) $(id).textContent = "";
+    for (const id of ["detail-links", "detail-backlinks", "detail-suggestions"]) $(id).replaceChildren();
+    $("path-to").disabled = true;
+    showError("");
+  }
+
   async function refresh() {
     if (!state.kb || !state.lastAsk || document.hidden) return;
     try {
@@ -282,9 +333,10 @@
     event.preventDefault();
     state.token = $("token").value.trim();
     sessionStorage.setItem("kbgraph.token", state.token);
+    reset();
     try { await loadKBs(); } catch (error) { showError(error.message); }
   });
-  $("kb").addEventListener("change", () => { state.kb = $("kb").value; });
+  $("kb").addEventListener("change", () => { state.kb = $("kb").value; reset(); });
   $("ask").addEventListener("submit", async (event) => {
     event.preventDefault();
     try { await ask(askBody()); showError(""); } catch (error) { showError(error.message); }
