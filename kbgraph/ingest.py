@@ -5,10 +5,10 @@ KB name (422) -> the signature headers, before a body byte is read (401: missing
 timestamp outside the tolerance) -> body over the limit (413: Content-Length first, then while
 streaming) -> room among the bodies in flight (503) -> UTF-8 (400) -> the webhook signature
 with the KB's secrets (401) -> the content mode and its events (``kbgraph.binding``: 415 / 400
-/ 422) -> the store: a webhook-id already accepted for another KB (401), a KB beyond
-``max_kbs`` (403). A 200 is sent only after the store's commit is durable; then
-``app.state.on_commit()`` wakes this process's projection follower when the delivery applied
-at least one event.
+/ 422) -> the store: a webhook-id already accepted for another KB, or re-sent with new events
+(401), a KB beyond ``max_kbs`` (403). A 200 is sent only after the store's commit is durable;
+then ``app.state.on_commit()`` wakes this process's projection follower when the delivery
+applied at least one event.
 
 The route reads from ``request.app.state``: ``store`` (Store), ``verifier`` (the default
 SignatureVerifier) and ``kb_verifiers`` (per KB), ``inflight`` (InflightBytes), ``config``

@@ -17,6 +17,7 @@ from kbgraph.api import create_app
 from kbgraph.config import load_config
 from tests import webhook_client as wc
 from tests.conftest import ADMIN, SECRET, Service, write_config
+from tests.test_binding import binary
 from tests.test_crash import start_server, stop
 
 PRIVATE_SECRET = "whsec_cHJpdmF0ZS1rYi1zZWNyZXQtZm9yLXRlc3Rz"
@@ -79,6 +80,39 @@ def test_a_webhook_id_is_bound_to_its_kb_across_restarts(tmp_path: Path) -> None
         assert kb_seq(svc, "two") == 0
         fresh_body, fresh_headers = wc.delivery(SECRET, [wc.upsert("infra/dns")])
         assert post(svc, "two", fresh_body, fresh_headers).json()["applied"] == 1
+
+
+def test_a_webhook_id_stays_bound_while_its_timestamp_verifies(svc: Service) -> None:
+    """A sender's clock 290 s ahead: its delivery verifies for 590 s after it was accepted, so
+    its binding to the KB must hold that long (it held 300 s: a replay 400 s later went in)."""
+    now = int(time.time())
+    body = wc.encode([wc.upsert("infra/dns")])
+    headers = wc.signed_headers(SECRET, body, wc.BATCH, timestamp=now - 110)
+    store = svc.app.state.store
+    store.clock = lambda: time.time() - 400  # accepted 400 s ago, stamped 290 s ahead of it
+    assert post(svc, "one", body, headers).json()["applied"] == 1
+    store.clock = time.time
+    replay = post(svc, "two", body, headers)
+    assert replay.status_code == 401
+    assert "accepted for another KB: refused as a replay" in replay.json()["error"]
+    assert kb_seq(svc, "two") == 0
+
+
+def test_a_binary_resend_with_other_attributes_is_refused(svc: Service) -> None:
+    """Binary mode's attributes are headers, outside the signature: a captured delivery with a
+    new ce-id and ce-subject is not a retry, though its webhook-id is the KB's own."""
+    body, headers = binary(wc.event("deleted", "notes/a", 5))
+    assert post(svc, "homelab", *binary(wc.upsert("notes/b", version=1))).status_code == 200
+    assert post(svc, "homelab", body, headers).json()["stale"] == 0
+    seq = kb_seq(svc, "homelab")
+    tampered = {**headers, "ce-id": "forged-1", "ce-subject": "notes/b"}
+    refused = post(svc, "homelab", body, tampered)
+    assert refused.status_code == 401
+    assert "was accepted before for other events: refused as a replay" in refused.json()["error"]
+    assert kb_seq(svc, "homelab") == seq
+    assert "notes/b" in {c.id for c in svc.app.state.store.load().kbs["homelab"].concepts}
+    retry = post(svc, "homelab", body, headers)  # the sender's own retry: a duplicate
+    assert (retry.status_code, retry.json()["duplicates"]) == (200, 1)
 
 
 def test_kb_creation_is_capped(svc: Service) -> None:

@@ -68,6 +68,9 @@ BUSY_RETRY_SECONDS: Final = 60.0  # give up on the write lock after this long (t
 MAX_GROUP_DELIVERIES: Final = 512
 MAX_GROUP_EVENTS: Final = 20_000  # bounds one group's transaction (and its latency)
 REPLAY_WINDOW_SECONDS: Final = 300.0  # Standard Webhooks' timestamp tolerance
+# A signed delivery verifies while its timestamp is within the tolerance of now, and it was
+# within the tolerance of its acceptance: a replay can come up to twice the tolerance later.
+BINDING_SECONDS: Final = 2 * REPLAY_WINDOW_SECONDS
 _T = TypeVar("_T")
 
 
@@ -93,6 +96,7 @@ class _Pending:
     events: list[Event]
     resolve: Callable[[DeliveryResult | None, BaseException | None], None]
     webhook_id: str | None = None
+    resent: bool = False  # its webhook-id was accepted for its KB before: a retry
 
 
 class Store:
@@ -107,6 +111,7 @@ class Store:
         self.path = Path(path)
         self.read_only = read_only
         self.max_kbs = max_kbs
+        self.clock: Callable[[], float] = time.time  # webhook-id bindings' time (tests move it)
         self._pruned_at = 0.0
         self._closed = False
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
@@ -220,7 +225,8 @@ class Store:
         """Apply one delivery atomically and durably (blocking; thread-safe).
 
         ``webhook_id`` (a signed delivery's) binds the delivery to its KB: the same id for
-        another KB within ``REPLAY_WINDOW_SECONDS`` raises ``ReplayRefused``, stores nothing."""
+        another KB within ``BINDING_SECONDS``, or new events under a webhook-id accepted before
+        for this KB, raise ``ReplayRefused``, storing nothing."""
         if not events:
             return self._empty_result(kb)
         future: concurrent.futures.Future[DeliveryResult] = concurrent.futures.Future()
@@ -364,28 +370,31 @@ class Store:
         return kid, 0
 
     def _bind_webhook_ids(self, conn: sqlite3.Connection, group: list[_Pending]) -> None:
-        """A webhook-id seen for another KB within the window refuses its delivery (a signature
-        does not cover the URL, so a captured delivery could be replayed into another KB)."""
-        now = time.time()
+        """A webhook-id seen for another KB within ``BINDING_SECONDS`` refuses its delivery (a
+        signature does not cover the URL, so a captured delivery could be replayed into another
+        KB); seen for the same KB, the delivery is a retry (``_Pending.resent``)."""
+        now = self.clock()
         for pending in group:
+            pending.resent = False
             if pending.webhook_id is None:
                 continue
             row = conn.execute(sql.WEBHOOK_ID_GET, (pending.webhook_id,)).fetchone()
-            if row is not None and row[1] >= now - REPLAY_WINDOW_SECONDS:
+            if row is not None and row[1] >= now - BINDING_SECONDS:
                 if row[0] != pending.kb:
                     raise ReplayRefused(
                         f"webhook-id {pending.webhook_id[:64]!r} was accepted for another KB:"
                         " refused as a replay"
                     )
-                continue  # a retry to the same KB: its events answer as duplicates
+                pending.resent = True
+                continue
             conn.execute(sql.WEBHOOK_ID_PUT, (pending.webhook_id, pending.kb, now))
 
     def _prune_webhook_ids(self, conn: sqlite3.Connection) -> None:
-        """Forget webhook-ids past twice the window, at most once a minute."""
+        """Forget webhook-ids past the binding time, at most once a minute."""
         now = time.monotonic()
         if now - self._pruned_at >= 60.0:
             self._pruned_at = now
-            conn.execute(sql.WEBHOOK_ID_PRUNE, (time.time() - 2 * REPLAY_WINDOW_SECONDS,))
+            conn.execute(sql.WEBHOOK_ID_PRUNE, (self.clock() - BINDING_SECONDS,))
 
     def _load_kb(self, conn: sqlite3.Connection, kb: str, deliveries: list[list[Event]]) -> _KBWork:
         """What the store already knows about the keys and subjects these deliveries touch."""
@@ -426,6 +435,14 @@ class Store:
             applied, duplicates, stale, ignored = decide(
                 events, work.seen, work.subjects, work.new_keys
             )
+            if pending.resent and len(applied) + stale + ignored:
+                # A retry repeats events already accepted. New ones under an old webhook-id are
+                # a replay with changed attributes: binary mode's ce-* headers are not signed.
+                shown = (pending.webhook_id or "")[:64]
+                raise ReplayRefused(
+                    f"webhook-id {shown!r} was accepted before for other"
+                    " events: refused as a replay (a retry must repeat the delivery)"
+                )
             last = len(applied) - 1
             for index, event in enumerate(applied):
                 entries.append((kb, work.seq + 1 + index, event, index == last))
