@@ -333,7 +333,11 @@ def create_app(config: Config) -> Starlette:
         # Tools run here, off the event loop; the compiled kernels release the GIL.
         tool_threads = ToolThreads(TOOL_THREADS)
         app.state.tool_threads = tool_threads
-        store = Store(config.store.path, max_kbs=config.limits.max_kbs)
+        store = Store(
+            config.store.path,
+            max_kbs=config.limits.max_kbs,
+            named_kbs=frozenset(config.webhooks.kbs),
+        )
         projections = Projections(store)
         app.state.store = store
         app.state.projections = projections

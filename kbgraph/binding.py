@@ -4,7 +4,8 @@ The binding (CloudEvents 1.0, HTTP Protocol Binding, section 3) tells the modes 
 ``Content-Type``: ``application/cloudevents+json`` is structured (one event),
 ``application/cloudevents-batch+json`` batched (an array), and any other content type with a
 ``ce-specversion`` header is binary: the event's attributes are the ``ce-*`` headers, their
-values percent-encoded (section 3.1.3.2), and the body is the event's ``data``, here JSON.
+values percent-encoded (section 3.1.3.2), the ``Content-Type`` is its ``datacontenttype``
+(section 3.1.1), and the body is the event's ``data``, here JSON.
 ``application/json`` without ``ce-specversion`` holds an event or an array (SPEC section 2).
 Every mode ends in the same validation (``kbgraph.events``), so an event means the same
 whichever way it came.
@@ -29,7 +30,7 @@ from kbgraph.events import (
     name_where,
 )
 
-ATTRIBUTES: Final = ("specversion", "id", "source", "type", "subject", "time")
+ATTRIBUTES: Final = ("specversion", "id", "source", "type", "subject", "time", "dataschema")
 REQUIRED: Final = ("specversion", "id", "source", "type", "subject")
 
 _data_decoder = msgspec.json.Decoder()
@@ -46,7 +47,18 @@ def decode_request(body: bytes, headers: Mapping[str, str]) -> list[Event]:
     wrong and, where it helps, the mode the request was taken to be in."""
     if is_binary(headers):
         return [_binary_event(body, headers)]
-    return decode_delivery(body, headers.get("content-type"))
+    try:
+        return decode_delivery(body, headers.get("content-type"))
+    except DeliveryError as exc:
+        ce = sorted(name for name in headers if name.startswith("ce-"))
+        if ce and "ce-specversion" not in headers and exc.status in (415, 422):
+            # the sender meant binary mode and left out the header that tells it apart
+            raise DeliveryError(
+                exc.status,
+                f"{exc.message}; the request has {', '.join(ce)} but no ce-specversion header,"
+                " which binary mode needs",
+            ) from None
+        raise
 
 
 def _binary_event(body: bytes, headers: Mapping[str, str]) -> Event:
@@ -57,7 +69,7 @@ def _binary_event(body: bytes, headers: Mapping[str, str]) -> Event:
         raise DeliveryError(422, f"{mode}: missing header {', '.join(missing)}")
     if kind != "application/json" and not kind.endswith("+json"):
         raise DeliveryError(415, f"{mode}: the data must be JSON (application/json)")
-    attributes: dict[str, object] = {}
+    attributes: dict[str, object] = {"datacontenttype": headers["content-type"]}
     for name in ATTRIBUTES:
         raw = headers.get(f"ce-{name}")
         if raw is not None:

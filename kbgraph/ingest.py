@@ -5,10 +5,10 @@ KB name (422) -> the signature headers, before a body byte is read (401: missing
 timestamp outside the tolerance) -> body over the limit (413: Content-Length first, then while
 streaming) -> room among the bodies in flight (503) -> UTF-8 (400) -> the webhook signature
 with the KB's secrets (401) -> the content mode and its events (``kbgraph.binding``: 415 / 400
-/ 422) -> the store: a webhook-id already accepted for another KB, or re-sent with new events
-(401), a KB beyond ``max_kbs`` (403). A 200 is sent only after the store's commit is durable;
-then ``app.state.on_commit()`` wakes this process's projection follower when the delivery
-applied at least one event.
+/ 422) -> the store: the same signed message (webhook-id and body) already accepted for
+another KB, or re-sent with new events (401), a KB beyond ``max_kbs`` (403). A 200 is sent
+only after the store's commit is durable; then ``app.state.on_commit()`` wakes this process's
+projection follower when the delivery applied at least one event.
 
 The route reads from ``request.app.state``: ``store`` (Store), ``verifier`` (the default
 SignatureVerifier) and ``kb_verifiers`` (per KB), ``inflight`` (InflightBytes), ``config``
@@ -18,6 +18,7 @@ Metrics go to prometheus_client's default registry, which ``/metrics`` exposes.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from typing import Final
@@ -39,6 +40,7 @@ from kbgraph.store import (
     Store,
     StoreBusy,
     StoreClosed,
+    WebhookMessage,
 )
 
 DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
@@ -124,16 +126,20 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 def _verify_and_decode(
     verifier: SignatureVerifier, body: bytes, headers: dict[str, str]
-) -> list[Event]:
+) -> tuple[list[Event], WebhookMessage | None]:
+    """The delivery's events and, when it is signed, the message that binds it to its KB."""
     try:
         body.decode()
     except UnicodeDecodeError as exc:
         raise DeliveryError(
             400, f"body is not UTF-8 (byte {exc.start}): CloudEvents JSON is UTF-8"
         ) from None
-    if verifier.enabled and not verifier.verify(body, headers):
-        raise DeliveryError(401, "invalid webhook signature")
-    return decode_request(body, headers)
+    message = None
+    if verifier.enabled:
+        if not verifier.verify(body, headers):
+            raise DeliveryError(401, "invalid webhook signature")
+        message = WebhookMessage(headers["webhook-id"], hashlib.sha256(body).digest())
+    return decode_request(body, headers), message
 
 
 def verifier_for(state: object, kb: str) -> SignatureVerifier:
@@ -203,17 +209,18 @@ async def _take(
     headers = request.headers
     try:
         if len(body) > OFFLOAD_BYTES:
-            events = await anyio.to_thread.run_sync(_verify_and_decode, verifier, body, headers)
+            events, message = await anyio.to_thread.run_sync(
+                _verify_and_decode, verifier, body, headers
+            )
         else:
-            events = _verify_and_decode(verifier, body, headers)
+            events, message = _verify_and_decode(verifier, body, headers)
     except DeliveryError as exc:
         return error_response(exc.status, exc.message)
     del body
 
     store: Store = state.store  # type: ignore[attr-defined]
-    webhook_id = headers.get("webhook-id") if verifier.enabled else None
     try:
-        result: DeliveryResult = await store.append_async(kb, events, webhook_id=webhook_id)
+        result: DeliveryResult = await store.append_async(kb, events, message=message)
     except ReplayRefused as exc:
         return error_response(401, str(exc))
     except KBLimitReached as exc:

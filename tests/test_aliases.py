@@ -20,6 +20,7 @@ from kbgraph.events import (
 )
 from kbgraph.projection import KBProjection
 from kbgraph.store import Store
+from kbgraph.store.schema import SCHEMA_VERSION
 
 
 def upsert(subject: str, version: int = 1, **data: object) -> ConceptUpserted:
@@ -88,8 +89,8 @@ def test_aliases_are_stored_and_searched_like_the_title(tmp_path: Path) -> None:
 
 
 def test_schema_1_store_is_migrated(tmp_path: Path) -> None:
-    """A schema 1 file (no aliases, an FTS5 table per KB) opens as schema 3: aliases added, the
-    full-text tables and their shadow tables gone, the state as it was."""
+    """A schema 1 file (no aliases, an FTS5 table per KB) opens at the current schema: aliases
+    added, the full-text tables and their shadow tables gone, the state as it was."""
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
     conn.executescript(
@@ -116,6 +117,7 @@ def test_schema_1_store_is_migrated(tmp_path: Path) -> None:
     with Store(path) as store:  # reopening a migrated file changes nothing
         assert store.load().kbs["kb"].concepts[0].aliases == ["Gateway"]
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_schema")}
     assert not {name for name in tables if name.startswith("fts")}, tables
+    assert "webhook_message" in tables

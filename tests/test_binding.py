@@ -64,7 +64,8 @@ def test_binary_mode_applies_as_structured_does(tmp_path: Path) -> None:
             for event in events + events[:1]:  # the re-sent first event: a duplicate
                 if mode == "binary":
                     body, headers = binary(event)
-                else:
+                else:  # binary mode's Content-Type is the event's datacontenttype
+                    event = {**event, "datacontenttype": "application/json"}
                     body, headers = wc.delivery(SECRET, event)
                 answers.append((mode, post(svc, body, headers).json()))
             states.append(state(svc))
@@ -123,6 +124,34 @@ def test_data_without_attributes_is_told_about_binary_mode(svc: Service) -> None
     message = response.json()["error"]
     assert message.startswith("event: Object missing required field type (structured mode")
     assert "binary mode: the attributes as ce-* headers" in message
+
+
+def test_ce_headers_without_ce_specversion_are_told_what_binary_mode_needs(
+    svc: Service,
+) -> None:
+    body, headers = binary(wc.upsert("a/x"))
+    del headers["ce-specversion"]
+    response = post(svc, body, headers)
+    assert response.status_code == 422
+    message = response.json()["error"]
+    assert message.startswith("event: Object missing required field type (structured mode")
+    assert message.endswith(
+        "; the request has ce-id, ce-source, ce-subject, ce-type but no ce-specversion header,"
+        " which binary mode needs"
+    )
+    assert state(svc) == (None, [])
+
+
+def test_binary_mode_content_type_is_the_datacontenttype() -> None:
+    """HTTP binding 3.1.1: in binary mode the Content-Type is the datacontenttype attribute,
+    so the event is the one a structured request with that attribute carries."""
+    event = {**wc.upsert("a/x"), "datacontenttype": "application/json; charset=utf-8",
+             "dataschema": "https://wiki.example/schema"}  # fmt: skip
+    body, headers = binary(event, "application/json; charset=utf-8")
+    headers["ce-dataschema"] = quote(event["dataschema"], safe="/:")
+    (from_binary,) = decode_request(body, headers)
+    (structured,) = decode_request(json.dumps(event).encode(), {"content-type": wc.SINGLE})
+    assert from_binary == structured
 
 
 @settings(max_examples=30, deadline=None)

@@ -14,6 +14,7 @@ from cloudevents.core.bindings.http import to_binary_event, to_structured_event
 from cloudevents.core.v1.event import CloudEvent
 from standardwebhooks.webhooks import Webhook
 
+from kbgraph.binding import decode_request
 from tests import webhook_client as wc
 from tests.test_crash import ADMIN, SECRET, running, write_config
 
@@ -54,6 +55,18 @@ def send_own(base: str, kb: str, event: dict) -> httpx.Response:
 def concept(base: str, kb: str, concept_id: str, seq: int) -> dict:
     headers = {"authorization": f"Bearer {ADMIN}", "x-min-seq": str(seq)}
     return httpx.get(f"{base}/v1/kbs/{kb}/concepts/{concept_id}", headers=headers).json()
+
+
+def test_sdk_binary_and_structured_messages_are_one_event() -> None:
+    """What the SDK makes of one event in either mode decodes to the same event, every
+    attribute included (binary mode's Content-Type is its datacontenttype)."""
+    event = sdk_event("e1", "concept.upserted", "notes/Café", {"version": 1, "title": "Café"})
+    decoded = []
+    for message in (to_binary_event(event), to_structured_event(event)):
+        headers = {name.lower(): value for name, value in message.headers.items()}
+        decoded.append(decode_request(message.body, headers))
+    assert decoded[0] == decoded[1]
+    assert decoded[0][0].datacontenttype == "application/json"
 
 
 @pytest.mark.slow

@@ -273,7 +273,7 @@ class _FailingStore:
     def __init__(self, exc: Exception) -> None:
         self.exc = exc
 
-    async def append_async(self, kb, events, webhook_id=None):
+    async def append_async(self, kb, events, message=None):
         raise self.exc
 
 

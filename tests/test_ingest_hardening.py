@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import select
 import socket
+import sqlite3
 import time
 import unicodedata
 from collections.abc import Iterator
@@ -15,6 +16,9 @@ from starlette.testclient import TestClient
 
 from kbgraph.api import create_app
 from kbgraph.config import load_config
+from kbgraph.events import ConceptUpserted, UpsertData
+from kbgraph.store import ReplayRefused, Store, WebhookMessage
+from kbgraph.store.schema import SCHEMA_VERSION
 from tests import webhook_client as wc
 from tests.conftest import ADMIN, SECRET, Service, write_config
 from tests.test_binding import binary
@@ -28,6 +32,11 @@ max_kbs = 3
 [webhooks.kbs.private]
 secrets = ["{PRIVATE_SECRET}"]
 """
+
+
+def upsert(concept_id: str) -> ConceptUpserted:
+    return ConceptUpserted(specversion="1.0", id=f"e-{concept_id}", source="test://kb",
+                           subject=concept_id, data=UpsertData(version=1))  # fmt: skip
 
 
 def app_for(folder: Path) -> TestClient:
@@ -113,6 +122,60 @@ def test_a_binary_resend_with_other_attributes_is_refused(svc: Service) -> None:
     assert "notes/b" in {c.id for c in svc.app.state.store.load().kbs["homelab"].concepts}
     retry = post(svc, "homelab", body, headers)  # the sender's own retry: a duplicate
     assert (retry.status_code, retry.json()["duplicates"]) == (200, 1)
+
+
+def test_senders_with_their_own_secrets_may_pick_the_same_webhook_id(svc: Service) -> None:
+    """Standard Webhooks ids are unique per sender, not across senders: another sender's
+    delivery that happens to carry the same webhook-id is no replay (its body differs)."""
+    for kb, secret in (("homelab", SECRET), ("private", PRIVATE_SECRET)):
+        body = wc.encode([wc.upsert("a/x", title=kb)])
+        headers = wc.signed_headers(secret, body, wc.BATCH, msg_id="evt-1")
+        response = post(svc, kb, body, headers)
+        assert (response.status_code, response.json()["applied"]) == (200, 1), response.json()
+
+
+def test_a_message_is_its_webhook_id_and_body_bound_for_ten_minutes(tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    message = WebhookMessage("msg-1", bytes(32))
+    with Store(tmp_path / "s.db") as store:
+        store.clock = lambda: now[0]
+        assert store.append("one", [upsert("a")], message=message).applied == 1
+        now[0] += 9 * 60
+        with pytest.raises(ReplayRefused):
+            store.append("two", [upsert("a")], message=message)
+        assert store.append("one", [upsert("a")], message=message).duplicates == 1
+        other = WebhookMessage("msg-1", b"\1" * 32)  # same id, another body: another message
+        assert store.append("two", [upsert("b")], message=other).applied == 1
+        now[0] += 2 * 60  # past 10 minutes no signature of it verifies any more
+        assert store.append("three", [upsert("a")], message=message).applied == 1
+
+
+def test_a_schema_4_store_forgets_its_webhook_ids(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with Store(path) as store:
+        store.append("one", [upsert("a")])
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "DROP TABLE webhook_message; CREATE TABLE webhook_id (id TEXT PRIMARY KEY, kb TEXT,"
+        " received_at REAL); INSERT INTO webhook_id VALUES ('m', 'one', 0); PRAGMA user_version = 4"
+    )
+    conn.close()
+    with Store(path) as store:
+        assert store.kb_seq("one") == 1
+    conn = sqlite3.connect(path)
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_schema")}
+    assert "webhook_message" in tables and "webhook_id" not in tables
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.close()
+
+
+def test_kbs_the_config_names_are_created_past_the_cap(svc: Service) -> None:
+    """max_kbs bounds KBs made by deliveries; one named in [webhooks.kbs] is always made, so
+    a flood of new KBs cannot lock it out."""
+    for kb in ("k1", "k2", "k3"):
+        assert send(svc, kb, [wc.upsert("a/x")]).status_code == 200
+    assert send(svc, "k4", [wc.upsert("a/x")]).status_code == 403
+    assert send(svc, "private", [wc.upsert("a/x")], PRIVATE_SECRET).json()["applied"] == 1
 
 
 def test_kb_creation_is_capped(svc: Service) -> None:

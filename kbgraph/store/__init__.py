@@ -15,6 +15,7 @@ from kbgraph.store.model import (
     StoreBusy,
     StoreClosed,
     StoreSnapshot,
+    WebhookMessage,
 )
 from kbgraph.store.sqlite import Store
 
@@ -29,4 +30,5 @@ __all__ = [
     "StoreBusy",
     "StoreClosed",
     "StoreSnapshot",
+    "WebhookMessage",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import msgspec
 
 
@@ -50,3 +52,12 @@ class KBLimitReached(RuntimeError):
 
 class ReplayRefused(RuntimeError):
     """The delivery's webhook-id was accepted for another KB within the window (401)."""
+
+
+class WebhookMessage(NamedTuple):
+    """A signed delivery as Standard Webhooks names it: its ``webhook-id`` and its body's
+    sha256. A replay carries both unchanged (the signature covers them); another sender that
+    happens to pick the same ``webhook-id`` sends another body."""
+
+    id: str
+    digest: bytes

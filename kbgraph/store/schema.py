@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Final
 
 # 2: concept.aliases; 3: no FTS5 tables (search is answered from memory, kbgraph.search);
-# 4: webhook_id (which KB a signed delivery's webhook-id was accepted for)
-SCHEMA_VERSION: Final = 4
+# 4: webhook_id (which KB a signed delivery's webhook-id was accepted for); 5: webhook_message,
+# keyed by webhook-id and body digest (independent senders may pick the same webhook-id)
+SCHEMA_VERSION: Final = 5
 
 _TABLES: Final = """
 CREATE TABLE IF NOT EXISTS kb (
@@ -56,12 +57,14 @@ CREATE TABLE IF NOT EXISTS accepted (
     id TEXT NOT NULL,
     PRIMARY KEY (kid, source, id)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS webhook_id (
-    id TEXT PRIMARY KEY,
+CREATE TABLE IF NOT EXISTS webhook_message (
+    id TEXT NOT NULL,
+    digest BLOB NOT NULL,
     kb TEXT NOT NULL,
-    received_at REAL NOT NULL
+    received_at REAL NOT NULL,
+    PRIMARY KEY (id, digest)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS webhook_id_received ON webhook_id (received_at);
+CREATE INDEX IF NOT EXISTS webhook_message_received ON webhook_message (received_at);
 """
 
 
@@ -82,8 +85,10 @@ def create_or_migrate(conn: sqlite3.Connection, path: Path) -> None:
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
-    """Schema 1-3 -> 4: concepts gain ``aliases`` (2); the per-KB FTS5 tables go (3); the
-    ``webhook_id`` table (4) is created with the others."""
+    """Schema 1-4 -> 5: concepts gain ``aliases`` (2); the per-KB FTS5 tables go (3); the
+    ``webhook_message`` table (5) is created with the others and replaces ``webhook_id`` (4),
+    whose rows (at most ten minutes of deliveries) are forgotten."""
+    conn.execute("DROP TABLE IF EXISTS webhook_id")
     columns = {row[1] for row in conn.execute("PRAGMA table_info(concept)")}
     if "aliases" not in columns:
         conn.execute("ALTER TABLE concept ADD COLUMN aliases TEXT NOT NULL DEFAULT '[]'")

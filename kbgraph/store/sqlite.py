@@ -56,6 +56,7 @@ from kbgraph.store.model import (
     StoreBusy,
     StoreClosed,
     StoreSnapshot,
+    WebhookMessage,
 )
 
 try:  # POSIX only; elsewhere the writers rely on SQLite's busy handler alone.
@@ -95,23 +96,30 @@ class _Pending:
     kb: str
     events: list[Event]
     resolve: Callable[[DeliveryResult | None, BaseException | None], None]
-    webhook_id: str | None = None
-    resent: bool = False  # its webhook-id was accepted for its KB before: a retry
+    message: WebhookMessage | None = None
+    resent: bool = False  # its message was accepted for its KB before: a retry
 
 
 class Store:
     """One SQLite file in WAL mode; safe to share between threads and between processes."""
 
     def __init__(
-        self, path: str | Path, *, read_only: bool = False, max_kbs: int | None = None
+        self,
+        path: str | Path,
+        *,
+        read_only: bool = False,
+        max_kbs: int | None = None,
+        named_kbs: frozenset[str] = frozenset(),
     ) -> None:
         """Open (creating) the store; ``read_only`` opens an existing one for reading only
         (``load``, ``read_log``: what a process that only follows the log needs). A delivery
-        that would create a KB beyond ``max_kbs`` is refused with ``KBLimitReached``."""
+        that would create a KB beyond ``max_kbs`` is refused with ``KBLimitReached``, unless
+        the config names that KB (``named_kbs``: a flood of new KBs cannot lock them out)."""
         self.path = Path(path)
         self.read_only = read_only
         self.max_kbs = max_kbs
         self.clock: Callable[[], float] = time.time  # webhook-id bindings' time (tests move it)
+        self.named_kbs = named_kbs
         self._pruned_at = 0.0
         self._closed = False
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
@@ -220,13 +228,13 @@ class Store:
     # -- appending ---------------------------------------------------------------------------
 
     def append(
-        self, kb: str, events: list[Event], *, webhook_id: str | None = None
+        self, kb: str, events: list[Event], *, message: WebhookMessage | None = None
     ) -> DeliveryResult:
         """Apply one delivery atomically and durably (blocking; thread-safe).
 
-        ``webhook_id`` (a signed delivery's) binds the delivery to its KB: the same id for
-        another KB within ``BINDING_SECONDS``, or new events under a webhook-id accepted before
-        for this KB, raise ``ReplayRefused``, storing nothing."""
+        ``message`` (a signed delivery's) binds the delivery to its KB: the same message for
+        another KB within ``BINDING_SECONDS``, or new events under a message accepted before for
+        this KB, raise ``ReplayRefused``, storing nothing."""
         if not events:
             return self._empty_result(kb)
         future: concurrent.futures.Future[DeliveryResult] = concurrent.futures.Future()
@@ -237,11 +245,11 @@ class Store:
             else:
                 future.set_result(result)  # type: ignore[arg-type]
 
-        self._submit(_Pending(kb, list(events), resolve, webhook_id))
+        self._submit(_Pending(kb, list(events), resolve, message))
         return future.result()
 
     async def append_async(
-        self, kb: str, events: list[Event], *, webhook_id: str | None = None
+        self, kb: str, events: list[Event], *, message: WebhookMessage | None = None
     ) -> DeliveryResult:
         """``append`` for the event loop: never blocks it (the writer thread resolves a future)."""
         if not events:
@@ -260,7 +268,7 @@ class Store:
         def resolve(result: DeliveryResult | None, exc: BaseException | None) -> None:
             loop.call_soon_threadsafe(settle, result, exc)
 
-        self._submit(_Pending(kb, list(events), resolve, webhook_id))
+        self._submit(_Pending(kb, list(events), resolve, message))
         # Shielded: a caller cancelled while waiting (a client that hung up) does not undo the
         # delivery; its outcome is then consumed here so that nothing is logged as unretrieved.
         future.add_done_callback(_consume)
@@ -329,7 +337,7 @@ class Store:
                         conn.execute("ROLLBACK")
                         self._begin_immediate(conn)
                         outcomes = [self._apply_alone(conn, p) for p in group]
-                    self._prune_webhook_ids(conn)
+                    self._prune_messages(conn)
                     self._retry_busy(lambda: conn.execute("COMMIT"))
                 except BaseException:
                     if conn.in_transaction:
@@ -360,7 +368,7 @@ class Store:
         row = conn.execute(sql.KB_GET, (kb,)).fetchone()
         if row is not None:
             return row[0], row[1]
-        if self.max_kbs is not None:
+        if self.max_kbs is not None and kb not in self.named_kbs:
             count = conn.execute(sql.KB_COUNT).fetchone()[0]
             if count >= self.max_kbs:
                 raise KBLimitReached(
@@ -369,32 +377,34 @@ class Store:
         kid = conn.execute(sql.KB_NEW, (kb,)).fetchone()[0]
         return kid, 0
 
-    def _bind_webhook_ids(self, conn: sqlite3.Connection, group: list[_Pending]) -> None:
-        """A webhook-id seen for another KB within ``BINDING_SECONDS`` refuses its delivery (a
-        signature does not cover the URL, so a captured delivery could be replayed into another
-        KB); seen for the same KB, the delivery is a retry (``_Pending.resent``)."""
+    def _bind_messages(self, conn: sqlite3.Connection, group: list[_Pending]) -> None:
+        """A signed message (webhook-id and body) seen for another KB within ``BINDING_SECONDS``
+        refuses its delivery (a signature does not cover the URL, so a captured delivery could
+        be replayed into another KB); seen for the same KB, the delivery is a retry
+        (``_Pending.resent``)."""
         now = self.clock()
         for pending in group:
             pending.resent = False
-            if pending.webhook_id is None:
+            message = pending.message
+            if message is None:
                 continue
-            row = conn.execute(sql.WEBHOOK_ID_GET, (pending.webhook_id,)).fetchone()
+            row = conn.execute(sql.MESSAGE_GET, message).fetchone()
             if row is not None and row[1] >= now - BINDING_SECONDS:
                 if row[0] != pending.kb:
                     raise ReplayRefused(
-                        f"webhook-id {pending.webhook_id[:64]!r} was accepted for another KB:"
+                        f"webhook-id {message.id[:64]!r} was accepted for another KB:"
                         " refused as a replay"
                     )
                 pending.resent = True
                 continue
-            conn.execute(sql.WEBHOOK_ID_PUT, (pending.webhook_id, pending.kb, now))
+            conn.execute(sql.MESSAGE_PUT, (*message, pending.kb, now))
 
-    def _prune_webhook_ids(self, conn: sqlite3.Connection) -> None:
-        """Forget webhook-ids past the binding time, at most once a minute."""
+    def _prune_messages(self, conn: sqlite3.Connection) -> None:
+        """Forget messages past the binding time, at most once a minute."""
         now = time.monotonic()
         if now - self._pruned_at >= 60.0:
             self._pruned_at = now
-            conn.execute(sql.WEBHOOK_ID_PRUNE, (self.clock() - BINDING_SECONDS,))
+            conn.execute(sql.MESSAGE_PRUNE, (self.clock() - BINDING_SECONDS,))
 
     def _load_kb(self, conn: sqlite3.Connection, kb: str, deliveries: list[list[Event]]) -> _KBWork:
         """What the store already knows about the keys and subjects these deliveries touch."""
@@ -422,7 +432,7 @@ class Store:
         events of the group did; then the net effect per concept is written with one
         statement per kind of change (``kbgraph.store.statements.write_subjects``).
         """
-        self._bind_webhook_ids(conn, group)
+        self._bind_messages(conn, group)
         per_kb: dict[str, list[list[Event]]] = {}
         for pending in group:
             per_kb.setdefault(pending.kb, []).append(pending.events)
@@ -438,7 +448,7 @@ class Store:
             if pending.resent and len(applied) + stale + ignored:
                 # A retry repeats events already accepted. New ones under an old webhook-id are
                 # a replay with changed attributes: binary mode's ce-* headers are not signed.
-                shown = (pending.webhook_id or "")[:64]
+                shown = pending.message.id[:64] if pending.message else ""
                 raise ReplayRefused(
                     f"webhook-id {shown!r} was accepted before for other"
                     " events: refused as a replay (a retry must repeat the delivery)"

@@ -68,9 +68,11 @@ def lookup(
 
 KB_GET: Final = "SELECT kid, seq FROM kb WHERE name = ?"
 KB_COUNT: Final = "SELECT count(*) FROM kb"
-WEBHOOK_ID_GET: Final = "SELECT kb, received_at FROM webhook_id WHERE id = ?"
-WEBHOOK_ID_PUT: Final = "INSERT OR REPLACE INTO webhook_id (id, kb, received_at) VALUES (?, ?, ?)"
-WEBHOOK_ID_PRUNE: Final = "DELETE FROM webhook_id WHERE received_at < ?"
+MESSAGE_GET: Final = "SELECT kb, received_at FROM webhook_message WHERE id = ? AND digest = ?"
+MESSAGE_PUT: Final = (
+    "INSERT OR REPLACE INTO webhook_message (id, digest, kb, received_at) VALUES (?, ?, ?, ?)"
+)
+MESSAGE_PRUNE: Final = "DELETE FROM webhook_message WHERE received_at < ?"
 KB_NEW: Final = "INSERT INTO kb (name, seq) VALUES (?, 0) RETURNING kid"
 KB_SET_SEQ: Final = "UPDATE kb SET seq = ? WHERE kid = ?"
 SEEN: Final = Lookup(
