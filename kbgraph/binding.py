@@ -62,19 +62,21 @@ def decode_request(body: bytes, headers: Mapping[str, str]) -> list[Event]:
 
 
 def _binary_event(body: bytes, headers: Mapping[str, str]) -> Event:
-    kind = media_type(headers.get("content-type")) or "(none)"
+    content_type = headers.get("content-type", "")
+    kind = media_type(content_type) or "(none)"
     mode = f"binary mode (a ce-specversion header, Content-Type {kind})"
-    missing = [f"ce-{name}" for name in REQUIRED if f"ce-{name}" not in headers]
+    ce = {name: value for name, value in headers.items() if name.startswith("ce-")}
+    missing = [f"ce-{name}" for name in REQUIRED if f"ce-{name}" not in ce]
     if missing:
         raise DeliveryError(422, f"{mode}: missing header {', '.join(missing)}")
     if kind != "application/json" and not kind.endswith("+json"):
         raise DeliveryError(415, f"{mode}: the data must be JSON (application/json)")
-    attributes: dict[str, object] = {"datacontenttype": headers["content-type"]}
+    attributes: dict[str, object] = {"datacontenttype": content_type}
     for name in ATTRIBUTES:
-        raw = headers.get(f"ce-{name}")
+        raw = ce.get(f"ce-{name}")
         if raw is not None:
             try:
-                attributes[name] = unquote(raw, errors="strict")
+                attributes[name] = unquote(raw, errors="strict") if "%" in raw else raw
             except UnicodeDecodeError:
                 raise DeliveryError(
                     422, f"ce-{name} header: its percent-encoding is not UTF-8"
@@ -93,5 +95,4 @@ def _binary_event(body: bytes, headers: Mapping[str, str]) -> Event:
             if where.startswith(f"event.{name}:"):
                 where = f"ce-{name} header:" + where.removeprefix(f"event.{name}:")
         raise DeliveryError(422, where) from None
-    check_event(event, "event")
-    return event
+    return check_event(event, "event")

@@ -158,10 +158,25 @@ def test_binary_mode_content_type_is_the_datacontenttype() -> None:
 @given(subject=st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc", "Cf"]),
                        min_size=1, max_size=12).filter(lambda s: "/" not in s))  # fmt: skip
 def test_any_percent_encoded_subject_round_trips(subject: str) -> None:
-    event = wc.upsert(f"notes/{subject}")
+    """Decoded as sent, then in NFC as structured mode stores it (here sent in NFD, so that
+    every decomposable character checks the normalisation)."""
+    sent = unicodedata.normalize("NFD", f"notes/{subject}")
+    event = wc.upsert(sent)
     body = json.dumps(event["data"]).encode()
     headers = {"content-type": "application/json", "ce-specversion": "1.0", "ce-id": "1",
                "ce-source": "s", "ce-type": "concept.upserted",
-               "ce-subject": quote(event["subject"], safe="")}  # fmt: skip
+               "ce-subject": quote(sent, safe="")}  # fmt: skip
     (decoded,) = decode_request(body, headers)
-    assert decoded.subject == unicodedata.normalize("NFC", event["subject"])
+    (structured,) = decode_request(json.dumps(event).encode(), {"content-type": wc.SINGLE})
+    assert decoded.subject == structured.subject == unicodedata.normalize("NFC", sent)
+
+
+def test_binary_mode_stores_ids_in_nfc(svc: Service) -> None:
+    nfd = unicodedata.normalize("NFD", "notes/café")
+    body, headers = binary(wc.upsert(nfd, links=[nfd + "/x"]))
+    assert post(svc, body, headers).json()["applied"] == 1
+    (stored,) = state(svc)[0].concepts
+    nfc = unicodedata.normalize("NFC", nfd)
+    assert (stored.id, stored.links) == (nfc, [nfc + "/x"])
+    again = post(svc, *wc.delivery(SECRET, wc.upsert(nfc)))  # one concept: version 1 is stale
+    assert again.json()["stale"] == 1
