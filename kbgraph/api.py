@@ -307,13 +307,18 @@ async def healthz(request: Request) -> Response:
 async def readyz(request: Request) -> Response:
     """Ready once the projection is built and the kernels compiled; not ready again if the
     follower stopped (it does when applying a record fails, rather than serve a stale graph)
-    or while the store cannot write (``kbgraph.health.WriteProbe``)."""
+    or while the store cannot write (``kbgraph.health.WriteProbe``); over JetStream, also
+    until this node has applied the stream as far as it reached when the node started."""
     if not getattr(request.app.state, "ready", False):
         return error_response(503, "starting: building the projection")
     failure = request.app.state.projections.error
     if failure is not None:
         return error_response(503, f"projection stopped following the log: {failure!r}")
     problem = await request.app.state.write_probe.problem()
+    if problem is not None:
+        return error_response(503, problem)
+    replicated = getattr(request.app.state, "log", None)  # [log] kind = "jetstream"
+    problem = replicated.problem() if replicated is not None else None
     if problem is not None:
         return error_response(503, problem)
     return json_response({"status": "ready"})
@@ -343,6 +348,13 @@ def create_app(config: Config) -> Starlette:
         app.state.projections = projections
         app.state.on_commit = projections.kick
         await anyio.to_thread.run_sync(projections.start)
+        replicated = None
+        if config.log.kind == "jetstream":  # the stream decides the order; follow it here
+            from kbgraph.jetstream import JetStreamLog
+
+            replicated = JetStreamLog(config.log, store, on_applied=projections.kick)
+            app.state.log = replicated
+            await replicated.start()
         await anyio.to_thread.run_sync(graphalgo.warm_up)
         await anyio.to_thread.run_sync(search.warm_up)
         await anyio.to_thread.run_sync(evidence.warm_up)
@@ -354,6 +366,8 @@ def create_app(config: Config) -> Starlette:
                 yield
         finally:
             app.state.ready = False
+            if replicated is not None:
+                await replicated.close()
             tool_threads.close()
             projections.stop()
             store.close()

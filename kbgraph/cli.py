@@ -139,6 +139,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _fail(problem)
     if args.workers < 1:
         return _fail("--workers: expected at least 1")
+    if args.workers > 1 and config.log.kind == "jetstream":
+        # One follower applies the stream into the node's store and answers its deliveries;
+        # a node scales by more nodes, not by more workers over one store.
+        return _fail("--workers: [log] kind = jetstream runs one worker per node")
     problem = store_problem(config.store.path)
     if problem:
         return _fail(problem)

@@ -14,6 +14,12 @@ secrets = ["whsec_..."]          # every KB without secrets of its own
 [webhooks.kbs.homelab]
 secrets = ["whsec_..."]          # only these sign deliveries to KB homelab
 
+[log]                          # optional; the embedded default is kind = "sqlite"
+kind = "jetstream"             # several nodes over NATS JetStream, each a full replica
+servers = ["nats://127.0.0.1:4222"]
+stream = "kbgraph"
+replicas = 3
+
 [server]                       # optional
 max_body_bytes = 16777216
 min_seq_wait_seconds = 5.0
@@ -43,7 +49,7 @@ import hashlib
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Final
+from typing import Annotated, Final, Literal
 
 import msgspec
 
@@ -96,6 +102,18 @@ class LimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_inflight_ingest_bytes: Annotated[int, msgspec.Meta(ge=1)] = 64 << 20
 
 
+class LogConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Where the log lives: the store's SQLite file (one machine) or a NATS JetStream stream
+    that every node follows into its own store (README "Several nodes over JetStream")."""
+
+    kind: Literal["sqlite", "jetstream"] = "sqlite"
+    # jetstream: the cluster's client URLs (a node reconnects to any of them)
+    servers: list[str] = msgspec.field(default_factory=lambda: ["nats://127.0.0.1:4222"])
+    stream: str = "kbgraph"  # jetstream: the stream's name (subjects "<stream>.<kb>")
+    replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 3  # jetstream: the stream's replicas
+    publish_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0  # then 503
+
+
 class RuleConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     kb: str
     collections: list[str] = []
@@ -130,6 +148,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     webhooks: WebhooksConfig = WebhooksConfig()
     server: ServerConfig = ServerConfig()
     limits: LimitsConfig = LimitsConfig()
+    log: LogConfig = LogConfig()
     tokens: list[TokenConfig] = []
 
     @property
@@ -231,6 +250,7 @@ def _check(config: Config) -> None:
     """What the types cannot say: secret syntax, token form, rule KB names, unique names."""
     if not config.store.path:
         raise ConfigError("store.path: empty")
+    _check_log(config.log)
     _check_secrets(config.webhooks.secrets, "webhooks.secrets")
     for kb, own in config.webhooks.kbs.items():
         if not is_kb_name(kb):
@@ -272,3 +292,18 @@ def _check(config: Config) -> None:
                     f"{where}.rules[{rule_index}].kb: invalid kb name {rule.kb!r}: "
                     "expected [a-z0-9][a-z0-9_-]{0,63}"
                 )
+
+
+_STREAM_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _check_log(log: LogConfig) -> None:
+    if log.kind != "jetstream":
+        return
+    if not log.servers:
+        raise ConfigError("log.servers: empty (jetstream needs at least one server URL)")
+    for index, url in enumerate(log.servers):
+        if not re.fullmatch(r"(nats|tls)://[^\s/]+", url):
+            raise ConfigError(f"log.servers[{index}]: expected nats://host:port, got {url!r}")
+    if not _STREAM_NAME.fullmatch(log.stream):
+        raise ConfigError(f"log.stream: expected 1-64 of A-Z a-z 0-9 _ -, got {log.stream!r}")

@@ -7,8 +7,10 @@ streaming) -> room among the bodies in flight (503) -> UTF-8 (400) -> the webhoo
 with the KB's secrets (401) -> the content mode and its events (``kbgraph.binding``: 415 / 400
 / 422) -> the store: the same signed message (webhook-id and body) already accepted for
 another KB, or re-sent with new events (401), a KB beyond ``max_kbs`` (403). A 200 is sent
-only after the store's commit is durable; then ``app.state.on_commit()`` wakes this process's
-projection follower when the delivery applied at least one event.
+only after the store's commit is durable (over JetStream: after a quorum of the stream's
+replicas stored the delivery and this node's follower applied it, ``kbgraph.jetstream``);
+then ``app.state.on_commit()`` wakes this process's projection follower when the delivery
+applied at least one event.
 
 The route reads from ``request.app.state``: ``store`` (Store), ``verifier`` (the default
 SignatureVerifier) and ``kb_verifiers`` (per KB), ``inflight`` (InflightBytes), ``config``
@@ -32,6 +34,7 @@ from starlette.routing import Route
 
 from kbgraph.binding import decode_request
 from kbgraph.events import DeliveryError, Event, SignatureVerifier
+from kbgraph.jetstream import LogUnavailable
 from kbgraph.names import is_kb_name
 from kbgraph.store import (
     DeliveryResult,
@@ -219,13 +222,17 @@ async def _take(
     del body
 
     store: Store = state.store  # type: ignore[attr-defined]
+    replicated = getattr(state, "log", None)  # [log] kind = "jetstream": the stream decides
     try:
-        result: DeliveryResult = await store.append_async(kb, events, message=message)
+        if replicated is not None and events:
+            result: DeliveryResult = await replicated.append(kb, events, message)
+        else:
+            result = await store.append_async(kb, events, message=message)
     except ReplayRefused as exc:
         return error_response(401, str(exc))
     except KBLimitReached as exc:
         return error_response(403, str(exc))
-    except (StoreBusy, StoreClosed) as exc:
+    except (StoreBusy, StoreClosed, LogUnavailable) as exc:
         log.warning("delivery to kb %s not stored: %s", kb, exc)
         return error_response(503, "store unavailable, retry later", {"Retry-After": "1"})
     except Exception:

@@ -65,6 +65,10 @@ CREATE TABLE IF NOT EXISTS webhook_message (
     PRIMARY KEY (id, digest)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS webhook_message_received ON webhook_message (received_at);
+CREATE TABLE IF NOT EXISTS log_position (
+    stream TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL
+);
 """
 
 

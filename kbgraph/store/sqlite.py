@@ -98,6 +98,10 @@ class _Pending:
     resolve: Callable[[DeliveryResult | None, BaseException | None], None]
     message: WebhookMessage | None = None
     resent: bool = False  # its message was accepted for its KB before: a retry
+    # From a replicated log (kbgraph.jetstream): the decision's time is the message's, never
+    # this machine's clock, and (stream, sequence) is recorded in the same transaction.
+    at: float | None = None
+    position: tuple[str, int] | None = None
 
 
 class Store:
@@ -274,6 +278,31 @@ class Store:
         future.add_done_callback(_consume)
         return await asyncio.shield(future)
 
+    def submit_from_log(
+        self,
+        kb: str,
+        events: list[Event],
+        message: WebhookMessage | None,
+        at: float,
+        position: tuple[str, int],
+        resolve: Callable[[DeliveryResult | None, BaseException | None], None],
+    ) -> None:
+        """Queue one delivery read from a replicated log at ``position`` (stream, sequence).
+
+        Decided as ``append`` decides, with ``at`` (the log's timestamp) as the time of the
+        webhook-id binding. The position commits with the state it produced; a group whose
+        first position does not follow the stored one, or that fails for a reason other than
+        the delivery's own refusal (``ReplayRefused``, ``KBLimitReached``), commits nothing
+        and resolves every member with the error: the caller reads on from ``log_position``.
+        """
+        self._submit(_Pending(kb, list(events), resolve, message, at=at, position=position))
+
+    def log_position(self, stream: str) -> int:
+        """The last sequence of ``stream`` whose delivery this store applied (0: none)."""
+        with self._reader() as conn:
+            row = conn.execute(sql.POSITION_GET, (stream,)).fetchone()
+        return 0 if row is None else row[0]
+
     def _empty_result(self, kb: str) -> DeliveryResult:
         if self._closed:
             raise StoreClosed("store closed")
@@ -330,6 +359,7 @@ class Store:
             with self._write_lock():
                 self._begin_immediate(conn)
                 try:
+                    positions = _check_positions(conn, group)
                     try:
                         results = self._apply_group(conn, group)
                         outcomes = [(result, None) for result in results]
@@ -337,7 +367,9 @@ class Store:
                         conn.execute("ROLLBACK")
                         self._begin_immediate(conn)
                         outcomes = [self._apply_alone(conn, p) for p in group]
-                    self._prune_messages(conn)
+                    if positions:
+                        _record_positions(conn, group, outcomes, positions)
+                    self._prune_messages(conn, group)
                     self._retry_busy(lambda: conn.execute("COMMIT"))
                 except BaseException:
                     if conn.in_transaction:
@@ -382,8 +414,9 @@ class Store:
         refuses its delivery (a signature does not cover the URL, so a captured delivery could
         be replayed into another KB); seen for the same KB, the delivery is a retry
         (``_Pending.resent``)."""
-        now = self.clock()
+        clock = self.clock()
         for pending in group:
+            now = clock if pending.at is None else pending.at
             pending.resent = False
             message = pending.message
             if message is None:
@@ -399,12 +432,18 @@ class Store:
                 continue
             conn.execute(sql.MESSAGE_PUT, (*message, pending.kb, now))
 
-    def _prune_messages(self, conn: sqlite3.Connection) -> None:
-        """Forget messages past the binding time, at most once a minute."""
+    def _prune_messages(self, conn: sqlite3.Connection, group: list[_Pending]) -> None:
+        """Forget messages past the binding time, at most once a minute.
+
+        Deliveries from a replicated log are timed by the log, so the horizon is their time,
+        less a minute's margin for a log whose leader moved to a clock slightly behind:
+        a row is pruned only once no later message can still be bound by it."""
         now = time.monotonic()
         if now - self._pruned_at >= 60.0:
             self._pruned_at = now
-            conn.execute(sql.MESSAGE_PRUNE, (self.clock() - BINDING_SECONDS,))
+            logged = [p.at for p in group if p.at is not None]
+            horizon = max(logged) - 60.0 if logged else self.clock()
+            conn.execute(sql.MESSAGE_PRUNE, (horizon - BINDING_SECONDS,))
 
     def _load_kb(self, conn: sqlite3.Connection, kb: str, deliveries: list[list[Event]]) -> _KBWork:
         """What the store already knows about the keys and subjects these deliveries touch."""
@@ -508,6 +547,45 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LogOutOfOrder(RuntimeError):
+    """A delivery from a replicated log does not follow the position the store recorded."""
+
+
+_DECIDED: Final = (ReplayRefused, KBLimitReached)  # a delivery's own refusal: a decision
+
+
+def _check_positions(conn: sqlite3.Connection, group: list[_Pending]) -> dict[str, int]:
+    """The last log position per stream in ``group``, after checking that its deliveries
+    follow the stored position one by one (none skipped, none applied twice)."""
+    last: dict[str, int] = {}
+    for pending in group:
+        if pending.position is None:
+            continue
+        stream, seq = pending.position
+        if stream not in last:
+            row = conn.execute(sql.POSITION_GET, (stream,)).fetchone()
+            last[stream] = 0 if row is None else row[0]
+        if seq != last[stream] + 1:
+            raise LogOutOfOrder(f"stream {stream}: sequence {seq} after {last[stream]}")
+        last[stream] = seq
+    return last
+
+
+def _record_positions(
+    conn: sqlite3.Connection,
+    group: list[_Pending],
+    outcomes: list[tuple[DeliveryResult | None, BaseException | None]],
+    positions: dict[str, int],
+) -> None:
+    """Store the positions with the state, unless a logged delivery failed for a reason that
+    another node would not share (I/O, a bug): then the whole group must not commit."""
+    for pending, (_, exc) in zip(group, outcomes, strict=True):
+        if pending.position is not None and exc is not None and not isinstance(exc, _DECIDED):
+            raise exc
+    for stream, seq in positions.items():
+        conn.execute(sql.POSITION_SET, (stream, seq))
 
 
 def _consume(future: asyncio.Future[DeliveryResult]) -> None:

