@@ -133,6 +133,8 @@ class JetStreamLog:
         sequence as of its start (a fresh node catches up first)."""
         if self.target is None:
             return self.error or "connecting to JetStream"
+        if not self.connected:
+            return "disconnected from JetStream: reconnecting"
         if self.applied < self.target:
             return f"catching up with stream {self.stream}: at {self.applied} of {self.target}"
         return None
