@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from kbgraph.binding import decode_request
 from kbgraph.events import DeliveryError, Event, SignatureVerifier
-from kbgraph.jetstream import LogUnavailable
+from kbgraph.jetstream import DeliveryTooLarge, LogUnavailable
 from kbgraph.names import is_kb_name
 from kbgraph.store import (
     DeliveryResult,
@@ -232,6 +232,8 @@ async def _take(
         return error_response(401, str(exc))
     except KBLimitReached as exc:
         return error_response(403, str(exc))
+    except DeliveryTooLarge as exc:
+        return error_response(413, str(exc))
     except (StoreBusy, StoreClosed, LogUnavailable) as exc:
         log.warning("delivery to kb %s not stored: %s", kb, exc)
         return error_response(503, "store unavailable, retry later", {"Retry-After": "1"})

@@ -125,6 +125,20 @@ class NatsCluster:
         ``replicas`` (created here if missing), or AssertionError after ``timeout``."""
         asyncio.run(_ensure_stream(self.urls, replicas, timeout))
 
+    def leader(self) -> int:
+        """The index of the server leading the stream (its raft group's leader)."""
+
+        async def ask() -> str:
+            nc = await nats.connect(servers=self.urls, error_cb=_quiet)
+            try:
+                info = await nc.jetstream(timeout=5).stream_info(STREAM)
+                assert info.cluster is not None and info.cluster.leader
+                return info.cluster.leader
+            finally:
+                await nc.close()
+
+        return int(asyncio.run(ask()).removeprefix("n"))
+
     def log_tail(self) -> str:
         out = []
         for index in range(self.size):

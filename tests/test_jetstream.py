@@ -4,8 +4,9 @@
 - Two nodes taking deliveries for one KB at the same moment: no update lost, no ``seq``
   taken twice, and every delivery's answer is the one a single SQLite store gives when fed
   the same deliveries in the stream's order.
-- A NATS server killed while deliveries stream in, then a kbgraph node killed with SIGKILL
-  and restarted: every acknowledged delivery is on every node afterwards.
+- The NATS server leading the stream killed while deliveries stream in, then a kbgraph node
+  killed with SIGKILL and restarted: every acknowledged delivery is on every node afterwards;
+  a fresh node catches up from the stream and is not ready before it has.
 - After the writers stop, every node answers every tool with the same bytes, and ``X-Min-Seq``
   from one node's answer works on the other.
 """
@@ -304,9 +305,9 @@ def test_two_nodes_one_kb_decide_as_one_store(tmp_path: Path) -> None:
 
 
 def test_kills_lose_no_acknowledged_delivery(tmp_path: Path) -> None:
-    """A NATS server SIGKILLed mid-stream, then a kbgraph node SIGKILLed mid-stream and
-    restarted: every delivery answered 200 is on every node, and every node answers every
-    tool with the same bytes (X-Min-Seq from the writers' answers)."""
+    """The NATS server leading the stream SIGKILLed mid-stream, then a kbgraph node SIGKILLed
+    mid-stream and restarted: every delivery answered 200 is on every node (a fresh third
+    node too), and every node answers every tool with the same bytes at one X-Min-Seq."""
     with running_cluster(tmp_path / "nats") as cluster, nodes_on(cluster, tmp_path, 2) as nodes:
         acked: list[list[dict]] = []
         statuses: list[int] = []
@@ -354,7 +355,7 @@ def test_kills_lose_no_acknowledged_delivery(tmp_path: Path) -> None:
             t.start()
         try:
             wait_acked(60)
-            cluster.kill(0)  # a NATS server dies mid-stream
+            cluster.kill(cluster.leader())  # the stream's leader dies mid-stream
             seen = len(acked)
             wait_acked(seen + 60)
             victim = nodes[1]
@@ -373,8 +374,46 @@ def test_kills_lose_no_acknowledged_delivery(tmp_path: Path) -> None:
                 t.join(60)
         assert statuses.count(200) == len(acked)
         assert set(statuses) <= {200, 503}, set(statuses)
+
+        with httpx.Client(timeout=30) as client:
+            # acknowledged by A, then read on B with A's seq: B waits until it has it
+            for i in range(20):
+                events = [wc.upsert(f"read/after/{i}", 1, title=f"written on A {i}")]
+                answer = post(client, nodes[0].url, events)
+                assert answer.status_code == 200, answer.text
+                acked.append(events)
+                read = client.get(
+                    f"{nodes[1].url}/v1/kbs/{KB}/concepts/read/after/{i}",
+                    headers={**AUTH, "X-Min-Seq": str(answer.json()["seq"])},
+                )
+                assert read.status_code == 200 and read.json()["title"] == f"written on A {i}"
+            # a big batch travels compressed; one too big for a NATS message is refused whole
+            words = [f"word{n}" for n in range(300)]
+            rng = random.Random(3)
+            big = [
+                wc.upsert(f"big/{i}", 1, text=" ".join(rng.choices(words, k=400)))
+                for i in range(200)
+            ]
+            answer = post(client, nodes[1].url, big)
+            assert answer.status_code == 200 and answer.json()["applied"] == 200, answer.text
+            acked.append(big)
+            noise = [
+                wc.upsert(f"noise/{i}", 1, text=random.Random(i).randbytes(450_000).hex())
+                for i in range(3)
+            ]  # 2.7 MB of hex digits: about 1.5 MB deflated, over the 1 MiB default
+            answer = post(client, nodes[0].url, noise)
+            assert answer.status_code == 413, answer.text
+            assert "max_payload" in answer.json()["error"]
+
         final = wait_caught_up(nodes, cluster.urls)
         print(f"acknowledged {len(acked)}, stream {final}, statuses {set(statuses)}")
+
+        # a fresh node catches up from the stream, and is not ready before it has
+        fresh = Node(tmp_path / "fresh", cluster.urls)
+        fresh.proc = start_server(fresh.config)
+        nodes.append(fresh)
+        wait_ready(fresh.proc)
+        assert fresh.position() >= final
 
         ids = sorted({e["subject"] for events in acked for e in events})
         with httpx.Client(timeout=30) as client:
