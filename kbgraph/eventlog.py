@@ -3,8 +3,9 @@
 ``LogRecord`` is what a follower reads; ``EventLog`` is the whole interface the projection
 needs from a log (ordered reads of whole deliveries). ``SqliteLog`` is the embedded one: a
 table in the store's SQLite file, appended inside the very transaction that changes the state,
-so one commit makes both durable. Beyond one machine, a NATS JetStream stream takes its place:
-the store appends to the stream and the state follows it.
+so one commit makes both durable. Beyond one machine (``kbgraph.jetstream``), a NATS
+JetStream stream orders the deliveries and each node's store applies it, keeping this local
+log too, so the projection follows the store the same way on every node.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def read_transaction(conn: sqlite3.Connection) -> Iterator[None]:
 class EventLog(Protocol):
     """What the rest of kbgraph needs from a log: gapless per-KB append and ordered reads.
 
-    ``SqliteLog`` appends inside the state transaction (one commit makes both durable); a NATS
-    JetStream log would append to a stream and let the state follow it.
+    ``SqliteLog`` appends inside the state transaction (one commit makes both durable); over
+    NATS JetStream the stream is followed into the store, which appends here as it applies.
     """
 
     def read(self, after_gid: int, limit: int) -> list[LogRecord]: ...
