@@ -150,8 +150,8 @@ def gather(
 ) -> Evidence:
     """Every piece of text evidence for links from ``node`` (arrays of ``size`` nodes)."""
     rare = max(2.0, RARE_SHARE * n_visible)
-    terms = index.doc_terms.get(node, ())
-    tags = index.doc_tags.get(node, ())
+    terms = index.doc_terms(node)
+    tags = index.doc_tags(node)
     return Evidence(
         mention=mentions(index, text, mask, node, linked),
         terms=_shares(terms, index.term_nodes, mask, node, n_visible, rare, size),

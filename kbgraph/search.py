@@ -33,12 +33,14 @@ import re
 import threading
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 import numpy as np
 import Stemmer
 from numba import njit
+
+from kbgraph.postings import Postings
 
 W_TITLE: Final = 12.0
 B_TITLE: Final = 0.3
@@ -205,66 +207,44 @@ class _Scratch(threading.local):
 
 _scratch = _Scratch()
 _FIELD = 1 << 32  # a posting's hits packed as title_hits * _FIELD + text_hits
-
-
-class _Postings:
-    """One key's postings: ``freq`` node -> packed hits; ``arrays`` (nodes, title hits, text
-    hits) built on demand by readers and dropped when ``freq`` changes."""
-
-    __slots__ = ("arrays", "freq")
-
-    def __init__(self, node: int, count: int) -> None:
-        self.freq: dict[int, int] = {node: count}
-        self.arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-
-    def get_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if self.arrays is None:
-            nodes = np.fromiter(self.freq, dtype=np.int64, count=len(self.freq))
-            packed = np.fromiter(self.freq.values(), dtype=np.int64, count=len(nodes))
-            self.arrays = (nodes, (packed >> 32).astype(np.float64), (packed & 0xFFFFFFFF) * 1.0)
-        return self.arrays
-
-
-def _add(table: dict[str, _Postings], key: str, node: int, count: int) -> None:
-    postings = table.get(key)
-    if postings is None:
-        table[key] = _Postings(node, count)
-    else:
-        postings.freq[node] = count
-        postings.arrays = None
-
-
-def _drop(table: dict[str, _Postings], keys: Iterable[str], node: int) -> None:
-    for key in keys:
-        postings = table[key]
-        del postings.freq[node]
-        if postings.freq:
-            postings.arrays = None
-        else:
-            del table[key]
+_NAME_SEP = "\x1f"  # joins a name's tokens into one key (tokens are letters and digits)
 
 
 class SearchIndex:
     """An inverted index of one KB, patched per concept (``put``/``remove``): the terms of
     titles, aliases and texts, the concepts' names as token sequences (for mentions) and their
-    tags (for link evidence).
+    tags (for link evidence), each a ``kbgraph.postings.Postings`` (flat arrays and a small
+    overlay of changes).
 
     Not thread-safe by itself: the projection calls ``put``/``remove`` under its write lock
     and the readers under its read lock.
     """
 
     def __init__(self) -> None:
-        self._postings: dict[str, _Postings] = {}
-        self.doc_terms: dict[int, tuple[str, ...]] = {}  # distinct terms, text order first
-        self._names: dict[tuple[str, ...], dict[int, None]] = {}  # name's tokens -> nodes
+        self.terms = Postings()  # hits packed title_hits * _FIELD + text_hits
+        self.names = Postings()  # a name's tokens joined by _NAME_SEP
+        self.tags = Postings()  # folded tags
         self.name_lengths: Counter[int] = Counter()  # how many names have each token count
-        self.doc_names: dict[int, tuple[tuple[str, ...], ...]] = {}
-        self._tags: dict[str, _Postings] = {}
-        self.doc_tags: dict[int, tuple[str, ...]] = {}
         self._title_len = np.zeros(1024, dtype=np.float64)
         self._text_len = np.zeros(1024, dtype=np.float64)
         self._present = np.zeros(1024, dtype=np.uint8)  # 1 where a document is indexed
         self._stats: dict[tuple[int, int], tuple[np.ndarray, int, float, float]] = {}
+
+    @staticmethod
+    def _analyzed(
+        title: str, text: str, aliases: Sequence[str], tags: Sequence[str]
+    ) -> tuple[Counter[str], list[str], tuple[str, ...], int, int]:
+        """(term -> packed hits in text order first, name keys, tag keys, title and text
+        lengths) of one document."""
+        names = [title, *aliases]
+        title_terms = [t for name in names for t in analyze(name)]
+        text_terms = analyze(text)
+        freq = Counter(text_terms)
+        for t in title_terms:
+            freq[t] += _FIELD
+        name_keys = list(dict.fromkeys(filter(None, (_NAME_SEP.join(tokenize(n)) for n in names))))
+        tag_keys = tuple(dict.fromkeys(fold(tag) for tag in tags if tag))
+        return freq, name_keys, tag_keys, len(title_terms), len(text_terms)
 
     def put(
         self,
@@ -275,38 +255,37 @@ class SearchIndex:
         tags: Sequence[str] = (),
     ) -> None:
         """Index (or re-index) ``node`` with its current title, text, aliases and tags."""
-        names = [title, *aliases]
-        title_terms = [t for name in names for t in analyze(name)]
-        text_terms = analyze(text)
-        freq = Counter(text_terms)
-        for t in title_terms:
-            freq[t] += _FIELD
+        freq, name_keys, tag_keys, title_len, text_len = self._analyzed(title, text, aliases, tags)
         self._forget(node)
-        table = self._postings
-        for t, count in freq.items():
-            postings = table.get(t)
-            if postings is None:
-                table[t] = _Postings(node, count)
-            else:
-                postings.freq[node] = count
-                postings.arrays = None
-        self.doc_terms[node] = tuple(freq)
-        name_tokens = tuple(dict.fromkeys(filter(None, (tuple(tokenize(n)) for n in names))))
-        self.doc_names[node] = name_tokens
-        for tokens in name_tokens:
-            self._names.setdefault(tokens, {})[node] = None
-            self.name_lengths[len(tokens)] += 1
-        tag_keys = tuple(dict.fromkeys(fold(tag) for tag in tags if tag))
-        self.doc_tags[node] = tag_keys
-        for key in tag_keys:
-            _add(self._tags, key, node, 1)
+        self.terms.put(node, freq.items())
+        self.names.put(node, [(key, 1) for key in name_keys])
+        for key in name_keys:
+            self.name_lengths[key.count(_NAME_SEP) + 1] += 1
+        self.tags.put(node, [(key, 1) for key in tag_keys])
+        self._set_lengths(node, title_len, text_len)
+
+    def put_many(self, docs: Iterable[tuple[int, str, str, Sequence[str], Sequence[str]]]) -> None:
+        """Index an empty index's documents (node, title, text, aliases, tags) in one pass,
+        as flat arrays (``put`` one by one would hold them in the overlay)."""
+        assert self.terms.count == 0, "put_many builds an empty index"
+        analyzed = [(node, self._analyzed(*doc)) for node, *doc in docs]
+        self.terms.build((node, a[0].items()) for node, a in analyzed)
+        self.names.build((node, [(key, 1) for key in a[1]]) for node, a in analyzed)
+        self.tags.build((node, [(key, 1) for key in a[2]]) for node, a in analyzed)
+        for _, a in analyzed:
+            for key in a[1]:
+                self.name_lengths[key.count(_NAME_SEP) + 1] += 1
+        for node, a in analyzed:
+            self._set_lengths(node, a[3], a[4])
+
+    def _set_lengths(self, node: int, title_len: int, text_len: int) -> None:
         if node >= len(self._present):
             size = max(node + 1, 2 * len(self._present))
             self._title_len = _grown(self._title_len, size)
             self._text_len = _grown(self._text_len, size)
             self._present = _grown(self._present, size)
-        self._title_len[node] = len(title_terms)
-        self._text_len[node] = len(text_terms)
+        self._title_len[node] = title_len
+        self._text_len[node] = text_len
         self._present[node] = 1
         self._stats.clear()
 
@@ -315,25 +294,29 @@ class SearchIndex:
         self._forget(node)
 
     def _forget(self, node: int) -> None:
-        terms = self.doc_terms.pop(node, None)
-        if terms is None:
+        if not self.terms.holds(node):
             return
-        _drop(self._postings, terms, node)
-        for tokens in self.doc_names.pop(node):
-            holders = self._names[tokens]
-            del holders[node]
-            if not holders:
-                del self._names[tokens]
-            self.name_lengths[len(tokens)] -= 1
-            if not self.name_lengths[len(tokens)]:
-                del self.name_lengths[len(tokens)]
-        _drop(self._tags, self.doc_tags.pop(node), node)
+        for key in self.names.node_keys_of(node):
+            length = key.count(_NAME_SEP) + 1
+            self.name_lengths[length] -= 1
+            if not self.name_lengths[length]:
+                del self.name_lengths[length]
+        self.terms.remove(node)
+        self.names.remove(node)
+        self.tags.remove(node)
         self._title_len[node] = self._text_len[node] = 0
         self._present[node] = 0
         self._stats.clear()
 
     def __len__(self) -> int:
-        return len(self.doc_terms)
+        return self.terms.count
+
+    def doc_terms(self, node: int) -> list[str]:
+        """The distinct terms of ``node``, its text's in text order first."""
+        return self.terms.node_keys_of(node)
+
+    def doc_tags(self, node: int) -> list[str]:
+        return self.tags.node_keys_of(node)
 
     def visible_stats(self, mask: np.ndarray) -> tuple[int, float, float]:
         """(N, average title length, average text length) of the documents ``mask`` shows."""
@@ -352,16 +335,14 @@ class SearchIndex:
 
     def term_nodes(self, t: str) -> np.ndarray:
         """The documents holding term ``t`` (visible or not)."""
-        postings = self._postings.get(t)
-        return np.empty(0, np.int64) if postings is None else postings.get_arrays()[0]
+        return self.terms.holders(t)[0]
 
     def tag_nodes(self, tag: str) -> np.ndarray:
-        postings = self._tags.get(tag)
-        return np.empty(0, np.int64) if postings is None else postings.get_arrays()[0]
+        return self.tags.holders(tag)[0]
 
-    def named(self, tokens: tuple[str, ...]) -> dict[int, None]:
+    def named(self, tokens: tuple[str, ...]) -> list[int]:
         """The documents with a name (title or alias) of exactly these folded tokens."""
-        return self._names.get(tokens, {})
+        return self.names.holders(_NAME_SEP.join(tokens))[0].tolist()
 
     def search(self, query: str, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """BM25F scores of every visible document matching a term of ``query``.
@@ -370,22 +351,24 @@ class SearchIndex:
         ``top``. Statistics are those of the documents with ``mask[node] == 1``.
         """
         empty = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64))
-        arrays = [self._postings[t].get_arrays() for t in query_terms(query) if t in self._postings]
-        if not arrays:
+        postings = [self.terms.holders(t) for t in query_terms(query)]
+        postings = [p for p in postings if len(p[0])]
+        if not postings:
             return empty
         n_docs, avg_title, avg_text = self.visible_stats(mask)
         if n_docs == 0:
             return empty
-        term_off = np.zeros(len(arrays) + 1, np.int64)
-        np.cumsum([len(a[0]) for a in arrays], out=term_off[1:])
+        term_off = np.zeros(len(postings) + 1, np.int64)
+        np.cumsum([len(p[0]) for p in postings], out=term_off[1:])
+        hits = np.concatenate([p[1] for p in postings])
         size = len(mask)
         if _scratch.acc.shape[0] < size:
             _scratch.grow(size + size // 8)
         return _bm25f(
             term_off,
-            np.concatenate([a[0] for a in arrays]),
-            np.concatenate([a[1] for a in arrays]),
-            np.concatenate([a[2] for a in arrays]),
+            np.concatenate([p[0] for p in postings]),
+            (hits >> 32).astype(np.float64),
+            (hits & 0xFFFFFFFF).astype(np.float64),
             self._title_len,
             self._text_len,
             mask,
@@ -397,6 +380,35 @@ class SearchIndex:
             _scratch.seen,
             _scratch.touched,
         )
+
+    # --- as arrays (checkpoints) ------------------------------------------------------------
+
+    def arrays(self) -> tuple[dict[str, list], dict[str, np.ndarray]]:
+        """(keys and counts, arrays) to store; ``from_arrays`` makes the same index again."""
+        meta: dict[str, list] = {"name_lengths": sorted(self.name_lengths.items())}
+        out: dict[str, np.ndarray] = {
+            "title_len": self._title_len,
+            "text_len": self._text_len,
+            "present": self._present,
+        }
+        for part in ("terms", "names", "tags"):
+            keys, arrays = getattr(self, part).arrays()
+            meta[part] = keys
+            out.update({f"{part}.{name}": a for name, a in arrays.items()})
+        return meta, out
+
+    @classmethod
+    def from_arrays(cls, meta: Mapping[str, list], arrays: Mapping[str, np.ndarray]) -> SearchIndex:
+        index = cls()
+        index.name_lengths = Counter({int(k): int(v) for k, v in meta["name_lengths"]})
+        index._title_len = np.array(arrays["title_len"], np.float64)
+        index._text_len = np.array(arrays["text_len"], np.float64)
+        index._present = np.array(arrays["present"], np.uint8)
+        for part in ("terms", "names", "tags"):
+            prefix = f"{part}."
+            own = {k[len(prefix) :]: a for k, a in arrays.items() if k.startswith(prefix)}
+            setattr(index, part, Postings.from_arrays(meta[part], own))
+        return index
 
 
 def _grown(arr: np.ndarray, size: int) -> np.ndarray:

@@ -178,9 +178,9 @@ class TimedIndex(SearchIndex):
 
     spent = 0.0
 
-    def put(self, node: int, title: str, text: str, *args: Any, **kwargs: Any) -> None:
+    def put_many(self, docs: Any) -> None:
         start = time.perf_counter()
-        super().put(node, title, text, *args, **kwargs)
+        super().put_many(docs)
         TimedIndex.spent += time.perf_counter() - start
 
 

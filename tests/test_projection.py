@@ -381,6 +381,10 @@ def test_search_index_receives_puts_and_removes() -> None:
             assert aliases == [] and tags == []
             calls.append(("put", node, title, text))
 
+        def put_many(self, docs) -> None:
+            for doc in docs:
+                self.put(*doc)
+
         def remove(self, node: int) -> None:
             calls.append(("remove", node))
 

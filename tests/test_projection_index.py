@@ -27,7 +27,7 @@ def test_ascii_tokens_are_the_regex_runs_of_the_lowered_text(text: str) -> None:
 
 
 def postings(index: SearchIndex) -> dict[str, dict[int, int]]:
-    return {term: dict(p.freq) for term, p in index._postings.items()}
+    return index.terms.as_dict()
 
 
 doc = st.tuples(

@@ -172,7 +172,7 @@ def test_put_replaces_and_remove_forgets() -> None:
     index.remove(1)
     index.remove(7)  # unknown: ignored
     assert our_scores(index, "backup", mask) == {}
-    assert index.named(("backup",)) == {}
+    assert index.named(("backup",)) == []
     assert index.name_lengths == {1: 1}  # "router" alone
     assert len(index) == 1
     rebuilt = SearchIndex()

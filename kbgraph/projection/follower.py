@@ -19,6 +19,13 @@ delivery is atomic by contract, so that is its price). Releasing the write lock 
 every reader queued meanwhile before the follower may write again, so a backlog cannot
 starve readers: they interleave with it batch by batch.
 
+Checkpoints (``kbgraph.projection.checkpoint``): with a checkpoint folder, ``load`` starts
+from the newest usable checkpoint and follows the log from its ``gid``; once the log has grown
+``checkpoint_every`` records past the newest checkpoint, the follower writes a new one between
+batches (one process at a time, under a file lock; a few seconds at a million concepts, while
+readers go on reading) and then cuts the log before it, keeping ``log_retain`` records for
+followers just behind. A follower that finds its next records cut (``LogCut``) loads again.
+
 Failure: if reading the log raises (SQLite busy, I/O), nothing was applied and the follower
 retries with a growing pause (up to 1 s). If applying a record raises (a bug), the follower
 logs it, stores it in ``Projections.error`` and stops following: a projection that missed an
@@ -32,16 +39,23 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Final
+
+try:  # POSIX only; elsewhere every process may write checkpoints
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
 
 import numpy as np
 
 from kbgraph.events import ConceptDeleted, ConceptUpserted, DeleteData, UpsertData
+from kbgraph.projection import checkpoint
 from kbgraph.projection.adjacency import compact
 from kbgraph.projection.kb import MIN_NODE_CAP, KBProjection
 from kbgraph.projection.masks import Mask, masked_degrees
 from kbgraph.search import SearchIndex
-from kbgraph.store import LogRecord, Store
+from kbgraph.store import LogCut, LogRecord, Store
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +71,18 @@ class Projections:
         *,
         poll_interval: float = 0.005,
         index_factory: Callable[[], SearchIndex] = SearchIndex,
+        checkpoints: Path | None = None,
+        checkpoint_every: int = 100_000,
+        log_retain: int = 10_000,
     ) -> None:
         self.store = store
         self.poll_interval = poll_interval
         self.gid = 0  # global log position applied
+        self.checkpoints = checkpoints if index_factory is SearchIndex else None
+        self.checkpoint_every = checkpoint_every
+        self.log_retain = log_retain
+        self.loaded_from: Path | None = None  # the checkpoint the last load started from
+        self.checkpoint_gid = 0  # the newest checkpoint's gid, as far as this process knows
         self.error: BaseException | None = None
         self._index_factory = index_factory
         self._kbs: dict[str, KBProjection] = {}
@@ -86,12 +108,78 @@ class Projections:
         Tests and tools may then call ``follow_once`` themselves.
         """
         warm_up()
+        kbs, self.gid = self._fresh_kbs()
+        self._kbs.update(kbs)
+
+    def _fresh_kbs(self) -> tuple[dict[str, KBProjection], int]:
+        """Every KB from the newest usable checkpoint, else built from the store."""
+        self.loaded_from = None
+        if self.checkpoints is not None:
+            store = self.store
+
+            def problem(header: checkpoint.Header) -> str | None:
+                mark = header.mark
+                mark = None if mark is None else (mark.kb, mark.seq, mark.digest)
+                return store.checkpoint_problem(header.store_id, header.gid, mark)
+
+            loaded = checkpoint.newest_usable(self.checkpoints, problem)
+            if loaded is not None:
+                self.loaded_from = loaded.path
+                self.checkpoint_gid = loaded.gid
+                return loaded.kbs, loaded.gid
         snapshot = self.store.load()
+        kbs = {}
         for name, state in snapshot.kbs.items():
             kb = KBProjection(name, index_factory=self._index_factory)
             kb.build(state)
+            kbs[name] = kb
+        return kbs, snapshot.gid
+
+    def reload(self) -> None:
+        """Start again from the newest state (the follower's next records were cut)."""
+        kbs, gid = self._fresh_kbs()
+        for name, kb in kbs.items():  # requests holding an old KB finish on it
             self._kbs[name] = kb
-        self.gid = snapshot.gid
+            self._notify(name, kb.seq)
+        self.gid = gid
+
+    def write_checkpoint(self) -> Path | None:
+        """Write a checkpoint at ``gid`` and cut the log before it (keeping ``log_retain``
+        records); None when another process holds the checkpoint lock or wrote one as new.
+        Call from the thread that applies the log (or with it stopped)."""
+        if self.checkpoints is None or self.store.read_only:
+            return None
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        with open(self.checkpoints / ".lock", "a+b") as lock:
+            if fcntl is not None:
+                try:
+                    fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return None
+            newest = next(checkpoint.iter_headers(self.checkpoints), None)
+            if newest is not None and newest[1].gid >= self.gid:
+                self.checkpoint_gid = newest[1].gid
+                return None
+            mark = self.store.log_mark(self.gid) if self.gid else None
+            path = checkpoint.write(
+                self.checkpoints,
+                self.store.store_id,
+                self.gid,
+                None if mark is None else checkpoint.LogMark(*mark),
+                self._kbs,
+            )
+            self.checkpoint_gid = self.gid
+            self.store.cut_log(self.gid - self.log_retain)
+        return path
+
+    def _maybe_checkpoint(self) -> None:
+        if self.checkpoints is None or self.gid - self.checkpoint_gid < self.checkpoint_every:
+            return
+        try:
+            self.write_checkpoint()
+        except Exception:  # a failed checkpoint costs a slower restart, nothing else
+            log.exception("writing a checkpoint failed")
+            self.checkpoint_gid = self.gid  # try again after as many records
 
     def stop(self) -> None:
         self._stopping.set()
@@ -147,6 +235,8 @@ class Projections:
         """Read and apply what the log holds after ``gid``; returns the records applied."""
         try:
             records = self.store.read_log(self.gid, READ_LOG_LIMIT)
+        except LogCut:
+            raise
         except Exception as exc:  # nothing applied: safe to try again
             raise _ReadFailed from exc
         if not records:
@@ -179,6 +269,10 @@ class Projections:
                 while self.follow_once() >= READ_LOG_LIMIT and not self._stopping.is_set():
                     pass
                 backoff = 0.0
+                self._maybe_checkpoint()
+            except LogCut as exc:
+                log.warning("the log was cut past this process (%s): loading again", exc)
+                self.reload()
             except _ReadFailed as exc:  # e.g. SQLite busy or I/O: retry, slower each time
                 backoff = min(1.0, max(0.01, 2 * backoff))
                 log.warning(

@@ -194,8 +194,7 @@ class KBProjection:
         self._alive[:n0] = 1
         self._cls = np.zeros(node_cap, np.int32)
         self._cls[:n] = np.fromiter(map(self._class, self.collections, self.types), np.int32, n)
-        for u, c in enumerate(concepts):
-            self.index.put(u, c.title, c.text, c.aliases, c.tags)
+        self.index.put_many((u, c.title, c.text, c.aliases, c.tags) for u, c in enumerate(concepts))
         self.seq = state.seq
 
     def _collection(self, concept_id: str) -> str:

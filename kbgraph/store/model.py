@@ -50,6 +50,10 @@ class KBLimitReached(RuntimeError):
     """The delivery would create a KB beyond ``[limits] max_kbs``: nothing was stored (403)."""
 
 
+class LogCut(RuntimeError):
+    """The records a follower asked for were cut from the log: rebuild from a newer state."""
+
+
 class ReplayRefused(RuntimeError):
     """The delivery's webhook-id was accepted for another KB within the window (401)."""
 

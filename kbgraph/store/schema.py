@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from pathlib import Path
 from typing import Final
 
 # 2: concept.aliases; 3: no FTS5 tables (search is answered from memory, kbgraph.search);
 # 4: webhook_id (which KB a signed delivery's webhook-id was accepted for); 5: webhook_message,
-# keyed by webhook-id and body digest (independent senders may pick the same webhook-id)
-SCHEMA_VERSION: Final = 5
+# keyed by webhook-id and body digest (independent senders may pick the same webhook-id);
+# 6: meta (the store's id, where the log starts after a cut)
+SCHEMA_VERSION: Final = 6
 
 _TABLES: Final = """
 CREATE TABLE IF NOT EXISTS kb (
@@ -69,6 +71,10 @@ CREATE TABLE IF NOT EXISTS log_position (
     stream TEXT PRIMARY KEY,
     seq INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value NOT NULL
+) WITHOUT ROWID;
 """
 
 
@@ -85,13 +91,24 @@ def create_or_migrate(conn: sqlite3.Connection, path: Path) -> None:
             conn.execute(statement)
     if 0 < found < SCHEMA_VERSION:
         _migrate(conn)
+    conn.execute(
+        "INSERT OR IGNORE INTO meta (key, value) VALUES ('store_id', ?), ('log_start', 1)",
+        (uuid.uuid4().hex,),
+    )
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def set_auto_vacuum(conn: sqlite3.Connection) -> None:
+    """A new file frees the pages a log cut empties (``PRAGMA incremental_vacuum``); SQLite
+    takes this only before the first table exists (an older file keeps its setting)."""
+    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
     """Schema 1-4 -> 5: concepts gain ``aliases`` (2); the per-KB FTS5 tables go (3); the
     ``webhook_message`` table (5) is created with the others and replaces ``webhook_id`` (4),
-    whose rows (at most ten minutes of deliveries) are forgotten."""
+    whose rows (at most ten minutes of deliveries) are forgotten; ``meta`` (6) is created with
+    the others and filled by the caller."""
     conn.execute("DROP TABLE IF EXISTS webhook_id")
     columns = {row[1] for row in conn.execute("PRAGMA table_info(concept)")}
     if "aliases" not in columns:

@@ -34,6 +34,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
+import hashlib
 import queue
 import sqlite3
 import threading
@@ -52,6 +54,7 @@ from kbgraph.store.load import load_snapshot
 from kbgraph.store.model import (
     DeliveryResult,
     KBLimitReached,
+    LogCut,
     ReplayRefused,
     StoreBusy,
     StoreClosed,
@@ -163,7 +166,10 @@ class Store:
             uri=self.read_only,
         )
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        if not self.read_only:  # a read-only connection reads the WAL the writers keep
+        if not self.read_only:
+            schema.set_auto_vacuum(
+                conn
+            )  # before WAL: a new file takes it only then  # a read-only connection reads the WAL the writers keep
             self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL"))
         conn.execute("PRAGMA synchronous = FULL")
         conn.execute("PRAGMA cache_size = -32000")
@@ -511,8 +517,81 @@ class Store:
     # -- reading -----------------------------------------------------------------------------
 
     def read_log(self, after_gid: int, limit: int = 10_000) -> list[LogRecord]:
-        """Applied events with gid > after_gid in gid order, whole deliveries only."""
-        return self.log.read(after_gid, limit)
+        """Applied events with gid > after_gid in gid order, whole deliveries only;
+        ``LogCut`` when some of them were cut away (follow from a newer state instead)."""
+        records = self.log.read(after_gid, limit)
+        if not records or records[0].gid != after_gid + 1:
+            start = self.log_start()
+            if after_gid + 1 < start:
+                raise LogCut(f"the log starts at gid {start}, after {after_gid + 1}")
+        return records
+
+    @functools.cached_property
+    def store_id(self) -> str:
+        """A random id made with the file: checkpoints name the store they were made from."""
+        with self._reader() as conn:
+            return conn.execute(sql.META_GET, ("store_id",)).fetchone()[0]
+
+    def log_mark(self, gid: int) -> tuple[str, int, str] | None:
+        """(kb, seq, digest of the event) of the log record at ``gid``; None when the log does
+        not hold it."""
+        with self._reader() as conn:
+            row = conn.execute(sql.LOG_MARK, (gid,)).fetchone()
+        return None if row is None else _mark(row)
+
+    def log_start(self) -> int:
+        """The first gid the log may still hold: every record before it was cut."""
+        with self._reader() as conn:
+            return conn.execute(sql.META_GET, ("log_start",)).fetchone()[0]
+
+    def checkpoint_problem(
+        self, store_id: str, gid: int, mark: tuple[str, int, str] | None
+    ) -> str | None:
+        """Why a checkpoint at ``gid`` made from ``store_id`` (whose log record at ``gid`` was
+        ``mark``: kb, seq, digest) cannot be followed from this store, or None when it can."""
+        if store_id != self.store_id:
+            return "made from another store"
+        with self._reader() as conn, read_transaction(conn):
+            last = conn.execute(sql.LOG_LAST).fetchone()[0]
+            start = conn.execute(sql.META_GET, ("log_start",)).fetchone()[0]
+            row = conn.execute(sql.LOG_MARK, (gid,)).fetchone()
+        if gid > last:
+            return f"at gid {gid}, beyond the log's last ({last}): the store is older"
+        if gid + 1 < start:
+            return f"at gid {gid}, before the log's start ({start}): its follow-up was cut"
+        if gid and (row is None or _mark(row) != mark):
+            return f"the log's record at gid {gid} is not the one it was made at"
+        return None
+
+    def cut_log(self, before_gid: int) -> int:
+        """Delete the log's records before ``before_gid`` (never the newest one, whose gid
+        the next record counts on) and free their pages; returns the records deleted.
+
+        Only the log goes: dedupe keys, versions and tombstones live in the state tables."""
+        if self.read_only:
+            raise StoreClosed("store opened read-only")
+        conn = self._connect()
+        try:
+            self._begin_immediate(conn)
+            try:
+                last = conn.execute(sql.LOG_LAST).fetchone()[0]
+                start = conn.execute(sql.META_GET, ("log_start",)).fetchone()[0]
+                cut = min(before_gid, last)
+                deleted = 0
+                if cut > start:
+                    deleted = conn.execute(sql.LOG_CUT, (cut,)).rowcount
+                    conn.execute(sql.META_SET, ("log_start", cut))
+                self._retry_busy(lambda: conn.execute("COMMIT"))
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            if deleted:
+                conn.executescript("PRAGMA incremental_vacuum")  # steps to the end, unlike execute
+                self._retry_busy(lambda: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"))
+            return deleted
+        finally:
+            conn.close()
 
     def load(self) -> StoreSnapshot:
         """The state of every KB with seq >= 1 and the gid it reflects, in one read snapshot."""
@@ -586,6 +665,10 @@ def _record_positions(
             raise exc
     for stream, seq in positions.items():
         conn.execute(sql.POSITION_SET, (stream, seq))
+
+
+def _mark(row: tuple[str, int, bytes]) -> tuple[str, int, str]:
+    return row[0], row[1], hashlib.blake2b(row[2], digest_size=16).hexdigest()
 
 
 def _consume(future: asyncio.Future[DeliveryResult]) -> None:

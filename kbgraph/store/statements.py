@@ -66,6 +66,11 @@ def lookup(
     return out
 
 
+META_GET: Final = "SELECT value FROM meta WHERE key = ?"
+META_SET: Final = "UPDATE meta SET value = ?2 WHERE key = ?1"
+LOG_LAST: Final = "SELECT coalesce(max(gid), 0) FROM log"
+LOG_MARK: Final = "SELECT kb, seq, event FROM log WHERE gid = ?"
+LOG_CUT: Final = "DELETE FROM log WHERE gid < ?"
 KB_GET: Final = "SELECT kid, seq FROM kb WHERE name = ?"
 KB_COUNT: Final = "SELECT count(*) FROM kb"
 MESSAGE_GET: Final = "SELECT kb, received_at FROM webhook_message WHERE id = ? AND digest = ?"

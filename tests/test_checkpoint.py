@@ -1,0 +1,249 @@
+"""Checkpoints and the log cut: a restart from a checkpoint plus the log after it equals a build
+from the store, before and after more events; a torn, corrupt, foreign or stale checkpoint is
+never trusted; a crash between writing a checkpoint and cutting the log loses nothing; dedupe
+of an event older than the cut still answers ``duplicates``."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kbgraph.access import RuleSet
+from kbgraph.projection import Projections, checkpoint
+from kbgraph.store import LogCut, Store
+from tests.kb_events import upsert
+from tests.test_projection import KB, deliveries_st, dump, rules_st
+
+QUERIES = ["dns", "resolver body", "router", "x", "y"]
+
+
+def everything(p: Projections, rule_sets: list[RuleSet | None]) -> dict[str, Any] | None:
+    """The projection (``dump``) and its search index as readers see them."""
+    kb = p.get(KB)
+    graph = dump(kb, rule_sets)
+    if kb is None:
+        return graph
+    with kb.read() as snap:
+        mask = snap.view(None).mask
+        n = len(snap.ids)
+        index = snap.index
+        search = {}
+        for query in QUERIES:
+            nodes, scores = index.search(query, mask)
+            search[query] = sorted(
+                (snap.ids[u], round(s, 9))
+                for u, s in zip(nodes.tolist(), scores.tolist(), strict=True)
+            )
+        docs = {
+            snap.ids[u]: (index.doc_terms(u), index.doc_tags(u), list(snap.aliases[u]))
+            for u in range(n)
+            if mask[u]
+        }
+        named = {t: sorted(snap.ids[u] for u in index.named((t,))) for t in ("dns", "router")}
+        stats = index.visible_stats(mask)
+    return {"graph": graph, "search": search, "docs": docs, "named": named, "stats": stats}
+
+
+def projections(store: Store, folder: Path, **kwargs: Any) -> Projections:
+    p = Projections(store, checkpoints=folder, **kwargs)
+    p.load()
+    return p
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(deliveries_st, st.data(), st.lists(rules_st, max_size=2, unique=True))
+def test_restart_from_checkpoint_equals_a_build_from_the_store(deliveries, data, rules) -> None:
+    views: list[RuleSet | None] = [None, *rules]
+    first = data.draw(st.integers(0, len(deliveries)))
+    second = data.draw(st.integers(first, len(deliveries)))
+    with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "kb.db") as store:
+        folder = Path(tmp) / "ckpt"
+        for delivery in deliveries[:first]:
+            store.append(KB, delivery)
+        writer = projections(store, folder, log_retain=0)
+        everything(writer, views)  # masks cached before the checkpoint: patched, not stored
+        writer.write_checkpoint()
+        for delivery in deliveries[first:second]:
+            store.append(KB, delivery)
+        restarted = projections(store, folder)
+        assert restarted.loaded_from is not None
+        assert restarted.gid == writer.gid
+        while restarted.follow_once():
+            pass
+        fresh = Projections(store)
+        fresh.load()
+        assert everything(restarted, views) == everything(fresh, views)
+        for delivery in deliveries[second:]:  # the mapped arrays take patches as any others
+            store.append(KB, delivery)
+        while restarted.follow_once():
+            pass
+        fresh = Projections(store)
+        fresh.load()
+        assert everything(restarted, views) == everything(fresh, views)
+        restarted.write_checkpoint()  # a checkpoint of a restarted projection loads too
+        again = projections(store, folder)
+        assert again.loaded_from is not None and again.gid == restarted.gid
+        assert everything(again, views) == everything(fresh, views)
+
+
+def filled(tmp: Path, count: int = 30) -> tuple[Store, Projections]:
+    store = Store(tmp / "kb.db")
+    for i in range(count):
+        store.append(KB, [upsert(f"c{i}", title=f"DNS {i}", text="resolver", links=["c0"])])
+    return store, projections(store, tmp / "ckpt", log_retain=0)
+
+
+def test_corrupt_torn_and_foreign_checkpoints_are_not_trusted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store, p = filled(tmp_path)
+    path = p.write_checkpoint()
+    assert path is not None
+    good = path.read_bytes()
+    fresh = Projections(store)
+    fresh.load()
+    want = everything(fresh, [None])
+    header, start = checkpoint.read_header(path)
+    flipped = bytearray(good)
+    flipped[start + header.payload_bytes // 2] ^= 0xFF
+    cases = {
+        "payload CRC-32 mismatch": bytes(flipped),
+        "bytes, the header promises": good[: len(good) - 100],  # torn in the payload
+        "header cut short": good[: len(checkpoint.MAGIC) + 20],  # torn in the header
+        "not a checkpoint file": b"garbage" + good[7:],
+    }
+    for why, content in cases.items():
+        path.write_bytes(content)
+        caplog.clear()
+        restarted = projections(store, path.parent)
+        assert restarted.loaded_from is None, why
+        assert why in caplog.text
+        assert everything(restarted, [None]) == want, why
+    path.write_bytes(good)
+    assert projections(store, path.parent).loaded_from == path
+    with Store(tmp_path / "other.db") as other:  # same folder, another store
+        caplog.clear()
+        foreign = projections(other, path.parent)
+        assert foreign.loaded_from is None and foreign.get(KB) is None
+        assert "made from another store" in caplog.text
+    store.close()
+
+
+def test_a_store_restored_from_an_older_copy_ignores_newer_checkpoints(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store, _ = filled(tmp_path, 10)
+    store.close()
+    backup = (tmp_path / "kb.db").read_bytes()
+    store, p = filled(tmp_path, 20)  # 10 more upserts of c0..c19 (c0..c9 again)
+    assert p.write_checkpoint() is not None
+    store.close()
+    for name in ("kb.db-wal", "kb.db-shm"):
+        (tmp_path / name).unlink(missing_ok=True)
+    (tmp_path / "kb.db").write_bytes(backup)
+    with Store(tmp_path / "kb.db") as older:
+        caplog.clear()
+        restarted = projections(older, tmp_path / "ckpt")
+        assert restarted.loaded_from is None
+        assert "beyond the log's last" in caplog.text
+        for i in range(40):  # written again past the checkpoint's gid, other records
+            older.append(KB, [upsert(f"d{i}", title="other")])
+        caplog.clear()
+        restarted = projections(older, tmp_path / "ckpt")
+        assert restarted.loaded_from is None
+        assert "is not the one it was made at" in caplog.text
+        fresh = Projections(older)
+        fresh.load()
+        assert everything(restarted, [None]) == everything(fresh, [None])
+
+
+def test_log_cut_keeps_dedupe_and_a_follower_behind_the_cut_loads_again(tmp_path: Path) -> None:
+    store, writer = filled(tmp_path)
+    behind = projections(store, tmp_path / "ckpt")
+    delivery = [upsert("late", title="Late", text="dns")]
+    first = store.append(KB, delivery)
+    assert first.applied == 1
+    for i in range(3):
+        store.append(KB, [upsert(f"later{i}", links=["late"])])
+    while writer.follow_once():
+        pass
+    writer.write_checkpoint()
+    assert store.log_start() == writer.gid  # log_retain=0: everything before it is cut
+    assert store.read_log(store.log_start() - 1) != []
+    with pytest.raises(LogCut):
+        store.read_log(0)
+    again = store.append(KB, delivery)  # its key was accepted before the cut
+    assert (again.applied, again.duplicates, again.seq) == (0, 1, first.seq + 3)
+    with pytest.raises(LogCut):
+        behind.follow_once()
+    behind.reload()
+    assert behind.loaded_from is not None
+    fresh = Projections(store)
+    fresh.load()
+    assert everything(behind, [None]) == everything(fresh, [None])
+    store.close()
+
+
+def test_a_crash_between_checkpoint_and_cut_loses_nothing(tmp_path: Path) -> None:
+    store, p = filled(tmp_path)
+    while p.follow_once():
+        pass
+
+    def crash(before_gid: int) -> int:
+        raise KeyboardInterrupt("killed between the checkpoint and the cut")
+
+    store.cut_log = crash  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        p.write_checkpoint()
+    store.close()
+    with Store(tmp_path / "kb.db") as reopened:
+        assert reopened.log_start() == 1  # nothing was cut
+        for i in range(5):
+            reopened.append(KB, [upsert(f"after{i}", links=["c1"])])
+        restarted = projections(reopened, tmp_path / "ckpt")
+        assert restarted.loaded_from is not None
+        while restarted.follow_once():
+            pass
+        fresh = Projections(reopened)
+        fresh.load()
+        got = everything(restarted, [None])
+        assert got == everything(fresh, [None])
+        assert {f"c{i}" for i in range(30)} | {f"after{i}" for i in range(5)} == set(
+            got["graph"]["nodes"]
+        )
+
+
+def disk(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.glob("kb.db*"))
+
+
+def test_cut_frees_disk(tmp_path: Path) -> None:
+    store, p = filled(tmp_path, 10)
+    text = "words " * 2000
+    for round_ in range(10):
+        for i in range(20):
+            store.append(KB, [upsert(f"c{i}", round_ + 2, text=text)])
+    store._writer_conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # all in the main file
+    before = disk(tmp_path)
+    while p.follow_once():
+        pass
+    p.write_checkpoint()
+    assert disk(tmp_path) < before / 2
+    store.close()
+
+
+def test_postings_of_a_loaded_checkpoint_are_mapped_not_copied(tmp_path: Path) -> None:
+    store, p = filled(tmp_path)
+    p.write_checkpoint()
+    restarted = projections(store, tmp_path / "ckpt")
+    index = restarted.get(KB).index
+    assert isinstance(index.terms.post_node.base, np.ndarray | memoryview) or not (
+        index.terms.post_node.flags.owndata
+    )
+    store.close()
