@@ -343,7 +343,12 @@ def create_app(config: Config) -> Starlette:
             max_kbs=config.limits.max_kbs,
             named_kbs=frozenset(config.webhooks.kbs),
         )
-        projections = Projections(store)
+        projections = Projections(
+            store,
+            checkpoints=config.store.checkpoint_folder,
+            checkpoint_every=config.store.checkpoint_every_events,
+            log_retain=config.store.log_retain_events,
+        )
         app.state.store = store
         app.state.projections = projections
         app.state.on_commit = projections.kick

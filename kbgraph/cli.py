@@ -192,7 +192,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         store = Store(config.store.path, read_only=True)
     except (OSError, sqlite3.Error) as exc:
         return _fail(f"store {config.store.path}: {exc}")
-    projections = Projections(store)
+    projections = Projections(store, checkpoints=config.store.checkpoint_folder)
     try:
         projections.start()
         graphalgo.warm_up()

@@ -69,6 +69,17 @@ class ConfigError(Exception):
 
 class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     path: str = "kbgraph.db"  # absolute once loaded
+    checkpoints: str = ""  # folder of projection checkpoints; "" = beside path, ".checkpoints"
+    # a checkpoint once the log grew this much past the last one (0: never); then the log
+    # before it is cut, keeping log_retain_events records for followers just behind
+    checkpoint_every_events: Annotated[int, msgspec.Meta(ge=0)] = 100_000
+    log_retain_events: Annotated[int, msgspec.Meta(ge=0)] = 10_000
+
+    @property
+    def checkpoint_folder(self) -> Path | None:
+        if not self.checkpoint_every_events:
+            return None
+        return Path(self.checkpoints or f"{self.path}.checkpoints")
 
 
 class KBWebhooksConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -209,10 +220,13 @@ def parse_config(text: str, base_dir: str | Path = ".") -> Config:
     except msgspec.ValidationError as exc:
         raise ConfigError(_name_key(str(exc))) from None
     _check(config)
-    store_path = Path(config.store.path)
-    if not store_path.is_absolute():
-        store_path = Path(base_dir).resolve() / store_path
-    return msgspec.structs.replace(config, store=StoreConfig(path=str(store_path)))
+    base = Path(base_dir).resolve()
+    store = config.store
+    paths = {
+        "path": str(base / store.path),  # an absolute path stays as it is
+        "checkpoints": str(base / store.checkpoints) if store.checkpoints else "",
+    }
+    return msgspec.structs.replace(config, store=msgspec.structs.replace(store, **paths))
 
 
 def _name_key(message: str, prefix: str = "") -> str:

@@ -143,10 +143,11 @@ class Projections:
             self._notify(name, kb.seq)
         self.gid = gid
 
-    def write_checkpoint(self) -> Path | None:
+    def write_checkpoint(self, min_progress: int = 1) -> Path | None:
         """Write a checkpoint at ``gid`` and cut the log before it (keeping ``log_retain``
-        records); None when another process holds the checkpoint lock or wrote one as new.
-        Call from the thread that applies the log (or with it stopped)."""
+        records); None when another process holds the checkpoint lock, or wrote one fewer than
+        ``min_progress`` records behind ``gid``. Call from the thread that applies the log (or
+        with it stopped)."""
         if self.checkpoints is None or self.store.read_only:
             return None
         self.checkpoints.mkdir(parents=True, exist_ok=True)
@@ -157,7 +158,7 @@ class Projections:
                 except BlockingIOError:
                     return None
             newest = next(checkpoint.iter_headers(self.checkpoints), None)
-            if newest is not None and newest[1].gid >= self.gid:
+            if newest is not None and self.gid - newest[1].gid < min_progress:
                 self.checkpoint_gid = newest[1].gid
                 return None
             mark = self.store.log_mark(self.gid) if self.gid else None
@@ -173,10 +174,14 @@ class Projections:
         return path
 
     def _maybe_checkpoint(self) -> None:
-        if self.checkpoints is None or self.gid - self.checkpoint_gid < self.checkpoint_every:
+        if (
+            self.checkpoints is None
+            or self.store.read_only
+            or self.gid - self.checkpoint_gid < self.checkpoint_every
+        ):
             return
         try:
-            self.write_checkpoint()
+            self.write_checkpoint(self.checkpoint_every)
         except Exception:  # a failed checkpoint costs a slower restart, nothing else
             log.exception("writing a checkpoint failed")
             self.checkpoint_gid = self.gid  # try again after as many records

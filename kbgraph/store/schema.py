@@ -10,7 +10,8 @@ from typing import Final
 # 2: concept.aliases; 3: no FTS5 tables (search is answered from memory, kbgraph.search);
 # 4: webhook_id (which KB a signed delivery's webhook-id was accepted for); 5: webhook_message,
 # keyed by webhook-id and body digest (independent senders may pick the same webhook-id);
-# 6: meta (the store's id, where the log starts after a cut)
+# 6: meta (the store's id, where the log starts after a cut); no link_dst index (nothing read
+# it; every link write paid for it)
 SCHEMA_VERSION: Final = 6
 
 _TABLES: Final = """
@@ -52,7 +53,6 @@ CREATE TABLE IF NOT EXISTS link (
     dst TEXT NOT NULL,
     PRIMARY KEY (kid, src, dst)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS link_dst ON link (kid, dst, src);
 CREATE TABLE IF NOT EXISTS accepted (
     kid INTEGER NOT NULL,
     source TEXT NOT NULL,
@@ -108,8 +108,9 @@ def _migrate(conn: sqlite3.Connection) -> None:
     """Schema 1-4 -> 5: concepts gain ``aliases`` (2); the per-KB FTS5 tables go (3); the
     ``webhook_message`` table (5) is created with the others and replaces ``webhook_id`` (4),
     whose rows (at most ten minutes of deliveries) are forgotten; ``meta`` (6) is created with
-    the others and filled by the caller."""
+    the others and filled by the caller, and the unread ``link_dst`` index goes (6)."""
     conn.execute("DROP TABLE IF EXISTS webhook_id")
+    conn.execute("DROP INDEX IF EXISTS link_dst")
     columns = {row[1] for row in conn.execute("PRAGMA table_info(concept)")}
     if "aliases" not in columns:
         conn.execute("ALTER TABLE concept ADD COLUMN aliases TEXT NOT NULL DEFAULT '[]'")

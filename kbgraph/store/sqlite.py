@@ -167,9 +167,9 @@ class Store:
         )
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         if not self.read_only:
-            schema.set_auto_vacuum(
-                conn
-            )  # before WAL: a new file takes it only then  # a read-only connection reads the WAL the writers keep
+            # a read-only connection reads the WAL the writers keep; auto_vacuum goes before
+            # WAL: a new file takes it only then
+            schema.set_auto_vacuum(conn)
             self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL"))
         conn.execute("PRAGMA synchronous = FULL")
         conn.execute("PRAGMA cache_size = -32000")

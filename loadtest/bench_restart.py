@@ -1,0 +1,171 @@
+"""Restart benchmark: how soon a process is ready after a restart, with and without a checkpoint.
+
+A real store is filled with the synthetic KB of ``bench_projection`` (ids over 9 collections,
+8 random out-links each, a two-word title and text) through ``Store.append`` in 1,000-event
+deliveries. Then, each in a fresh process (so the figures are one process's, imports and
+kernel loading excluded):
+
+1. first build: ``Projections.load`` with no checkpoint (the store read and the build), its
+   time and resident memory; then ``write_checkpoint`` (time, file size).
+2. after ``--tail`` more events reach the log, a restart: ``Projections.load`` from the
+   checkpoint and the log after it, its time and resident memory; then a search and a
+   follow of one more delivery, to show the loaded arrays serve and take patches.
+
+The last line is one JSON object with the figures and the aims of issue 15 (ready <= 3 s and
+<= 800 MB RSS after a restart from a checkpoint at 1M concepts), met true/false.
+
+    .venv/bin/python loadtest/bench_restart.py [--concepts 1000000] [--tail 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from kbgraph.events import ConceptUpserted, UpsertData  # noqa: E402
+from kbgraph.projection import Projections, warm_up  # noqa: E402
+from kbgraph.store import Store  # noqa: E402
+from loadtest.bench_projection import LINKS, TYPES, WORDS, cid, synthetic_links  # noqa: E402
+
+KB = "bench"
+DELIVERY = 1_000
+AIMS = {"restart_ready_s": 3.0, "restart_rss_mb": 800.0}
+
+
+def upsert(i: int, version: int, links: list[str]) -> ConceptUpserted:
+    data = UpsertData(
+        version=version,
+        title=f"{WORDS[i % 10]} {i}",
+        type=TYPES[i % len(TYPES)],
+        status="active",
+        text=f"{WORDS[(i * 7) % 10]} {WORDS[(i * 3) % 10]}",
+        links=links,
+    )
+    env = {"specversion": "1.0", "id": f"r{version}-{i}", "source": "bench"}
+    return ConceptUpserted(**env, subject=cid(i), data=data)
+
+
+def fill(store: Store, n: int) -> float:
+    dst = synthetic_links(n)
+    start = time.perf_counter()
+    for first in range(0, n, DELIVERY):
+        rows = dst[first : first + DELIVERY].tolist()
+        batch = [upsert(first + k, 1, sorted({cid(j) for j in row})) for k, row in enumerate(rows)]
+        store.append(KB, batch)
+    return time.perf_counter() - start
+
+
+def rss_mb() -> float:
+    return round(psutil.Process().memory_info().rss / 2**20, 1)
+
+
+def child(db: Path, folder: Path, phase: str) -> dict[str, Any]:
+    """One phase in this (fresh) process: load, then checkpoint (first) or use (restart)."""
+    warm_up()
+    base = rss_mb()
+    store = Store(db)
+    p = Projections(store, checkpoints=folder, log_retain=0)
+    start = time.perf_counter()
+    p.load()
+    while p.follow_once():
+        pass
+    ready = time.perf_counter() - start
+    out: dict[str, Any] = {
+        "ready_s": round(ready, 3),
+        "rss_mb": rss_mb(),
+        "rss_added_mb": round(rss_mb() - base, 1),
+        "from_checkpoint": p.loaded_from is not None,
+        "gid": p.gid,
+    }
+    if phase == "first":
+        start = time.perf_counter()
+        path = p.write_checkpoint()
+        out["checkpoint_write_s"] = round(time.perf_counter() - start, 3)
+        out["checkpoint_mb"] = round(path.stat().st_size / 2**20, 1) if path else None
+    else:
+        kb = p.get(KB)
+        assert kb is not None
+        with kb.read() as snap:
+            nodes, _ = snap.index.search(WORDS[3], snap.view(None).mask)
+            out["search_hits"] = len(nodes)
+        store.append(KB, [upsert(0, 10**6, [cid(1), cid(2)])])
+        start = time.perf_counter()
+        while p.follow_once():
+            pass
+        out["follow_after_restart_ms"] = round((time.perf_counter() - start) * 1e3, 2)
+        out["rss_after_use_mb"] = rss_mb()
+    store.close()
+    return out
+
+
+def run_child(db: Path, folder: Path, phase: str) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, __file__, "--child", phase, "--db", str(db), "--folder", str(folder)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--concepts", type=int, default=1_000_000)
+    parser.add_argument("--tail", type=int, default=10_000)
+    parser.add_argument("--child", choices=["first", "restart"])
+    parser.add_argument("--db", type=Path)
+    parser.add_argument("--folder", type=Path)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.db, args.folder, args.child)))
+        return
+    with tempfile.TemporaryDirectory(prefix="kbgraph-restart-") as tmp:
+        db, folder = Path(tmp) / "kb.db", Path(tmp) / "checkpoints"
+        with Store(db) as store:
+            fill_s = fill(store, args.concepts)
+        print(json.dumps({"filled": args.concepts, "seconds": round(fill_s, 1)}), flush=True)
+        first = run_child(db, folder, "first")
+        print(json.dumps({"first_build": first}), flush=True)
+        with Store(db) as store:  # the log goes on past the checkpoint
+            dst = synthetic_links(args.concepts)
+            for start in range(0, args.tail, DELIVERY):
+                batch = []
+                for i in range(start, min(args.tail, start + DELIVERY)):
+                    u = (i * 7919) % args.concepts
+                    links = sorted({cid(j) for j in dst[u].tolist()[: LINKS - 1]})
+                    batch.append(upsert(u, 2, links))
+                store.append(KB, batch)
+        restart = run_child(db, folder, "restart")
+        print(json.dumps({"restart": restart}), flush=True)
+        figures = {
+            "restart_ready_s": restart["ready_s"],
+            "restart_rss_mb": restart["rss_mb"],
+        }
+        print(
+            json.dumps(
+                {
+                    "concepts": args.concepts,
+                    "tail_events": args.tail,
+                    "first_build": first,
+                    "restart": restart,
+                    "aims": AIMS,
+                    "met": {k: figures[k] <= AIMS[k] for k in AIMS},
+                }
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
