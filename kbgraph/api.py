@@ -342,6 +342,7 @@ def create_app(config: Config) -> Starlette:
             config.store.path,
             max_kbs=config.limits.max_kbs,
             named_kbs=frozenset(config.webhooks.kbs),
+            dedupe_keys=config.store.dedupe_keys,
         )
         projections = Projections(
             store,

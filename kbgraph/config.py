@@ -74,6 +74,9 @@ class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # before it is cut, keeping log_retain_events records for followers just behind
     checkpoint_every_events: Annotated[int, msgspec.Meta(ge=0)] = 100_000
     log_retain_events: Annotated[int, msgspec.Meta(ge=0)] = 10_000
+    # a KB's last this many accepted (source, id) keys answer "duplicates" (SPEC section 2);
+    # an older event sent again is decided by its version alone
+    dedupe_keys: Annotated[int, msgspec.Meta(ge=1)] = 1_000_000
 
     @property
     def checkpoint_folder(self) -> Path | None:

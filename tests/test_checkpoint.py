@@ -247,3 +247,24 @@ def test_postings_of_a_loaded_checkpoint_are_mapped_not_copied(tmp_path: Path) -
         index.terms.post_node.flags.owndata
     )
     store.close()
+
+
+def test_a_kb_remembers_its_last_dedupe_keys_and_the_cut_forgets_the_rest(tmp_path: Path) -> None:
+    with Store(tmp_path / "kb.db", dedupe_keys=3) as store:
+        sent = [upsert(f"c{i}", i + 1) for i in range(6)]
+        for event in sent:
+            assert store.append(KB, [event]).applied == 1
+        # keys 4, 5, 6 are the last three: duplicates; key 3 is past them: decided by version
+        again = store.append(KB, [sent[3], sent[4], sent[5]])
+        assert (again.applied, again.duplicates, again.stale) == (0, 3, 0)
+        older = store.append(KB, [sent[2]])
+        assert (older.applied, older.duplicates, older.stale) == (0, 0, 1)
+        # accepted again just now: a duplicate once more, and key 4 fell out of the last three
+        assert store.append(KB, [sent[2]]).duplicates == 1
+        assert store.append(KB, [sent[3]]).stale == 1
+        rows = store._writer_conn.execute("SELECT count(*) FROM accepted").fetchone()[0]
+        assert rows == 6
+        store.cut_log(0)
+        kept = store._writer_conn.execute("SELECT id FROM accepted ORDER BY n").fetchall()
+        assert [row[0] for row in kept] == [sent[5].id, sent[2].id, sent[3].id]
+        assert store.append(KB, [sent[5], sent[3]]).duplicates == 2

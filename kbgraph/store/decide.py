@@ -1,10 +1,11 @@
 """The append decision of SPEC section 2, as a pure function of what is known and the events.
 
 Per event, in order: a (source, id) accepted before in this KB (or earlier in the same
-delivery) -> duplicate; a version not greater than the subject's known version (concept or
-tombstone) -> stale; a link event whose subject does not exist -> ignored; otherwise applied,
-its effect folded into its ``Subject`` so that a writer can store the net effect of a whole
-group at once. No I/O: the SQLite store calls it, and so can any other log.
+delivery) and among its last ``Keys.retain`` accepted keys -> duplicate; a version not greater
+than the subject's known version (concept or tombstone) -> stale; a link event whose subject
+does not exist -> ignored; otherwise applied, its effect folded into its ``Subject`` so that a
+writer can store the net effect of a whole group at once. No I/O: the SQLite store calls it,
+and so can any other log.
 """
 
 from __future__ import annotations
@@ -12,6 +13,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kbgraph.events import ConceptDeleted, ConceptUpserted, Event, LinkAdded, LinkRemoved
+
+
+@dataclass(slots=True)
+class Keys:
+    """A KB's accepted (source, id) keys as far as the group needs them: each numbered in order
+    of acceptance (1, 2, 3, ...), remembered while fewer than ``retain`` keys came after it.
+
+    Numbers, not time, bound the retention: every process (every node of a replicated log)
+    decides the same event the same way, whenever and wherever it applies it."""
+
+    count: int  # keys accepted in this KB so far
+    retain: int
+    seen: dict[tuple[str, str], int] = field(default_factory=dict)  # key -> its number
+    new: list[tuple[str, str, int]] = field(default_factory=list)  # accepted by this group
+
+    def remembered(self, key: tuple[str, str]) -> bool:
+        number = self.seen.get(key)
+        return number is not None and number > self.count - self.retain
+
+    def accept(self, key: tuple[str, str]) -> None:
+        self.count += 1
+        self.seen[key] = self.count
+        self.new.append((*key, self.count))
 
 
 @dataclass(slots=True)
@@ -31,27 +55,22 @@ class Subject:
 
 
 def decide(
-    events: list[Event],
-    seen: set[tuple[str, str]],
-    subjects: dict[str, Subject],
-    new_keys: list[tuple[str, str]],
+    events: list[Event], keys: Keys, subjects: dict[str, Subject]
 ) -> tuple[list[Event], int, int, int]:
     """Decide each event in delivery order, folding its effect into its subject.
 
-    ``seen`` (accepted (source, id) keys) and ``subjects`` (every subject the events name) are
-    what the log knew before plus what earlier events did; both are updated, and each newly
-    accepted key is appended to ``new_keys``. Returns (applied events, duplicates, stale,
-    ignored).
+    ``keys`` (accepted keys) and ``subjects`` (every subject the events name) are what the log
+    knew before plus what earlier events did; both are updated (each newly accepted key lands
+    in ``keys.new``). Returns (applied events, duplicates, stale, ignored).
     """
     applied: list[Event] = []
     duplicates = stale = ignored = 0
     for event in events:
         key = (event.source, event.id)
-        if key in seen:
+        if keys.remembered(key):
             duplicates += 1
             continue
-        seen.add(key)
-        new_keys.append(key)
+        keys.accept(key)
         subject = subjects[event.subject]
         version = event.data.version
         if subject.version is not None and version <= subject.version:

@@ -11,14 +11,15 @@ from typing import Final
 # 4: webhook_id (which KB a signed delivery's webhook-id was accepted for); 5: webhook_message,
 # keyed by webhook-id and body digest (independent senders may pick the same webhook-id);
 # 6: meta (the store's id, where the log starts after a cut); no link_dst index (nothing read
-# it; every link write paid for it)
+# it; every link write paid for it); kb.keys and accepted.n (the retention of dedupe keys)
 SCHEMA_VERSION: Final = 6
 
 _TABLES: Final = """
 CREATE TABLE IF NOT EXISTS kb (
     kid INTEGER PRIMARY KEY,
     name TEXT NOT NULL UNIQUE,
-    seq INTEGER NOT NULL DEFAULT 0
+    seq INTEGER NOT NULL DEFAULT 0,
+    keys INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS log (
     gid INTEGER PRIMARY KEY,
@@ -57,6 +58,7 @@ CREATE TABLE IF NOT EXISTS accepted (
     kid INTEGER NOT NULL,
     source TEXT NOT NULL,
     id TEXT NOT NULL,
+    n INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (kid, source, id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS webhook_message (
@@ -108,9 +110,13 @@ def _migrate(conn: sqlite3.Connection) -> None:
     """Schema 1-4 -> 5: concepts gain ``aliases`` (2); the per-KB FTS5 tables go (3); the
     ``webhook_message`` table (5) is created with the others and replaces ``webhook_id`` (4),
     whose rows (at most ten minutes of deliveries) are forgotten; ``meta`` (6) is created with
-    the others and filled by the caller, and the unread ``link_dst`` index goes (6)."""
+    the others and filled by the caller, the unread ``link_dst`` index goes and accepted keys
+    are numbered (6: the keys of an older file count as accepted before every new one)."""
     conn.execute("DROP TABLE IF EXISTS webhook_id")
     conn.execute("DROP INDEX IF EXISTS link_dst")
+    if "keys" not in {row[1] for row in conn.execute("PRAGMA table_info(kb)")}:
+        conn.execute("ALTER TABLE kb ADD COLUMN keys INTEGER NOT NULL DEFAULT 0")
+        conn.execute("ALTER TABLE accepted ADD COLUMN n INTEGER NOT NULL DEFAULT 0")
     columns = {row[1] for row in conn.execute("PRAGMA table_info(concept)")}
     if "aliases" not in columns:
         conn.execute("ALTER TABLE concept ADD COLUMN aliases TEXT NOT NULL DEFAULT '[]'")

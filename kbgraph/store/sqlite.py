@@ -49,7 +49,7 @@ from kbgraph.eventlog import LogRecord, SqliteLog, read_transaction
 from kbgraph.events import Event
 from kbgraph.store import schema
 from kbgraph.store import statements as sql
-from kbgraph.store.decide import Subject, decide
+from kbgraph.store.decide import Keys, Subject, decide
 from kbgraph.store.load import load_snapshot
 from kbgraph.store.model import (
     DeliveryResult,
@@ -68,6 +68,7 @@ except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
 BUSY_TIMEOUT_MS: Final = 5_000
+DEDUPE_KEYS: Final = 1_000_000  # a KB's accepted keys remembered: its last million
 BUSY_RETRY_SECONDS: Final = 60.0  # give up on the write lock after this long (then 503)
 MAX_GROUP_DELIVERIES: Final = 512
 MAX_GROUP_EVENTS: Final = 20_000  # bounds one group's transaction (and its latency)
@@ -84,10 +85,9 @@ class _KBWork:
 
     kid: int
     seq_before: int
+    keys: Keys
     seq: int = -1
-    seen: set[tuple[str, str]] = field(default_factory=set)  # accepted (source, id) keys
     subjects: dict[str, Subject] = field(default_factory=dict)
-    new_keys: list[tuple[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.seq < 0:
@@ -117,6 +117,7 @@ class Store:
         read_only: bool = False,
         max_kbs: int | None = None,
         named_kbs: frozenset[str] = frozenset(),
+        dedupe_keys: int = DEDUPE_KEYS,
     ) -> None:
         """Open (creating) the store; ``read_only`` opens an existing one for reading only
         (``load``, ``read_log``: what a process that only follows the log needs). A delivery
@@ -127,6 +128,7 @@ class Store:
         self.max_kbs = max_kbs
         self.clock: Callable[[], float] = time.time  # webhook-id bindings' time (tests move it)
         self.named_kbs = named_kbs
+        self.dedupe_keys = dedupe_keys
         self._pruned_at = 0.0
         self._closed = False
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
@@ -402,10 +404,11 @@ class Store:
         conn.execute("RELEASE delivery")
         return result, None
 
-    def _kb_row(self, conn: sqlite3.Connection, kb: str) -> tuple[int, int]:
-        row = conn.execute(sql.KB_GET, (kb,)).fetchone()
+    def _kb_row(self, conn: sqlite3.Connection, kb: str) -> tuple[int, int, int]:
+        """(kid, seq, keys accepted so far) of the KB, created when new."""
+        row = conn.execute(sql.KB_ROW, (kb,)).fetchone()
         if row is not None:
-            return row[0], row[1]
+            return row[0], row[1], row[2]
         if self.max_kbs is not None and kb not in self.named_kbs:
             count = conn.execute(sql.KB_COUNT).fetchone()[0]
             if count >= self.max_kbs:
@@ -413,7 +416,7 @@ class Store:
                     f"kb {kb} not created: {count} KBs exist, the limit ([limits] max_kbs)"
                 )
         kid = conn.execute(sql.KB_NEW, (kb,)).fetchone()[0]
-        return kid, 0
+        return kid, 0, 0
 
     def _bind_messages(self, conn: sqlite3.Connection, group: list[_Pending]) -> None:
         """A signed message (webhook-id and body) seen for another KB within ``BINDING_SECONDS``
@@ -453,10 +456,12 @@ class Store:
 
     def _load_kb(self, conn: sqlite3.Connection, kb: str, deliveries: list[list[Event]]) -> _KBWork:
         """What the store already knows about the keys and subjects these deliveries touch."""
-        kid, seq = self._kb_row(conn, kb)
-        work = _KBWork(kid, seq)
+        kid, seq, count = self._kb_row(conn, kb)
+        work = _KBWork(kid, seq, Keys(count, self.dedupe_keys))
         keys = list({(event.source, event.id) for events in deliveries for event in events})
-        work.seen.update(tuple(row) for row in sql.lookup(conn, sql.SEEN, kid, keys))
+        work.keys.seen.update(
+            ((source, id_), n) for source, id_, n in sql.lookup(conn, sql.SEEN, kid, keys)
+        )
         ids = list({event.subject for events in deliveries for event in events})
         known = {row[0]: row for row in sql.lookup(conn, sql.SUBJECTS, kid, ids)}
         subjects = work.subjects
@@ -487,9 +492,7 @@ class Store:
         for pending in group:
             kb, events = pending.kb, pending.events
             work = works[kb]
-            applied, duplicates, stale, ignored = decide(
-                events, work.seen, work.subjects, work.new_keys
-            )
+            applied, duplicates, stale, ignored = decide(events, work.keys, work.subjects)
             if pending.resent and len(applied) + stale + ignored:
                 # A retry repeats events already accepted. New ones under an old webhook-id are
                 # a replay with changed attributes: binary mode's ce-* headers are not signed.
@@ -506,7 +509,9 @@ class Store:
                 DeliveryResult(len(events), len(applied), duplicates, stale, ignored, work.seq)
             )
         for work in works.values():
-            sql.bulk(conn, sql.ACCEPT, work.kid, work.new_keys)
+            if work.keys.new:
+                sql.bulk(conn, sql.ACCEPT, work.kid, work.keys.new)
+                conn.execute(sql.KB_SET_KEYS, (work.keys.count, work.kid))
             if work.seq != work.seq_before:
                 sql.write_subjects(conn, work.kid, work.subjects)
                 conn.execute(sql.KB_SET_SEQ, (work.seq, work.kid))
@@ -565,9 +570,10 @@ class Store:
 
     def cut_log(self, before_gid: int) -> int:
         """Delete the log's records before ``before_gid`` (never the newest one, whose gid
-        the next record counts on) and free their pages; returns the records deleted.
+        the next record counts on) and the accepted keys past each KB's retention
+        (``dedupe_keys``), and free their pages; returns the rows deleted.
 
-        Only the log goes: dedupe keys, versions and tombstones live in the state tables."""
+        Versions and tombstones live in the state tables: the cut takes none of them."""
         if self.read_only:
             raise StoreClosed("store opened read-only")
         conn = self._connect()
@@ -581,6 +587,11 @@ class Store:
                 if cut > start:
                     deleted = conn.execute(sql.LOG_CUT, (cut,)).rowcount
                     conn.execute(sql.META_SET, ("log_start", cut))
+                for kid, count in conn.execute(sql.KB_KEYS).fetchall():
+                    if count > self.dedupe_keys:  # keys decide() no longer looks at
+                        deleted += conn.execute(
+                            sql.KEYS_FORGET, (kid, count - self.dedupe_keys)
+                        ).rowcount
                 self._retry_busy(lambda: conn.execute("COMMIT"))
             except BaseException:
                 if conn.in_transaction:

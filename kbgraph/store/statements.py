@@ -72,6 +72,8 @@ LOG_LAST: Final = "SELECT coalesce(max(gid), 0) FROM log"
 LOG_MARK: Final = "SELECT kb, seq, event FROM log WHERE gid = ?"
 LOG_CUT: Final = "DELETE FROM log WHERE gid < ?"
 KB_GET: Final = "SELECT kid, seq FROM kb WHERE name = ?"
+KB_ROW: Final = "SELECT kid, seq, keys FROM kb WHERE name = ?"
+KB_SET_KEYS: Final = "UPDATE kb SET keys = ? WHERE kid = ?"
 KB_COUNT: Final = "SELECT count(*) FROM kb"
 MESSAGE_GET: Final = "SELECT kb, received_at FROM webhook_message WHERE id = ? AND digest = ?"
 MESSAGE_PUT: Final = (
@@ -86,10 +88,10 @@ POSITION_SET: Final = (
     " ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq"
 )
 SEEN: Final = Lookup(
-    "SELECT json_group_array(json_array(a.source, a.id)) FROM json_each(?1) AS j"
+    "SELECT json_group_array(json_array(a.source, a.id, a.n)) FROM json_each(?1) AS j"
     " CROSS JOIN accepted AS a"
     " ON a.kid = ?2 AND a.source = j.value ->> 0 AND a.id = j.value ->> 1",
-    "SELECT source, id FROM accepted WHERE kid = ?1 AND source = ?2 AND id = ?3",
+    "SELECT source, id, n FROM accepted WHERE kid = ?1 AND source = ?2 AND id = ?3",
 )
 SUBJECTS: Final = Lookup(
     "SELECT json_group_array(json_array(j.value, c.rid, c.version, t.version))"
@@ -102,10 +104,16 @@ SUBJECTS: Final = Lookup(
     " LEFT JOIN tombstone AS t ON t.kid = ?1 AND t.id = ?2"
     " WHERE c.rid IS NOT NULL OR t.version IS NOT NULL",
 )
+# A key past the retention may be accepted again: it takes its new number.
 ACCEPT: Final = Bulk(
-    "INSERT INTO accepted (kid, source, id) SELECT ?2, value ->> 0, value ->> 1 FROM json_each(?1)",
-    "INSERT INTO accepted (kid, source, id) VALUES (?1, ?2, ?3)",
+    "INSERT INTO accepted (kid, source, id, n)"
+    " SELECT ?2, value ->> 0, value ->> 1, value ->> 2 FROM json_each(?1) WHERE true"
+    " ON CONFLICT DO UPDATE SET n = excluded.n",
+    "INSERT INTO accepted (kid, source, id, n) VALUES (?1, ?2, ?3, ?4)"
+    " ON CONFLICT DO UPDATE SET n = excluded.n",
 )
+KB_KEYS: Final = "SELECT kid, keys FROM kb"
+KEYS_FORGET: Final = "DELETE FROM accepted WHERE kid = ? AND n <= ?"
 # New and rewritten concepts in one statement (an updated row keeps its rid).
 UPSERT: Final = Bulk(
     "INSERT INTO concept (kid, id, version, title, type, status, tags, text, aliases)"
