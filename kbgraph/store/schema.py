@@ -114,9 +114,9 @@ def _migrate(conn: sqlite3.Connection) -> None:
     are numbered (6: the keys of an older file count as accepted before every new one)."""
     conn.execute("DROP TABLE IF EXISTS webhook_id")
     conn.execute("DROP INDEX IF EXISTS link_dst")
-    if "keys" not in {row[1] for row in conn.execute("PRAGMA table_info(kb)")}:
-        conn.execute("ALTER TABLE kb ADD COLUMN keys INTEGER NOT NULL DEFAULT 0")
-        conn.execute("ALTER TABLE accepted ADD COLUMN n INTEGER NOT NULL DEFAULT 0")
+    for table, column in (("kb", "keys"), ("accepted", "n")):
+        if column not in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
     columns = {row[1] for row in conn.execute("PRAGMA table_info(concept)")}
     if "aliases" not in columns:
         conn.execute("ALTER TABLE concept ADD COLUMN aliases TEXT NOT NULL DEFAULT '[]'")
