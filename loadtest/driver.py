@@ -65,6 +65,7 @@ class Options:
     load_batch: int = 100
     keep: bool = False  # keep the temp dir (config, store, server log)
     port: int | None = None  # the service's port (None: a free one)
+    nodes: int = 1  # >1: that many nodes over a 3-server NATS JetStream cluster on loopback
 
     def resolved(self) -> Options:
         """Short mode: a few seconds, a small crowd (values above the short ones are capped)."""
@@ -81,23 +82,42 @@ class Options:
 
 async def run_async(opts: Options, tmp: Path) -> dict[str, Any]:
     creds = Credentials()
-    config = write_config(tmp, creds)
-    service = ServiceProcess(config, opts.workers, port=opts.port)
+    cluster = None
+    if opts.nodes > 1:  # several nodes, each a full replica, over a NATS JetStream stream
+        from tests.nats_cluster import NatsCluster
+
+        cluster = NatsCluster(tmp / "nats", 3)
+        await asyncio.to_thread(cluster.start)
+        services = []
+        for index in range(opts.nodes):
+            folder = tmp / f"node{index}"
+            folder.mkdir()
+            config = write_config(folder, creds, nats_servers=cluster.urls)
+            services.append(ServiceProcess(config, 1))
+    else:
+        config = write_config(tmp, creds)
+        services = [ServiceProcess(config, opts.workers, port=opts.port)]
+    service = services[0]
     rec = Recorder()
     model = Model()
     signer = kbgen.Signer(creds.secret)
     concepts = kbgen.make_kb(opts.kind, opts.n, opts.seed)
-    service.start()
+    for each in services:
+        each.start()
     pools: list[Pool] = []
     try:
-        await service.wait_ready()
-        port = service.port
-        write_pool = Pool(HOST, port, max(1, opts.writers) * MAX_IN_FLIGHT)
-        load_pool = Pool(HOST, port, 2)
-        agent_pool = Pool(HOST, port, max(1, opts.agents))
-        probe_pool = Pool(HOST, port, 8)
-        verify_pool = Pool(HOST, port, 8)
-        pools = [write_pool, load_pool, agent_pool, probe_pool, verify_pool]
+        for each in services:
+            await each.wait_ready()
+        ports = [each.port for each in services]
+        nodes = len(ports)
+        # writer i sends to node i and probes the next node's X-Min-Seq (the replica lag);
+        # agent i asks node i (mod the number of nodes)
+        write_pools = [Pool(HOST, p, max(1, opts.writers) * MAX_IN_FLIGHT) for p in ports]
+        load_pool = Pool(HOST, ports[0], 2)
+        agent_pools = [Pool(HOST, p, max(1, -(-opts.agents // nodes))) for p in ports]
+        probe_pools = [Pool(HOST, p, 8) for p in ports]
+        verify_pools = [Pool(HOST, p, 8) for p in ports]
+        pools = [*write_pools, load_pool, *agent_pools, *probe_pools, *verify_pools]
 
         # load
         load_started = time.perf_counter()
@@ -119,15 +139,15 @@ async def run_async(opts: Options, tmp: Path) -> dict[str, Any]:
         probe_tasks: set[asyncio.Task[None]] = set()
         rate = opts.write_rate / max(1, opts.writers)
         tasks = [
-            asyncio.ensure_future(agent(i, plan, agent_pool, rec, stop_at, opts.seed))
+            asyncio.ensure_future(agent(i, plan, agent_pools[i % nodes], rec, stop_at, opts.seed))
             for i in range(opts.agents)
         ]
         tasks += [
             asyncio.ensure_future(
                 writer(
                     stream,
-                    write_pool,
-                    probe_pool,
+                    write_pools[index % nodes],
+                    probe_pools[(index + 1) % nodes],
                     signer,
                     model,
                     rec,
@@ -138,7 +158,7 @@ async def run_async(opts: Options, tmp: Path) -> dict[str, Any]:
                     creds,
                 )
             )
-            for stream in streams
+            for index, stream in enumerate(streams)
         ]
         ticker = asyncio.ensure_future(progress(opts, rec, stop_at))
         done, pending = await asyncio.wait(tasks, timeout=opts.seconds + 60)
@@ -154,12 +174,34 @@ async def run_async(opts: Options, tmp: Path) -> dict[str, Any]:
         elapsed = max(time.perf_counter() - rec.t0, 1e-9)
         timed = min(elapsed, opts.seconds) if opts.seconds > 0 else elapsed
 
-        verification = await verify(verify_pool, model, creds, rec)
+        verification = await verify(verify_pools[0], model, creds, rec)
+        for index, pool in enumerate(verify_pools[1:], 1):  # every node, the same answers
+            other = await verify(pool, model, creds, rec)
+            verification = merge_verifications(verification, other, index)
     finally:
         for pool in pools:
             await pool.close()
-        code = service.stop()
+        codes = [each.stop() for each in services]
+        code = next((c for c in codes if c), codes[0])
+        if cluster is not None:
+            await asyncio.to_thread(cluster.stop)
     return build_report(opts, rec, verification, load_acks, load_seconds, timed, code, service)
+
+
+def merge_verifications(first: dict[str, Any], other: dict[str, Any], node: int) -> dict[str, Any]:
+    """One verification for several nodes: any node's mismatch is a mismatch."""
+    merged = dict(first)
+    merged["concepts_checked"] += other["concepts_checked"]
+    merged["concept_mismatches"] += other["concept_mismatches"]
+    merged["mismatch_samples"] = (
+        first["mismatch_samples"] + [f"node {node}: {m}" for m in other["mismatch_samples"]]
+    )[:20]
+    for key in ("status_concepts", "status_links"):
+        if other[key]["found"] != other[key]["expected"]:
+            merged[key] = other[key]
+    if other["applied_found"] != other["applied_expected"]:
+        merged["applied_found"] = other["applied_found"]
+    return merged
 
 
 async def progress(opts: Options, rec: Recorder, stop_at: float) -> None:
@@ -200,17 +242,20 @@ def run(opts: Options) -> dict[str, Any]:
             shutil.rmtree(tmp, ignore_errors=True)
     if opts.out:
         out = Path(opts.out)
-        name = f"loadtest-w{opts.workers}"
+        name = f"loadtest-w{opts.workers}" + (f"-n{opts.nodes}" if opts.nodes > 1 else "")
         report.write_json(out / f"{name}.json", full)
         full["report_path"] = str(out / f"{name}.json")
         if opts.chart:
             png = out / f"{name}.png"
+            serving = (
+                f"{opts.nodes} nodes (JetStream)" if opts.nodes > 1 else f"{opts.workers} worker(s)"
+            )
             report.chart(
                 png,
                 full["timeline"]["agents"],
                 full["timeline"]["deliveries"],
                 f"kbgraph load test: {opts.agents} agents, {opts.writers} writers at "
-                f"{opts.write_rate:g}/s, {opts.workers} worker(s), {opts.kind}-{opts.n}",
+                f"{opts.write_rate:g}/s, {serving}, {opts.kind}-{opts.n}",
             )
             full["chart_path"] = str(png)
     return full
@@ -289,6 +334,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--port", type=int, default=None, help="the service port on 127.0.0.1 (default: a free one)"
     )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="kbgraph nodes over a 3-server NATS JetStream cluster on loopback (default 1: "
+        "one service on SQLite alone)",
+    )
     return parser  # fmt: skip
 
 
@@ -297,6 +349,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.agents < 0 or args.writers < 0 or args.workers < 1 or args.seconds <= 0:
         print("loadtest: --agents/--writers >= 0, --workers >= 1, --seconds > 0", file=sys.stderr)
         return 2
+    if args.nodes < 1 or (args.nodes > 1 and (args.workers != 1 or args.port is not None)):
+        print("loadtest: --nodes >= 1; with --nodes > 1, one worker and no --port", file=sys.stderr)
+        return 2
     if args.port is not None and not 1 <= args.port <= 65535:
         print(f"loadtest: --port {args.port}: expected 1-65535", file=sys.stderr)
         return 2
@@ -304,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds=args.seconds, agents=args.agents, writers=args.writers,
         write_rate=args.write_rate, workers=args.workers, kind=args.kind, n=args.n,
         seed=args.seed, out=args.out, short=args.short, progress=not args.no_progress,
-        chart=not args.no_chart, keep=args.keep, port=args.port,
+        chart=not args.no_chart, keep=args.keep, port=args.port, nodes=args.nodes,
     )  # fmt: skip
     try:
         full = run(opts)

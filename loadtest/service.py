@@ -42,8 +42,11 @@ class Credentials:
     agent: str = field(default_factory=lambda: "agt-" + secrets.token_urlsafe(18))
 
 
-def write_config(folder: Path, creds: Credentials, kb: str = KB) -> Path:
-    """The service config: a secret, an admin token and a narrowed agent token."""
+def write_config(
+    folder: Path, creds: Credentials, kb: str = KB, nats_servers: list[str] | None = None
+) -> Path:
+    """The service config: a secret, an admin token and a narrowed agent token; with
+    ``nats_servers``, a node of several over NATS JetStream (``[log] kind = "jetstream"``)."""
     collections = ", ".join(f'"{c}"' for c in NARROW_COLLECTIONS)
     types = ", ".join(f'"{t}"' for t in NARROW_TYPES)
     path = folder / "kbgraph.toml"
@@ -65,6 +68,10 @@ token = "{creds.agent}"
 rules = [{{ kb = "{kb}", collections = [{collections}] }}, {{ kb = "{kb}", types = [{types}] }}]
 """
     )
+    if nats_servers:
+        servers = ", ".join(f'"{url}"' for url in nats_servers)
+        with path.open("a") as out:
+            out.write(f'\n[log]\nkind = "jetstream"\nservers = [{servers}]\nreplicas = 3\n')
     return path
 
 

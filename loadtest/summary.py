@@ -117,6 +117,7 @@ def headline(opts: Options, full: dict[str, Any]) -> dict[str, Any]:
     return {
         "kind": "loadtest",
         "workers": opts.workers,
+        "nodes": opts.nodes,
         "kb": f"{opts.kind}-{opts.n}",
         "seconds": full["seconds"],
         "agents": opts.agents,
