@@ -94,6 +94,11 @@ def decode_delivery(payload: bytes) -> tuple[str, list[Event], WebhookMessage | 
     return delivery.kb, [decode_from_log(raw) for raw in delivery.events], message
 
 
+class ApplyFailed(RuntimeError):
+    """The store did not commit a message (I/O, a bug): retried after a pause, and the node
+    says not ready meanwhile."""
+
+
 class _Restart(Exception):
     """The consumer must be replaced (gap, repeat, silence, failed commit)."""
 
@@ -112,10 +117,10 @@ class JetStreamLog:
         self.target: int | None = None  # the stream's last sequence when this node started
         self.connected = False
         self.error: str | None = "connecting to JetStream"
+        self.failure: str | None = None  # the store's last failure to apply, until one applies
         self._node = secrets.token_hex(6)
         self._ids = itertools.count(1)
         self._waiters: dict[str, asyncio.Future[DeliveryResult]] = {}
-        self._applied_event = asyncio.Event()
         self._nc: Any = None
         self._js: Any = None
         self._task: asyncio.Task[None] | None = None
@@ -142,6 +147,8 @@ class JetStreamLog:
             return self.error or "connecting to JetStream"
         if not self.connected:
             return "disconnected from JetStream: reconnecting"
+        if self.failure is not None:
+            return f"following stream {self.stream} fails: {self.failure}"
         if self.applied < self.target:
             return f"catching up with stream {self.stream}: at {self.applied} of {self.target}"
         return None
@@ -211,6 +218,8 @@ class JetStreamLog:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if isinstance(exc, ApplyFailed):  # cleared once a batch applies
+                    self.failure = f"{exc}: {exc.__cause__!r}"
                 if self.target is None:
                     self.error = f"JetStream not reachable: {exc!r}"
                     if self._nc is not None and not self._nc.is_connected:
@@ -337,9 +346,10 @@ class JetStreamLog:
                     waiter.set_result(future.result())
         if submitted:
             self.on_applied()
-        if failed is not None:
+        if failed is not None:  # nothing of it committed: read on from the store's position
             self.applied = await asyncio.to_thread(self.store.log_position, self.stream)
-            raise _Restart(f"apply failed: {failed!r}")
+            raise ApplyFailed(f"applying stream {self.stream} after {self.applied}") from failed
+        self.failure = None
         if restart is not None:
             raise _Restart(restart)
 

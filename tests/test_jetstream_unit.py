@@ -111,3 +111,24 @@ def test_binding_window_is_the_logs_time_not_the_clock(tmp_path: Path) -> None:
             submit(store, "two", [upsert("a")], 2, at=1599.0, message=message).result()
         # 601 s later by the log: the binding is over, the delivery goes in
         assert submit(store, "two", [upsert("a")], 3, at=1601.0, message=message).result().seq == 1
+
+
+def test_readiness_says_why_not(tmp_path: Path) -> None:
+    """Not ready while connecting, while behind the stream's last sequence as of the start,
+    while disconnected, and while the store fails to apply; ready otherwise."""
+    from kbgraph.config import LogConfig
+    from kbgraph.jetstream import JetStreamLog
+
+    with Store(tmp_path / "kb.db") as store:
+        submit(store, "kb", [upsert("a")], 1).result()
+        follower = JetStreamLog(LogConfig(kind="jetstream"), store)
+        assert follower.applied == 1  # resumes from the store's recorded position
+        assert "connecting" in (follower.problem() or "")
+        follower.target, follower.connected = 5, True
+        assert follower.problem() == "catching up with stream kbgraph: at 1 of 5"
+        follower.applied = 5
+        assert follower.problem() is None
+        follower.connected = False
+        assert "disconnected" in (follower.problem() or "")
+        follower.connected, follower.failure = True, "disk I/O error"
+        assert "disk I/O error" in (follower.problem() or "")
