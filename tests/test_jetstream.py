@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -414,6 +415,20 @@ def test_kills_lose_no_acknowledged_delivery(tmp_path: Path) -> None:
         nodes.append(fresh)
         wait_ready(fresh.proc)
         assert fresh.position() >= final
+
+        # a node started from a copy of another's store (a checkpoint of sorts) follows the
+        # stream from the position recorded in the copy, not from the start
+        copied = Node(tmp_path / "copied", cluster.urls)
+        source = sqlite3.connect(nodes[0].folder / "kb.db")
+        try:
+            source.execute("VACUUM INTO ?", (str(copied.folder / "kb.db"),))
+        finally:
+            source.close()
+        from_copy = copied.position()
+        assert from_copy >= final
+        copied.start()
+        nodes.append(copied)
+        assert copied.position() >= from_copy
 
         ids = sorted({e["subject"] for events in acked for e in events})
         with httpx.Client(timeout=30) as client:
