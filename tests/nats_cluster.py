@@ -112,8 +112,20 @@ class NatsCluster:
         self.procs[index] = None
 
     def start(self, timeout: float = 60.0) -> None:
-        for index in range(self.size):
-            self.start_server(index)
+        """Start every server and wait for the stream. A port probed free may be taken by
+        another process before a server binds it (the server then exits at once): start
+        again on new ports, up to three times."""
+        for attempt in range(3):
+            for index in range(self.size):
+                self.start_server(index)
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline and all(p and p.poll() is None for p in self.procs):
+                time.sleep(0.05)
+            if all(p and p.poll() is None for p in self.procs) or attempt == 2:
+                break
+            self.stop()
+            ports = free_ports(2 * self.size)
+            self.client_ports, self.cluster_ports = ports[: self.size], ports[self.size :]
         self.wait_ready(timeout)
 
     def stop(self) -> None:
