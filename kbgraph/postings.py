@@ -13,7 +13,7 @@ Keys are interned to ints for good (``keys``, ``key_id``), as concept ids are.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Final
 
 import numpy as np
@@ -55,15 +55,21 @@ class Postings:
         """Hold ``node`` with these (key, hits) pairs (distinct keys), replacing what it had."""
         self.remove(node)
         ids = []
-        for key, hits in items:
-            k = self._intern(key)
-            holders = self._added.get(k)
+        key_id, added, intern = self.key_id, self._added, self._intern
+        for key, hits in items:  # the follower's hot loop: ~20 keys per concept
+            k = key_id.get(key)
+            if k is None:
+                k = intern(key)
+            holders = added.get(k)
             if holders is None:
-                self._added[k] = {node: hits}
+                added[k] = {node: hits}
             else:
                 holders[node] = hits
-            self._cache.pop(k, None)
             ids.append(k)
+        if self._cache:
+            pop = self._cache.pop
+            for k in ids:
+                pop(k, None)
         self._node_added[node] = tuple(ids)
         self.count += 1
 
@@ -182,7 +188,7 @@ class Postings:
 
     # --- the base as arrays (checkpoints) ---------------------------------------------------
 
-    def arrays(self) -> tuple[list[str], dict[str, np.ndarray]]:
+    def arrays(self) -> tuple[Sequence[str], dict[str, np.ndarray]]:
         """(keys, arrays): base and overlay folded into one base, for ``from_arrays``."""
         size = max(len(self.base_live), max(self._node_added, default=-1) + 1)
         live = np.zeros(size, np.uint8)
@@ -213,12 +219,19 @@ class Postings:
         return self.keys, {name: getattr(folded, name) for name in ARRAY_NAMES}
 
     @classmethod
-    def from_arrays(cls, keys: list[str], arrays: Mapping[str, np.ndarray]) -> Postings:
+    def from_arrays(
+        cls,
+        keys: Sequence[str],
+        key_id: MutableMapping[str, int] | None,
+        arrays: Mapping[str, np.ndarray],
+    ) -> Postings:
         """A base from ``arrays()`` (the arrays may be read-only maps of a file: ``base_live``
-        is copied, the rest only read)."""
+        is copied, the rest only read); ``key_id`` finds each of ``keys`` (built when None)."""
         postings = cls()
-        postings.keys = keys
-        postings.key_id = dict(zip(keys, range(len(keys)), strict=True))
+        postings.keys = keys  # type: ignore[assignment]
+        if key_id is None:
+            key_id = dict(zip(keys, range(len(keys)), strict=True))
+        postings.key_id = key_id  # type: ignore[assignment]
         for name in ARRAY_NAMES:
             setattr(postings, name, arrays[name])
         postings.base_live = np.array(arrays["base_live"], np.uint8)

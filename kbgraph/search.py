@@ -398,7 +398,14 @@ class SearchIndex:
         return meta, out
 
     @classmethod
-    def from_arrays(cls, meta: Mapping[str, list], arrays: Mapping[str, np.ndarray]) -> SearchIndex:
+    def from_arrays(
+        cls,
+        meta: Mapping[str, list],
+        vocabularies: Mapping[str, tuple[Sequence[str], Mapping[str, int]]],
+        arrays: Mapping[str, np.ndarray],
+    ) -> SearchIndex:
+        """The index ``arrays`` gave; ``vocabularies``: per part (terms, names, tags) its keys
+        and the map finding each key's position."""
         index = cls()
         index.name_lengths = Counter({int(k): int(v) for k, v in meta["name_lengths"]})
         index._title_len = np.array(arrays["title_len"], np.float64)
@@ -407,7 +414,7 @@ class SearchIndex:
         for part in ("terms", "names", "tags"):
             prefix = f"{part}."
             own = {k[len(prefix) :]: a for k, a in arrays.items() if k.startswith(prefix)}
-            setattr(index, part, Postings.from_arrays(meta[part], own))
+            setattr(index, part, Postings.from_arrays(*vocabularies[part], own))
         return index
 
 

@@ -15,12 +15,14 @@ The last line is one JSON object with the figures and the aims of issue 15 (read
 <= 800 MB RSS after a restart from a checkpoint at 1M concepts), met true/false.
 
     .venv/bin/python loadtest/bench_restart.py [--concepts 1000000] [--tail 10000]
+        [--keep-filled FILE | --filled FILE]   (fill once, then reuse a copy)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -124,6 +126,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--concepts", type=int, default=1_000_000)
     parser.add_argument("--tail", type=int, default=10_000)
+    parser.add_argument("--filled", type=Path, help="start from a copy of this filled store")
+    parser.add_argument("--keep-filled", type=Path, help="save the filled store here")
     parser.add_argument("--child", choices=["first", "restart"])
     parser.add_argument("--db", type=Path)
     parser.add_argument("--folder", type=Path)
@@ -133,9 +137,14 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="kbgraph-restart-") as tmp:
         db, folder = Path(tmp) / "kb.db", Path(tmp) / "checkpoints"
-        with Store(db) as store:
-            fill_s = fill(store, args.concepts)
-        print(json.dumps({"filled": args.concepts, "seconds": round(fill_s, 1)}), flush=True)
+        if args.filled is not None:  # a copy of a store filled before (filling takes minutes)
+            shutil.copyfile(args.filled, db)
+        else:
+            with Store(db) as store:
+                fill_s = fill(store, args.concepts)
+            print(json.dumps({"filled": args.concepts, "seconds": round(fill_s, 1)}), flush=True)
+            if args.keep_filled is not None:
+                shutil.copyfile(db, args.keep_filled)
         first = run_child(db, folder, "first")
         print(json.dumps({"first_build": first}), flush=True)
         with Store(db) as store:  # the log goes on past the checkpoint

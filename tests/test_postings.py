@@ -39,7 +39,7 @@ def test_base_and_overlay_read_as_a_build_of_the_final_contents(base, changes) -
     for node, pairs in final.items():  # each node's keys in the order it put them
         assert p.node_keys_of(node) == [key for key, _ in pairs]
     keys, arrays = p.arrays()
-    loaded = Postings.from_arrays(list(keys), arrays)
+    loaded = Postings.from_arrays(list(keys), None, arrays)
     assert contents(loaded) == contents(rebuilt)
     loaded.put(11, [("zz", 3)])  # a loaded base takes changes as any other
     assert loaded.holders("zz")[0].tolist() == [11]

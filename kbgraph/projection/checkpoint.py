@@ -18,7 +18,7 @@ or to a build from the store.
 
 Loading maps the file copy-on-write: the arrays the follower patches in place (adjacency, ids'
 bytes, alive flags) become private pages only where they change; texts are read lazily
-(``kbgraph.projection.columns.StringColumn``).
+(``kbgraph.columns.StringColumn``).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from typing import Final
 import msgspec
 import numpy as np
 
+from kbgraph.columns import KeyIndex, StringColumn, decode_strings, encode_strings, key_hashes
 from kbgraph.projection.adjacency import Adjacency
-from kbgraph.projection.columns import StringColumn, decode_strings, encode_strings
 from kbgraph.projection.kb import KBProjection
 from kbgraph.projection.keys import Keys
 from kbgraph.search import SearchIndex
@@ -49,7 +49,7 @@ FORMAT: Final = 1
 ALIGN: Final = 64
 KEEP: Final = 2  # checkpoint files kept (the newest and one before it)
 _lists_encoder = msgspec.json.Encoder()
-_lists_decoder = msgspec.json.Decoder(list[list[str]])
+_lists_decoder = msgspec.json.Decoder(list[str])
 
 
 class ArrayEntry(msgspec.Struct, array_like=True):
@@ -106,8 +106,12 @@ def _kb_arrays(kb: KBProjection) -> tuple[KBEntry, dict[str, np.ndarray]]:
     for column in ("ids", "titles", "texts", "statuses"):
         blob, off = encode_strings(getattr(kb, column))
         arrays[f"{column}.blob"], arrays[f"{column}.off"] = blob, off
+    arrays["ids.hash"], arrays["ids.order"] = key_hashes(kb.ids)
     for column in ("aliases", "tags"):
-        arrays[column] = np.frombuffer(_lists_encoder.encode(list(getattr(kb, column))), np.uint8)
+        blob, off = encode_strings(
+            _lists_encoder.encode(values).decode() for values in getattr(kb, column)
+        )
+        arrays[f"{column}.blob"], arrays[f"{column}.off"] = blob, off
     arrays["versions"] = np.array(kb.versions, np.int64)
     arrays["alive"], arrays["cls"] = kb._alive[:cap], kb._cls[:cap]
     for part, adj in (("und", kb._und), ("out", kb._out)):
@@ -130,6 +134,8 @@ def _kb_arrays(kb: KBProjection) -> tuple[KBEntry, dict[str, np.ndarray]]:
     for part, values in index_keys.items():
         blob, off = encode_strings(values)
         arrays[f"index.{part}.keys.blob"], arrays[f"index.{part}.keys.off"] = blob, off
+        hashes, order = key_hashes(values)
+        arrays[f"index.{part}.keys.hash"], arrays[f"index.{part}.keys.order"] = hashes, order
     arrays.update({f"index.{name}": a for name, a in index_arrays.items()})
     assert len(kb.ids) == n
     entry = KBEntry(
@@ -147,14 +153,21 @@ def _kb_from_arrays(entry: KBEntry, arrays: Mapping[str, np.ndarray]) -> KBProje
     cap = entry.node_cap
     kb.seq = entry.seq
     kb._node_cap = cap
-    kb.ids = decode_strings(arrays["ids.blob"], arrays["ids.off"])
-    n = len(kb.ids)
-    kb._index_of = dict(zip(kb.ids, range(n), strict=True))
-    kb.titles = decode_strings(arrays["titles.blob"], arrays["titles.off"])
-    kb.statuses = decode_strings(arrays["statuses.blob"], arrays["statuses.off"])
-    kb.texts = StringColumn(arrays["texts.blob"], arrays["texts.off"])  # type: ignore[assignment]
-    kb.aliases = _lists_decoder.decode(arrays["aliases"].tobytes())
-    kb.tags = _lists_decoder.decode(arrays["tags"].tobytes())
+    ids = StringColumn(arrays["ids.blob"], arrays["ids.off"])
+    n = len(ids)
+    kb.ids = ids  # type: ignore[assignment]
+    kb._index_of = KeyIndex(ids, arrays["ids.hash"], arrays["ids.order"])  # type: ignore[assignment]
+    for column in ("titles", "texts"):
+        setattr(kb, column, StringColumn(arrays[f"{column}.blob"], arrays[f"{column}.off"]))
+    for column in ("aliases", "tags"):
+        lists = StringColumn(
+            arrays[f"{column}.blob"], arrays[f"{column}.off"], _lists_decoder.decode
+        )
+        setattr(kb, column, lists)
+    shared: dict[str, str] = {}  # a few statuses, a million times
+    statuses = decode_strings(arrays["statuses.blob"], arrays["statuses.off"])
+    kb.statuses = [shared.setdefault(s, s) for s in statuses]
+    del statuses
     kb.versions = arrays["versions"].tolist()
     kb._classes = [tuple(c) for c in entry.classes]  # type: ignore[misc]
     kb._class_of = {c: k for k, c in enumerate(kb._classes)}
@@ -183,11 +196,14 @@ def _kb_from_arrays(entry: KBEntry, arrays: Mapping[str, np.ndarray]) -> KBProje
     for name, a in arrays.items():
         if name.startswith("index.") and ".keys." not in name:
             index_arrays[name[len("index.") :]] = a
+    vocabularies = {}
     for part in ("terms", "names", "tags"):
-        meta[part] = decode_strings(
-            arrays[f"index.{part}.keys.blob"], arrays[f"index.{part}.keys.off"]
+        keys = StringColumn(arrays[f"index.{part}.keys.blob"], arrays[f"index.{part}.keys.off"])
+        found = KeyIndex(
+            keys, arrays[f"index.{part}.keys.hash"], arrays[f"index.{part}.keys.order"]
         )
-    kb.index = SearchIndex.from_arrays(meta, index_arrays)
+        vocabularies[part] = (keys, found)
+    kb.index = SearchIndex.from_arrays(meta, vocabularies, index_arrays)
     return kb
 
 
