@@ -134,6 +134,10 @@ async def run_async(opts: Options, tmp: Path) -> dict[str, Any]:
             kbgen.WriterStream(i, opts.writers, concepts, opts.seed) for i in range(opts.writers)
         ]
         probe_query = kbgen.queries(1, opts.seed + 1)[0]
+        groups = {"nodes": [each.proc.pid for each in services if each.proc is not None]}
+        if cluster is not None:
+            groups["nats"] = [proc.pid for proc in cluster.procs if proc is not None]
+        cpu_before = cpu_seconds(groups)
         rec.t0 = time.perf_counter()
         stop_at = rec.t0 + opts.seconds
         probe_tasks: set[asyncio.Task[None]] = set()
@@ -173,6 +177,11 @@ async def run_async(opts: Options, tmp: Path) -> dict[str, Any]:
         await ticker
         elapsed = max(time.perf_counter() - rec.t0, 1e-9)
         timed = min(elapsed, opts.seconds) if opts.seconds > 0 else elapsed
+        cpu_after = cpu_seconds(groups)
+        cpu = {
+            what: round((cpu_after[what] - cpu_before[what]) / elapsed, 2) for what in cpu_before
+        }
+        cpu["other"] = round(max(0.0, cpu["machine"] - sum(cpu[w] for w in (*groups, "client"))), 2)
 
         verification = await verify(verify_pools[0], model, creds, rec)
         for index, pool in enumerate(verify_pools[1:], 1):  # every node, the same answers
@@ -185,7 +194,34 @@ async def run_async(opts: Options, tmp: Path) -> dict[str, Any]:
         code = next((c for c in codes if c), codes[0])
         if cluster is not None:
             await asyncio.to_thread(cluster.stop)
-    return build_report(opts, rec, verification, load_acks, load_seconds, timed, code, service)
+    full = build_report(opts, rec, verification, load_acks, load_seconds, timed, code, service)
+    full["cpu_cores"] = full["headline"]["cpu_cores"] = cpu
+    return full
+
+
+def cpu_seconds(groups: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds so far: each group's processes with their children, this client process,
+    and the whole machine (busy, any process: other work on it shows as the rest)."""
+    import psutil
+
+    out: dict[str, float] = {}
+    for what, pids in groups.items():
+        total = 0.0
+        for pid in pids:
+            try:
+                root = psutil.Process(pid)
+                for proc in (root, *root.children(recursive=True)):
+                    times = proc.cpu_times()
+                    total += times.user + times.system
+            except psutil.Error:
+                continue
+        out[what] = total
+    out["client"] = time.process_time()
+    machine = psutil.cpu_times()
+    out["machine"] = sum(
+        getattr(machine, name, 0.0) for name in ("user", "system", "nice", "irq", "softirq")
+    )
+    return out
 
 
 def merge_verifications(first: dict[str, Any], other: dict[str, Any], node: int) -> dict[str, Any]:
