@@ -332,6 +332,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.size < 1:
         return _fail("--size: expected at least 1")
+    if config.log.kind == "jetstream":  # the demo seeds its store directly
+        return _fail(f"config {config_path}: the demo runs on [log] kind = sqlite")
     problem = store_problem(config.store.path)
     if problem:
         return _fail(problem)

@@ -132,3 +132,17 @@ def test_readiness_says_why_not(tmp_path: Path) -> None:
         assert "disconnected" in (follower.problem() or "")
         follower.connected, follower.failure = True, "disk I/O error"
         assert "disk I/O error" in (follower.problem() or "")
+
+
+def test_local_writers_refuse_a_jetstream_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``kbgraph import`` into a node's own store would fork it from the stream: refused."""
+    config = tmp_path / "kbgraph.toml"
+    config.write_text('[log]\nkind = "jetstream"\n')
+    vault = tmp_path / "vault"
+    vault.mkdir()
+    (vault / "a.md").write_text("# A\n")
+    code = cli.main(["import", str(vault), "--kb", "notes", "--config", str(config)])
+    assert code != 0
+    assert "send with --url to a node instead" in capsys.readouterr().err

@@ -67,6 +67,11 @@ def open_sink(args: argparse.Namespace) -> Sink | str:
         config = load_config(args.config)
     except ConfigError as exc:
         return f"config {args.config}: {exc}"
+    if config.log.kind == "jetstream":  # writing a node's store directly would fork it
+        return (
+            f"config {args.config}: [log] kind = jetstream: a node's store follows the stream;"
+            " send with --url to a node instead"
+        )
     return LocalSink(config.store.path)
 
 
