@@ -99,6 +99,10 @@ class ApplyFailed(RuntimeError):
     says not ready meanwhile."""
 
 
+class StreamBehind(RuntimeError):
+    """The stream's first message is past the one this store needs next."""
+
+
 class _Restart(Exception):
     """The consumer must be replaced (gap, repeat, silence, failed commit)."""
 
@@ -141,8 +145,9 @@ class JetStreamLog:
                 await self._nc.close()
 
     def problem(self) -> str | None:
-        """Why this node is not ready: not connected yet, or behind the stream's last
-        sequence as of its start (a fresh node catches up first)."""
+        """Why this node is not ready: not connected (yet), failing to follow (its store
+        cannot apply, or the stream no longer holds what it needs), or behind the stream's
+        last sequence as of its start (a fresh node catches up first)."""
         if self.target is None:
             return self.error or "connecting to JetStream"
         if not self.connected:
@@ -272,12 +277,26 @@ class JetStreamLog:
                 await self._apply(batch)
         except _Restart as why:
             log.info("stream %s: new consumer from %s (%s)", self.stream, self.applied + 1, why)
+            await self._check_stream_start()
+            await asyncio.sleep(0.05)  # a consumer that keeps failing must not spin
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
             if consumer is not None and self._nc.is_connected:
                 with contextlib.suppress(Exception):
                     await self._js.delete_consumer(self.stream, consumer)
+
+    async def _check_stream_start(self) -> None:
+        """Raise ``StreamBehind`` (and say so on ``/readyz``) when the stream no longer holds
+        the next message this store needs: purged, or cut by limits set on it."""
+        info = await self._js.stream_info(self.stream)
+        first = int(info.state.first_seq)
+        if first > self.applied + 1:
+            self.failure = (
+                f"stream {self.stream} starts at {first}, this node's store is at"
+                f" {self.applied}: start it from a copy of another node's store"
+            )
+            raise StreamBehind(self.failure)
 
     async def _apply(self, batch: list[Msg]) -> None:
         """Apply the data messages of ``batch`` in order; answer control messages."""

@@ -446,3 +446,35 @@ def test_kills_lose_no_acknowledged_delivery(tmp_path: Path) -> None:
         for node in nodes:
             node.stop()
         snapshots_equal(nodes)
+
+
+def test_a_node_behind_a_cut_stream_says_so(tmp_path: Path) -> None:
+    """A stream cut past what a node's store needs (purged, or its limits) cannot be followed:
+    the node says so on /readyz, naming the way out, instead of following with a hole."""
+    with running_cluster(tmp_path / "nats") as cluster, nodes_on(cluster, tmp_path, 1) as nodes:
+        with httpx.Client(timeout=30) as client:
+            for i in range(5):
+                assert post(client, nodes[0].url, [wc.upsert(f"cut/{i}")]).status_code == 200
+
+        async def purge() -> None:
+            nc = await nats.connect(servers=cluster.urls, error_cb=_quiet)
+            try:
+                await nc.jetstream(timeout=5).purge_stream(STREAM, seq=4)  # keeps 4 and 5
+            finally:
+                await nc.close()
+
+        asyncio.run(purge())
+        late = Node(tmp_path / "late", cluster.urls)
+        late.proc = start_server(late.config)
+        nodes.append(late)
+        deadline = time.monotonic() + READY_SECONDS
+        answer = None
+        while time.monotonic() < deadline:
+            answer = httpx.get(f"{late.url}/readyz", timeout=5)
+            if "starts at 4" in answer.text:
+                break
+            time.sleep(0.05)
+        assert answer is not None and answer.status_code == 503, answer and answer.text
+        assert "this node's store is at 0: start it from a copy" in answer.text
+        assert late.position() == 0  # nothing applied over the hole
+        assert httpx.get(f"{nodes[0].url}/readyz", timeout=5).status_code == 200
