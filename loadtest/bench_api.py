@@ -10,7 +10,8 @@ HTTP settings. Each target gets, with the same raw-asyncio keep-alive client:
 
 Targets: bare, graph_context with a query, graph_context with ids, link_suggest, graph_path,
 search (admin token; every answer must be a 200). Aims: graph_context p50 within 3x of the
-bare endpoint's p50, and at least 2,000 graph_context requests/s from one worker process.
+bare endpoint's p50, and from one worker process at least 3,000 graph_context requests/s with a
+query and 4,000 with ids.
 Prints a table; the LAST line is one JSON object with every figure, the ratios and the aims.
 Loopback only; bounded (well under 3 minutes).
 """
@@ -44,7 +45,7 @@ from loadtest.recorder import Recorder
 from loadtest.service import HOST, KB, Credentials, ServiceProcess, free_port, write_config
 
 P50_AIM_RATIO: Final = 3.0
-RPS_AIM: Final = 2000.0
+RPS_AIMS: Final = {"graph_context_query": 3000.0, "graph_context_ids": 4000.0}  # issue 15
 TARGETS: Final = (
     "bare",
     "graph_context_query",
@@ -217,8 +218,8 @@ def figures(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]
             "value": ratio,
             "met": bool(ratio is not None and ratio <= P50_AIM_RATIO),
         }
-        rps = results[target]["throughput"]["rps"]
-        aims[f"{target}_rps_at_least_{RPS_AIM:g}"] = {"value": rps, "met": bool(rps >= RPS_AIM)}
+        rps, aim = results[target]["throughput"]["rps"], RPS_AIMS[target]
+        aims[f"{target}_rps_at_least_{aim:g}"] = {"value": rps, "met": bool(rps >= aim)}
     errors = {t: r["non_200"] for t, r in results.items() if r["non_200"] or r["client_errors"]}
     return {
         "kind": "bench_api",

@@ -6,6 +6,7 @@ of an event older than the cut still answers ``duplicates``."""
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -268,3 +269,29 @@ def test_a_kb_remembers_its_last_dedupe_keys_and_the_cut_forgets_the_rest(tmp_pa
         kept = store._writer_conn.execute("SELECT id FROM accepted ORDER BY n").fetchall()
         assert [row[0] for row in kept] == [sent[5].id, sent[2].id, sent[3].id]
         assert store.append(KB, [sent[5], sent[3]]).duplicates == 2
+
+
+def test_a_forked_writer_checkpoints_while_the_follower_goes_on(tmp_path: Path) -> None:
+    store = Store(tmp_path / "kb.db")
+    for i in range(20):
+        store.append(KB, [upsert(f"c{i}", title=f"DNS {i}", links=["c0"])])
+    p = projections(store, tmp_path / "ckpt", checkpoint_every=10, log_retain=0)
+    p._maybe_checkpoint()  # 20 records past none: a child starts writing at gid 20
+    assert p._writer is not None and p._writer[1] == 20
+    for i in range(5):  # the follower goes on meanwhile
+        store.append(KB, [upsert(f"later{i}", links=["c1"])])
+    while p.follow_once():
+        pass
+    deadline = time.monotonic() + 60
+    while p._reap_checkpoint():
+        assert time.monotonic() < deadline, "the checkpoint writer did not finish"
+        time.sleep(0.01)
+    assert p.checkpoint_gid == 20 and store.log_start() == 20
+    restarted = projections(store, tmp_path / "ckpt")
+    assert restarted.loaded_from is not None and restarted.gid == 20  # the forked instant
+    while restarted.follow_once():
+        pass
+    assert everything(restarted, [None]) == everything(p, [None])
+    p.stop()
+    assert not list((tmp_path / "ckpt").glob(".*.tmp"))
+    store.close()

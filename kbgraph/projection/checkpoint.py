@@ -259,6 +259,13 @@ def write(
     return final
 
 
+def remove_partial(folder: Path, pid: int) -> None:
+    """Remove what a writer with this pid left half-written (it was killed)."""
+    for partial in folder.glob(f".ckpt-*.kbg.{pid}.tmp"):
+        with contextlib.suppress(OSError):
+            partial.unlink()
+
+
 def _fsync_folder(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:

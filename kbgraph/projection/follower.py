@@ -21,9 +21,9 @@ starve readers: they interleave with it batch by batch.
 
 Checkpoints (``kbgraph.projection.checkpoint``): with a checkpoint folder, ``load`` starts
 from the newest usable checkpoint and follows the log from its ``gid``; once the log has grown
-``checkpoint_every`` records past the newest checkpoint, the follower writes a new one between
-batches (one process at a time, under a file lock; a few seconds at a million concepts, while
-readers go on reading) and then cuts the log before it, keeping ``log_retain`` records for
+``checkpoint_every`` records past the newest checkpoint, the follower forks a child that writes
+the state of that instant (one process at a time, under a file lock) while the follower goes
+on, and once the child is done cuts the log before it, keeping ``log_retain`` records for
 followers just behind. A follower that finds its next records cut (``LogCut``) loads again.
 
 Failure: if reading the log raises (SQLite busy, I/O), nothing was applied and the follower
@@ -37,10 +37,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import threading
+import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 try:  # POSIX only; elsewhere every process may write checkpoints
     import fcntl
@@ -83,6 +86,7 @@ class Projections:
         self.log_retain = log_retain
         self.loaded_from: Path | None = None  # the checkpoint the last load started from
         self.checkpoint_gid = 0  # the newest checkpoint's gid, as far as this process knows
+        self._writer: tuple[int, int] | None = None  # (pid, gid) of a forked checkpoint writer
         self.error: BaseException | None = None
         self._index_factory = index_factory
         self._kbs: dict[str, KBProjection] = {}
@@ -148,40 +152,100 @@ class Projections:
         records); None when another process holds the checkpoint lock, or wrote one fewer than
         ``min_progress`` records behind ``gid``. Call from the thread that applies the log (or
         with it stopped)."""
+        claim = self._claim_checkpoint(min_progress)
+        if claim is None:
+            return None
+        lock, store_id, mark = claim
+        try:
+            path = checkpoint.write(self.checkpoints, store_id, self.gid, mark, self._kbs)
+        finally:
+            lock.close()
+        self._checkpoint_written(self.gid)
+        return path
+
+    def _claim_checkpoint(
+        self, min_progress: int
+    ) -> tuple[BinaryIO, str, checkpoint.LogMark | None] | None:
+        """(the checkpoint lock, held; the store's id; the log record at ``gid``) when this
+        process should write a checkpoint now, else None."""
         if self.checkpoints is None or self.store.read_only:
             return None
         self.checkpoints.mkdir(parents=True, exist_ok=True)
-        with open(self.checkpoints / ".lock", "a+b") as lock:
+        lock = open(self.checkpoints / ".lock", "a+b")  # noqa: SIM115 - handed to the caller
+        try:
             if fcntl is not None:
                 try:
                     fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
+                    lock.close()
                     return None
             newest = next(checkpoint.iter_headers(self.checkpoints), None)
             if newest is not None and self.gid - newest[1].gid < min_progress:
                 self.checkpoint_gid = newest[1].gid
+                lock.close()
                 return None
             mark = self.store.log_mark(self.gid) if self.gid else None
-            path = checkpoint.write(
-                self.checkpoints,
-                self.store.store_id,
-                self.gid,
-                None if mark is None else checkpoint.LogMark(*mark),
-                self._kbs,
-            )
-            self.checkpoint_gid = self.gid
-            self.store.cut_log(self.gid - self.log_retain)
-        return path
+            return lock, self.store.store_id, None if mark is None else checkpoint.LogMark(*mark)
+        except BaseException:
+            lock.close()
+            raise
+
+    def _checkpoint_written(self, gid: int) -> None:
+        self.checkpoint_gid = gid
+        self.store.cut_log(gid - self.log_retain)
+
+    def _fork_checkpoint(self) -> None:
+        """Write a checkpoint in a forked child: it sees this instant's state (copy-on-write
+        pages) while this process goes on following (at a million concepts a checkpoint takes
+        ~15 s, which in the follower thread would be 15 s of lag). The child touches no lock,
+        log or SQLite connection of ours: it writes the file and exits."""
+        claim = self._claim_checkpoint(self.checkpoint_every)
+        if claim is None:
+            return
+        lock, store_id, mark = claim
+        gid = self.gid
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child (coverage does not follow it)
+            code = 1
+            try:
+                checkpoint.write(self.checkpoints, store_id, gid, mark, self._kbs)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        lock.close()  # the child's copy of it holds the lock until the child exits
+        self._writer = (pid, gid)
+
+    def _reap_checkpoint(self) -> bool:
+        """True while a forked writer is still writing; once it exits, cut the log."""
+        if self._writer is None:
+            return False
+        pid, gid = self._writer
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if not done:
+            return True
+        self._writer = None
+        code = os.waitstatus_to_exitcode(status)
+        if code == 0:
+            self._checkpoint_written(gid)
+        else:
+            log.warning("the checkpoint writer (pid %d) exited with %d", pid, code)
+            self.checkpoint_gid = gid  # try again after as many records
+        return False
 
     def _maybe_checkpoint(self) -> None:
-        if (
+        if self._reap_checkpoint() or (
             self.checkpoints is None
             or self.store.read_only
             or self.gid - self.checkpoint_gid < self.checkpoint_every
         ):
             return
         try:
-            self.write_checkpoint(self.checkpoint_every)
+            if hasattr(os, "fork"):
+                self._fork_checkpoint()
+            else:  # pragma: no cover - no fork: write it here, lagging meanwhile
+                self.write_checkpoint(self.checkpoint_every)
         except Exception:  # a failed checkpoint costs a slower restart, nothing else
             log.exception("writing a checkpoint failed")
             self.checkpoint_gid = self.gid  # try again after as many records
@@ -192,6 +256,14 @@ class Projections:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._writer is not None:  # a checkpoint being written: not worth the wait
+            pid = self._writer[0]
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            self._writer = None
+            if self.checkpoints is not None:
+                checkpoint.remove_partial(self.checkpoints, pid)
 
     def kick(self) -> None:
         """A local commit happened: follow now instead of at the next poll."""
