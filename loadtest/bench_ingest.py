@@ -7,7 +7,7 @@ keep-alive connections on raw asyncio sockets (signed deliveries, built in this 
 2. 500-event deliveries: events/s and p50/p99 acknowledgement latency.
 
 Every 200 counted is durable (the store answers after the fsynced group commit). The last line
-printed is one JSON object with the figures, the aims (>= 2,000 single deliveries/s,
+printed is one JSON object with the figures, the aims (>= 3,000 single deliveries/s,
 >= 50,000 events/s batched) and whether each was met. Bounded to well under 2 minutes.
 
     .venv/bin/python loadtest/bench_ingest.py [--seconds 8] [--connections 64]
@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
 from tests import webhook_client as wc  # noqa: E402
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-AIM_SINGLE = 2_000.0
+AIM_SINGLE = 3_000.0  # issue 15
 AIM_EVENTS = 50_000.0
 BATCH = 500
 WORDS = ("dns", "backup", "router", "cluster", "vpn", "certificate", "disk", "ingress",
