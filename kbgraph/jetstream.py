@@ -290,13 +290,22 @@ class JetStreamLog:
         """Raise ``StreamBehind`` (and say so on ``/readyz``) when the stream no longer holds
         the next message this store needs: purged, or cut by limits set on it."""
         info = await self._js.stream_info(self.stream)
-        first = int(info.state.first_seq)
-        if first > self.applied + 1:
+        first, last, need = int(info.state.first_seq), int(info.state.last_seq), self.applied + 1
+        if first > need:
             self.failure = (
                 f"stream {self.stream} starts at {first}, this node's store is at"
                 f" {self.applied}: start it from a copy of another node's store"
             )
             raise StreamBehind(self.failure)
+        if need <= last:  # the message exists unless someone deleted it from the stream
+            try:
+                await self._js.get_msg(self.stream, need)
+            except nats.js.errors.NotFoundError:
+                self.failure = (
+                    f"stream {self.stream} lacks message {need} (deleted): the nodes that"
+                    " applied it and those that did not would differ, so this one stops"
+                )
+                raise StreamBehind(self.failure) from None
 
     async def _apply(self, batch: list[Msg]) -> None:
         """Apply the data messages of ``batch`` in order; answer control messages."""

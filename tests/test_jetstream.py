@@ -478,3 +478,35 @@ def test_a_node_behind_a_cut_stream_says_so(tmp_path: Path) -> None:
         assert "this node's store is at 0: start it from a copy" in answer.text
         assert late.position() == 0  # nothing applied over the hole
         assert httpx.get(f"{nodes[0].url}/readyz", timeout=5).status_code == 200
+
+        # a message deleted from inside the stream: a node that needs it stops there too
+        with httpx.Client(timeout=30) as client:
+            for i in range(5, 8):
+                assert post(client, nodes[0].url, [wc.upsert(f"cut/{i}")]).status_code == 200
+        nodes[0].stop()  # at 8
+
+        async def delete_seven() -> None:
+            nc = await nats.connect(servers=cluster.urls, error_cb=_quiet)
+            try:
+                await nc.jetstream(timeout=5).delete_msg(STREAM, 7)
+            finally:
+                await nc.close()
+
+        asyncio.run(delete_seven())
+        copied = Node(tmp_path / "copied", cluster.urls)
+        source = sqlite3.connect(nodes[0].folder / "kb.db")
+        try:  # a store at 5 (as if restored from an old copy): it needs 6, 7, 8
+            source.execute("VACUUM INTO ?", (str(copied.folder / "kb.db"),))
+        finally:
+            source.close()
+        with sqlite3.connect(copied.folder / "kb.db") as db:
+            db.execute("UPDATE log_position SET seq = 5")  # only the position matters here
+        copied.proc = start_server(copied.config)
+        nodes.append(copied)
+        deadline = time.monotonic() + READY_SECONDS
+        while time.monotonic() < deadline:
+            answer = httpx.get(f"{copied.url}/readyz", timeout=5)
+            if "lacks message 7" in answer.text:
+                break
+            time.sleep(0.05)
+        assert answer.status_code == 503 and "lacks message 7 (deleted)" in answer.text
