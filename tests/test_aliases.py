@@ -21,6 +21,7 @@ from kbgraph.events import (
 from kbgraph.projection import KBProjection
 from kbgraph.store import Store
 from kbgraph.store.schema import SCHEMA_VERSION
+from tests.kb_events import link_added
 
 
 def upsert(subject: str, version: int = 1, **data: object) -> ConceptUpserted:
@@ -121,3 +122,41 @@ def test_schema_1_store_is_migrated(tmp_path: Path) -> None:
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_schema")}
     assert not {name for name in tables if name.startswith("fts")}, tables
     assert "webhook_message" in tables
+
+
+def test_schema_6_link_rows_become_the_links_column(tmp_path: Path) -> None:
+    """A schema 6 file kept declared links as rows of a link table: they become each concept's
+    ``links`` column (to missing concepts too), the table goes, and the state reads the same."""
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        """
+        CREATE TABLE kb (kid INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE,
+                         seq INTEGER NOT NULL DEFAULT 0, keys INTEGER NOT NULL DEFAULT 0);
+        CREATE TABLE concept (rid INTEGER PRIMARY KEY, kid INTEGER NOT NULL, id TEXT NOT NULL,
+            version INTEGER NOT NULL, title TEXT NOT NULL, aliases TEXT NOT NULL DEFAULT '[]',
+            type TEXT NOT NULL, status TEXT NOT NULL, tags TEXT NOT NULL, text TEXT NOT NULL,
+            UNIQUE (kid, id));
+        CREATE TABLE link (kid INTEGER NOT NULL, src TEXT NOT NULL, dst TEXT NOT NULL,
+            PRIMARY KEY (kid, src, dst)) WITHOUT ROWID;
+        INSERT INTO kb VALUES (1, 'kb', 3, 0);
+        INSERT INTO concept VALUES (1, 1, 'a', 1, 'A', '[]', '', '', '[]', '');
+        INSERT INTO concept VALUES (2, 1, 'b', 1, 'B', '[]', '', '', '[]', '');
+        INSERT INTO concept VALUES (3, 1, 'café', 1, 'C', '[]', '', '', '[]', '');
+        INSERT INTO link VALUES (1, 'a', 'b'), (1, 'a', 'ghost'), (1, 'a', 'café'),
+                                (1, 'café', 'a');
+        PRAGMA user_version = 6;
+        """
+    )
+    conn.close()
+    with Store(path) as store:
+        concepts = {c.id: c.links for c in store.load().kbs["kb"].concepts}
+        assert concepts == {"a": ["b", "café", "ghost"], "b": [], "café": ["a"]}
+        store.append("kb", [link_added("b", "a", 2)])  # a link event patches the column
+        concepts = {c.id: c.links for c in store.load().kbs["kb"].concepts}
+        assert concepts["b"] == ["a"]
+    conn = sqlite3.connect(path)
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_schema")}
+    assert "link" not in tables and "link_dst" not in tables
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.close()

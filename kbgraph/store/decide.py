@@ -46,6 +46,7 @@ class Subject:
     had_tombstone: bool
     version: int | None  # known version: concept's, else tombstone's, else None
     exists: bool
+    stored_links: list[str] = field(default_factory=list)  # the concept row's, when it exists
     touched: bool = False  # some event applied
     fields: ConceptUpserted | None = None  # last applied upsert (if not deleted after it)
     rewrite: bool = False  # fields / links replaced (upsert or delete applied)

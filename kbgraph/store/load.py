@@ -13,14 +13,11 @@ def load_snapshot(conn: sqlite3.Connection) -> StoreSnapshot:
     gid = conn.execute("SELECT coalesce(max(gid), 0) FROM log").fetchone()[0]
     kbs = conn.execute("SELECT kid, name, seq FROM kb WHERE seq > 0").fetchall()
     rows = conn.execute(
-        "SELECT kid, id, version, title, type, status, tags, text, aliases FROM concept"
+        "SELECT kid, id, version, title, type, status, tags, text, aliases, links FROM concept"
     ).fetchall()
-    link_rows = conn.execute("SELECT kid, src, dst FROM link").fetchall()
-    links: dict[tuple[int, str], list[str]] = {}
-    for kid, src, dst in link_rows:
-        links.setdefault((kid, src), []).append(dst)
     concepts: dict[int, list[ConceptState]] = {}
-    for kid, cid, version, title, ctype, status, tags, text, aliases in rows:
+    decode = tags_decoder.decode
+    for kid, cid, version, title, ctype, status, tags, text, aliases, links in rows:
         concepts.setdefault(kid, []).append(
             ConceptState(
                 id=cid,
@@ -28,10 +25,10 @@ def load_snapshot(conn: sqlite3.Connection) -> StoreSnapshot:
                 title=title,
                 type=ctype,
                 status=status,
-                tags=tags_decoder.decode(tags),
+                tags=decode(tags),
                 text=text,
-                links=sorted(links.get((kid, cid), ())),
-                aliases=tags_decoder.decode(aliases),
+                links=sorted(decode(links)),
+                aliases=decode(aliases),
             )
         )
     return StoreSnapshot(

@@ -11,8 +11,9 @@ from typing import Final
 # 4: webhook_id (which KB a signed delivery's webhook-id was accepted for); 5: webhook_message,
 # keyed by webhook-id and body digest (independent senders may pick the same webhook-id);
 # 6: meta (the store's id, where the log starts after a cut); no link_dst index (nothing read
-# it; every link write paid for it); kb.keys and accepted.n (the retention of dedupe keys)
-SCHEMA_VERSION: Final = 6
+# it; every link write paid for it); kb.keys and accepted.n (the retention of dedupe keys);
+# 7: a concept's declared links are a column of its row (a JSON array, sorted), not link rows
+SCHEMA_VERSION: Final = 7
 
 _TABLES: Final = """
 CREATE TABLE IF NOT EXISTS kb (
@@ -40,6 +41,7 @@ CREATE TABLE IF NOT EXISTS concept (
     status TEXT NOT NULL,
     tags TEXT NOT NULL,
     text TEXT NOT NULL,
+    links TEXT NOT NULL DEFAULT '[]',
     UNIQUE (kid, id)
 );
 CREATE TABLE IF NOT EXISTS tombstone (
@@ -47,12 +49,6 @@ CREATE TABLE IF NOT EXISTS tombstone (
     id TEXT NOT NULL,
     version INTEGER NOT NULL,
     PRIMARY KEY (kid, id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS link (
-    kid INTEGER NOT NULL,
-    src TEXT NOT NULL,
-    dst TEXT NOT NULL,
-    PRIMARY KEY (kid, src, dst)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS accepted (
     kid INTEGER NOT NULL,
@@ -111,12 +107,22 @@ def _migrate(conn: sqlite3.Connection) -> None:
     ``webhook_message`` table (5) is created with the others and replaces ``webhook_id`` (4),
     whose rows (at most ten minutes of deliveries) are forgotten; ``meta`` (6) is created with
     the others and filled by the caller, the unread ``link_dst`` index goes and accepted keys
-    are numbered (6: the keys of an older file count as accepted before every new one)."""
+    are numbered (6: the keys of an older file count as accepted before every new one); each
+    concept's link rows become its ``links`` column and the link table goes (7)."""
     conn.execute("DROP TABLE IF EXISTS webhook_id")
-    conn.execute("DROP INDEX IF EXISTS link_dst")
     for table, column in (("kb", "keys"), ("accepted", "n")):
         if column not in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
+    if "links" not in {row[1] for row in conn.execute("PRAGMA table_info(concept)")}:
+        conn.execute("ALTER TABLE concept ADD COLUMN links TEXT NOT NULL DEFAULT '[]'")
+    if conn.execute("SELECT 1 FROM sqlite_schema WHERE name = 'link'").fetchone():
+        conn.execute(
+            "UPDATE concept SET links = (SELECT json_group_array(dst) FROM"
+            " (SELECT dst FROM link WHERE link.kid = concept.kid AND link.src = concept.id"
+            " ORDER BY dst)) WHERE EXISTS (SELECT 1 FROM link"
+            " WHERE link.kid = concept.kid AND link.src = concept.id)"
+        )
+        conn.execute("DROP TABLE link")  # its index link_dst goes with it
     columns = {row[1] for row in conn.execute("PRAGMA table_info(concept)")}
     if "aliases" not in columns:
         conn.execute("ALTER TABLE concept ADD COLUMN aliases TEXT NOT NULL DEFAULT '[]'")

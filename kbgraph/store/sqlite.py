@@ -17,9 +17,10 @@ the queue of pending deliveries, applies the whole group in one pass and commits
 resolves every caller. Should anything in the group raise, the transaction is rolled back and
 the group replayed one delivery per SAVEPOINT, so only the failing delivery is refused.
 
-Only what must be durable is written: the log, the current state, tombstones, declared links
-and accepted keys. Search is answered from memory (``kbgraph.search``, built from the state at
-start-up), so the store keeps no full-text index (schema 3 dropped the FTS5 tables).
+Only what must be durable is written: the log, the current state (declared links are a column
+of the concept's row), tombstones and accepted keys. Search is answered from memory
+(``kbgraph.search``, built from the state at start-up), so the store keeps no full-text index
+(schema 3 dropped the FTS5 tables).
 
 Several processes may share the file: writers serialize on SQLite's write lock (``BEGIN
 IMMEDIATE`` with a busy timeout and retries), fronted by an advisory file lock so a waiting
@@ -61,6 +62,7 @@ from kbgraph.store.model import (
     StoreSnapshot,
     WebhookMessage,
 )
+from kbgraph.store.statements import links_decoder
 
 try:  # POSIX only; elsewhere the writers rely on SQLite's busy handler alone.
     import fcntl
@@ -470,7 +472,8 @@ class Store:
             if row is None:
                 subjects[cid] = Subject(None, False, None, False)
             elif row[1] is not None:  # an existing concept (a tombstone, if any, is older)
-                subjects[cid] = Subject(row[1], row[3] is not None, row[2], True)
+                links = row[4] if isinstance(row[4], list) else links_decoder.decode(row[4])
+                subjects[cid] = Subject(row[1], row[3] is not None, row[2], True, links)
             else:
                 subjects[cid] = Subject(None, True, row[3], False)
         return work

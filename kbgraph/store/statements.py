@@ -20,6 +20,7 @@ from kbgraph.store.decide import Subject
 _CHUNK: Final = 5_000  # ids per json_each lookup
 tags_encoder = msgspec.json.Encoder()  # tags, and the JSON rows of bulk statements
 tags_decoder = msgspec.json.Decoder(list[str])
+links_decoder = tags_decoder
 rows_decoder = msgspec.json.Decoder(list[list])
 
 
@@ -94,12 +95,12 @@ SEEN: Final = Lookup(
     "SELECT source, id, n FROM accepted WHERE kid = ?1 AND source = ?2 AND id = ?3",
 )
 SUBJECTS: Final = Lookup(
-    "SELECT json_group_array(json_array(j.value, c.rid, c.version, t.version))"
+    "SELECT json_group_array(json_array(j.value, c.rid, c.version, t.version, json(c.links)))"
     " FROM json_each(?1) AS j"
     " LEFT JOIN concept AS c ON c.kid = ?2 AND c.id = j.value"
     " LEFT JOIN tombstone AS t ON t.kid = ?2 AND t.id = j.value"
     " WHERE c.rid IS NOT NULL OR t.version IS NOT NULL",
-    "SELECT ?2, c.rid, c.version, t.version FROM (SELECT 1)"
+    "SELECT ?2, c.rid, c.version, t.version, c.links FROM (SELECT 1)"
     " LEFT JOIN concept AS c ON c.kid = ?1 AND c.id = ?2"
     " LEFT JOIN tombstone AS t ON t.kid = ?1 AND t.id = ?2"
     " WHERE c.rid IS NOT NULL OR t.version IS NOT NULL",
@@ -114,24 +115,28 @@ ACCEPT: Final = Bulk(
 )
 KB_KEYS: Final = "SELECT kid, keys FROM kb"
 KEYS_FORGET: Final = "DELETE FROM accepted WHERE kid = ? AND n <= ?"
-# New and rewritten concepts in one statement (an updated row keeps its rid).
+# New and rewritten concepts in one statement (an updated row keeps its rid). Links are the
+# concept's declared out-links, a sorted JSON array (to missing concepts too).
 UPSERT: Final = Bulk(
-    "INSERT INTO concept (kid, id, version, title, type, status, tags, text, aliases)"
+    "INSERT INTO concept (kid, id, version, title, type, status, tags, text, aliases, links)"
     " SELECT ?2, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4,"
-    " value ->> 5, value ->> 6, value ->> 7 FROM json_each(?1) WHERE true"
+    " value ->> 5, value ->> 6, value ->> 7, value ->> 8 FROM json_each(?1) WHERE true"
     " ON CONFLICT (kid, id) DO UPDATE SET version = excluded.version,"
     " title = excluded.title, type = excluded.type, status = excluded.status,"
-    " tags = excluded.tags, text = excluded.text, aliases = excluded.aliases",
-    "INSERT INTO concept (kid, id, version, title, type, status, tags, text, aliases)"
-    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+    " tags = excluded.tags, text = excluded.text, aliases = excluded.aliases,"
+    " links = excluded.links",
+    "INSERT INTO concept (kid, id, version, title, type, status, tags, text, aliases, links)"
+    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
     " ON CONFLICT (kid, id) DO UPDATE SET version = excluded.version,"
     " title = excluded.title, type = excluded.type, status = excluded.status,"
-    " tags = excluded.tags, text = excluded.text, aliases = excluded.aliases",
+    " tags = excluded.tags, text = excluded.text, aliases = excluded.aliases,"
+    " links = excluded.links",
 )
-SET_VERSION: Final = Bulk(
-    "UPDATE concept SET version = j.value ->> 1 FROM json_each(?1) AS j"
+# Only link events: a new version and link list for an existing row.
+SET_LINKS: Final = Bulk(
+    "UPDATE concept SET version = j.value ->> 1, links = j.value ->> 2 FROM json_each(?1) AS j"
     " WHERE concept.rid = j.value ->> 0",
-    "UPDATE concept SET version = ?3 WHERE rid = ?2",
+    "UPDATE concept SET version = ?3, links = ?4 WHERE rid = ?2",
     json_takes_kid=False,
 )
 DELETE_CONCEPT: Final = Bulk(
@@ -148,30 +153,16 @@ UNTOMBSTONE: Final = Bulk(
     "DELETE FROM tombstone WHERE kid = ?2 AND id IN (SELECT value ->> 0 FROM json_each(?1))",
     "DELETE FROM tombstone WHERE kid = ?1 AND id = ?2",
 )
-LINKS_CLEAR: Final = Bulk(
-    "DELETE FROM link WHERE kid = ?2 AND src IN (SELECT value ->> 0 FROM json_each(?1))",
-    "DELETE FROM link WHERE kid = ?1 AND src = ?2",
-)
-LINK_ADD: Final = Bulk(
-    "INSERT OR IGNORE INTO link (kid, src, dst) SELECT ?2, value ->> 0, value ->> 1"
-    " FROM json_each(?1)",
-    "INSERT OR IGNORE INTO link (kid, src, dst) VALUES (?1, ?2, ?3)",
-)
-# link.removed is rare: row by row, each delete a primary-key seek
-LINK_REMOVE: Final = "DELETE FROM link WHERE kid = ? AND src = ? AND dst = ?"
 
 
 def write_subjects(conn: sqlite3.Connection, kid: int, subjects: dict[str, Subject]) -> None:
     """The net effect of the group on each touched concept, one statement per kind."""
-    upsert_rows: list[tuple[str, int, str, str, str, str, str, str]] = []
-    set_version: list[tuple[int, int]] = []
+    upsert_rows: list[tuple[str, int, str, str, str, str, str, str, str]] = []
+    set_links: list[tuple[int, int, str]] = []
     delete_rows: list[tuple[int]] = []
     tombstones: list[tuple[str, int]] = []
     untombstone: list[tuple[str]] = []
-    clear_links: list[tuple[str]] = []
-    add_links: list[tuple[str, str]] = []
-    remove_links: list[tuple[int, str, str]] = []
-    encode_tags = tags_encoder.encode
+    encode = tags_encoder.encode
     for cid, subject in subjects.items():
         if not subject.touched:
             continue
@@ -179,37 +170,25 @@ def write_subjects(conn: sqlite3.Connection, kid: int, subjects: dict[str, Subje
         assert version is not None
         rid = subject.rid
         if subject.exists:
-            if subject.fields is not None:
+            if subject.fields is not None:  # rewritten: its links are the upsert's, patched
                 data = subject.fields.data
-                tags = encode_tags(data.tags).decode()
-                aliases = encode_tags(data.aliases).decode()
                 upsert_rows.append(
-                    (cid, version, data.title, data.type, data.status, tags, data.text,
-                     aliases)
+                    (cid, version, data.title, data.type, data.status,
+                     encode(data.tags).decode(), data.text, encode(data.aliases).decode(),
+                     encode(sorted(subject.links)).decode())
                 )  # fmt: skip
             else:  # only link events: the concept existed before and still does
                 assert rid is not None
-                set_version.append((rid, version))
+                links = set(subject.stored_links) - subject.removed | subject.added
+                set_links.append((rid, version, encode(sorted(links)).decode()))
             if subject.had_tombstone:
                 untombstone.append((cid,))
         else:
             if rid is not None:
                 delete_rows.append((rid,))
             tombstones.append((cid, version))
-        if subject.rewrite:
-            if rid is not None:  # a concept new to the store has no links yet
-                clear_links.append((cid,))
-            add_links.extend([(cid, dst) for dst in subject.links])
-        else:
-            remove_links.extend([(kid, cid, dst) for dst in subject.removed])
-            add_links.extend([(cid, dst) for dst in subject.added])
     bulk(conn, DELETE_CONCEPT, kid, delete_rows)
     bulk(conn, UPSERT, kid, upsert_rows)
-    bulk(conn, SET_VERSION, kid, set_version)
+    bulk(conn, SET_LINKS, kid, set_links)
     bulk(conn, TOMBSTONE, kid, tombstones)
     bulk(conn, UNTOMBSTONE, kid, untombstone)
-    bulk(conn, LINKS_CLEAR, kid, clear_links)
-    if remove_links:
-        conn.executemany(LINK_REMOVE, remove_links)
-    add_links.sort()  # key order: B-tree inserts with locality
-    bulk(conn, LINK_ADD, kid, add_links)
