@@ -13,10 +13,11 @@ deliveries for one KB at the same moment cannot both append on one position, and
 took a delivery answers with the result its own follower computed for that message.
 
 The follower is a push consumer of this module's own (ephemeral, in memory, no acks, flow
-control, idle heartbeats) started at the next sequence the store needs; a gap, a repeat, a
-silent consumer (two heartbeats missed: its server died) or a failed commit drops it and
-starts a new one from the store's recorded position, so no message is skipped or applied
-twice whatever the cluster does.
+control, idle heartbeats) started at the next sequence the store needs; a gap, a repeat or a
+silent consumer (two heartbeats missed: its server died) drops it and starts a new one from
+the store's recorded position, so no message is skipped or applied twice whatever the cluster
+does. A commit that fails is retried after a pause; a stream that no longer holds the next
+message stops the follower there. Either way ``/readyz`` says why.
 """
 
 from __future__ import annotations
@@ -100,11 +101,11 @@ class ApplyFailed(RuntimeError):
 
 
 class StreamBehind(RuntimeError):
-    """The stream's first message is past the one this store needs next."""
+    """The stream no longer holds the message this store needs next (cut or deleted)."""
 
 
 class _Restart(Exception):
-    """The consumer must be replaced (gap, repeat, silence, failed commit)."""
+    """The consumer must be replaced (a gap, or silence)."""
 
 
 class JetStreamLog:
