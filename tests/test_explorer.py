@@ -91,12 +91,19 @@ def browser() -> Iterator[webdriver.Chrome]:
 
 
 def set_viewport(driver: webdriver.Chrome, width: int, height: int) -> None:
-    """The page's own size (the window's, less what the browser's frame takes)."""
-    driver.set_window_size(width, height)
-    inner = driver.execute_script("return [window.innerWidth, window.innerHeight]")
-    driver.set_window_size(2 * width - inner[0], 2 * height - inner[1])
-    inner = driver.execute_script("return [window.innerWidth, window.innerHeight]")
-    assert inner == [width, height], inner
+    """The page's own size, set through the DevTools protocol's device metrics: sizing the
+    window instead left the page whatever the headless browser made of it (once 657 px high
+    for an 800 px window), and a resize reaches the page asynchronously."""
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+    )
+    wait(
+        driver,
+        lambda d: (
+            d.execute_script("return [window.innerWidth, window.innerHeight]") == [width, height]
+        ),
+    )
 
 
 def wait(driver: webdriver.Chrome, condition, seconds: float = 20):
