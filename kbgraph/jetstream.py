@@ -41,7 +41,8 @@ from nats.js import api
 
 from kbgraph.config import LogConfig
 from kbgraph.events import Event, decode_from_log, encode_for_log
-from kbgraph.store import DeliveryResult, KBLimitReached, ReplayRefused, Store, WebhookMessage
+from kbgraph.store import DeliveryResult, Store, WebhookMessage
+from kbgraph.store.positions import DECIDED  # a delivery's own refusal, on every node
 
 log = logging.getLogger("kbgraph.jetstream")
 
@@ -52,7 +53,6 @@ DUPLICATE_WINDOW_SECONDS: Final = 120.0  # JetStream drops a re-publish with the
 MSG_ID: Final = "Nats-Msg-Id"
 ENCODING: Final = "Kbgraph-Encoding"  # "deflate": the payload is zlib-compressed
 COMPRESS_ABOVE: Final = 32 << 10  # bytes; batched deliveries of text shrink 3-5x
-_DECIDED: Final = (ReplayRefused, KBLimitReached)  # a delivery's own refusal, on every node
 
 
 class LogUnavailable(RuntimeError):
@@ -362,7 +362,7 @@ class JetStreamLog:
             try:
                 await future
             except Exception as exc:
-                if not isinstance(exc, _DECIDED):
+                if not isinstance(exc, DECIDED):
                     failed = exc
                     continue
             self.applied = seq

@@ -12,7 +12,7 @@ from kbgraph import cli
 from kbgraph.config import ConfigError, parse_config
 from kbgraph.jetstream import decode_delivery, encode_delivery
 from kbgraph.store import DeliveryResult, ReplayRefused, Store, WebhookMessage
-from kbgraph.store.sqlite import LogOutOfOrder
+from kbgraph.store.positions import LogOutOfOrder
 from tests.kb_events import link_added, upsert
 
 STREAM = "kbgraph"

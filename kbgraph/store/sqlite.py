@@ -36,7 +36,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import hashlib
 import queue
 import sqlite3
 import threading
@@ -48,7 +47,7 @@ from typing import Final, TypeVar
 
 from kbgraph.eventlog import LogRecord, SqliteLog, read_transaction
 from kbgraph.events import Event
-from kbgraph.store import schema
+from kbgraph.store import logcut, positions, schema
 from kbgraph.store import statements as sql
 from kbgraph.store.decide import Keys, Subject, decide
 from kbgraph.store.load import load_snapshot
@@ -369,7 +368,7 @@ class Store:
             with self._write_lock():
                 self._begin_immediate(conn)
                 try:
-                    positions = _check_positions(conn, group)
+                    last_positions = positions.check(conn, group)
                     try:
                         results = self._apply_group(conn, group)
                         outcomes = [(result, None) for result in results]
@@ -377,8 +376,8 @@ class Store:
                         conn.execute("ROLLBACK")
                         self._begin_immediate(conn)
                         outcomes = [self._apply_alone(conn, p) for p in group]
-                    if positions:
-                        _record_positions(conn, group, outcomes, positions)
+                    if last_positions:
+                        positions.record(conn, group, outcomes, last_positions)
                     self._prune_messages(conn, group)
                     self._retry_busy(lambda: conn.execute("COMMIT"))
                 except BaseException:
@@ -544,13 +543,12 @@ class Store:
         """(kb, seq, digest of the event) of the log record at ``gid``; None when the log does
         not hold it."""
         with self._reader() as conn:
-            row = conn.execute(sql.LOG_MARK, (gid,)).fetchone()
-        return None if row is None else _mark(row)
+            return logcut.mark_at(conn, gid)
 
     def log_start(self) -> int:
         """The first gid the log may still hold: every record before it was cut."""
         with self._reader() as conn:
-            return conn.execute(sql.META_GET, ("log_start",)).fetchone()[0]
+            return logcut.log_start(conn)
 
     def checkpoint_problem(
         self, store_id: str, gid: int, mark: tuple[str, int, str] | None
@@ -560,48 +558,26 @@ class Store:
         if store_id != self.store_id:
             return "made from another store"
         with self._reader() as conn, read_transaction(conn):
-            last = conn.execute(sql.LOG_LAST).fetchone()[0]
-            start = conn.execute(sql.META_GET, ("log_start",)).fetchone()[0]
-            row = conn.execute(sql.LOG_MARK, (gid,)).fetchone()
-        if gid > last:
-            return f"at gid {gid}, beyond the log's last ({last}): the store is older"
-        if gid + 1 < start:
-            return f"at gid {gid}, before the log's start ({start}): its follow-up was cut"
-        if gid and (row is None or _mark(row) != mark):
-            return f"the log's record at gid {gid} is not the one it was made at"
-        return None
+            return logcut.follow_problem(conn, gid, mark)
 
     def cut_log(self, before_gid: int) -> int:
-        """Delete the log's records before ``before_gid`` (never the newest one, whose gid
-        the next record counts on) and the accepted keys past each KB's retention
-        (``dedupe_keys``), and free their pages; returns the rows deleted.
-
-        Versions and tombstones live in the state tables: the cut takes none of them."""
+        """Delete the log's records before ``before_gid`` and the accepted keys past each KB's
+        retention (``dedupe_keys``), and free their pages; returns the rows deleted
+        (``kbgraph.store.logcut.cut``)."""
         if self.read_only:
             raise StoreClosed("store opened read-only")
         conn = self._connect()
         try:
             self._begin_immediate(conn)
             try:
-                last = conn.execute(sql.LOG_LAST).fetchone()[0]
-                start = conn.execute(sql.META_GET, ("log_start",)).fetchone()[0]
-                cut = min(before_gid, last)
-                deleted = 0
-                if cut > start:
-                    deleted = conn.execute(sql.LOG_CUT, (cut,)).rowcount
-                    conn.execute(sql.META_SET, ("log_start", cut))
-                for kid, count in conn.execute(sql.KB_KEYS).fetchall():
-                    if count > self.dedupe_keys:  # keys decide() no longer looks at
-                        deleted += conn.execute(
-                            sql.KEYS_FORGET, (kid, count - self.dedupe_keys)
-                        ).rowcount
+                deleted = logcut.cut(conn, before_gid, self.dedupe_keys)
                 self._retry_busy(lambda: conn.execute("COMMIT"))
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
             if deleted:
-                conn.executescript("PRAGMA incremental_vacuum")  # steps to the end, unlike execute
+                logcut.free_pages(conn)
                 self._retry_busy(lambda: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"))
             return deleted
         finally:
@@ -640,49 +616,6 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class LogOutOfOrder(RuntimeError):
-    """A delivery from a replicated log does not follow the position the store recorded."""
-
-
-_DECIDED: Final = (ReplayRefused, KBLimitReached)  # a delivery's own refusal: a decision
-
-
-def _check_positions(conn: sqlite3.Connection, group: list[_Pending]) -> dict[str, int]:
-    """The last log position per stream in ``group``, after checking that its deliveries
-    follow the stored position one by one (none skipped, none applied twice)."""
-    last: dict[str, int] = {}
-    for pending in group:
-        if pending.position is None:
-            continue
-        stream, seq = pending.position
-        if stream not in last:
-            row = conn.execute(sql.POSITION_GET, (stream,)).fetchone()
-            last[stream] = 0 if row is None else row[0]
-        if seq != last[stream] + 1:
-            raise LogOutOfOrder(f"stream {stream}: sequence {seq} after {last[stream]}")
-        last[stream] = seq
-    return last
-
-
-def _record_positions(
-    conn: sqlite3.Connection,
-    group: list[_Pending],
-    outcomes: list[tuple[DeliveryResult | None, BaseException | None]],
-    positions: dict[str, int],
-) -> None:
-    """Store the positions with the state, unless a logged delivery failed for a reason that
-    another node would not share (I/O, a bug): then the whole group must not commit."""
-    for pending, (_, exc) in zip(group, outcomes, strict=True):
-        if pending.position is not None and exc is not None and not isinstance(exc, _DECIDED):
-            raise exc
-    for stream, seq in positions.items():
-        conn.execute(sql.POSITION_SET, (stream, seq))
-
-
-def _mark(row: tuple[str, int, bytes]) -> tuple[str, int, str]:
-    return row[0], row[1], hashlib.blake2b(row[2], digest_size=16).hexdigest()
 
 
 def _consume(future: asyncio.Future[DeliveryResult]) -> None:

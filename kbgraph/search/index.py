@@ -1,16 +1,10 @@
-"""Full-text search over a KB's visible concepts, made for questions: BM25F, stems, snippets.
+"""The search index of one KB and its BM25F scoring, over the visible concepts only.
 
-Why in memory, beside the store's FTS5 index: SQLite's ``bm25()`` takes its statistics (row
-count, average length, document frequencies) from the whole table, so a narrowed caller's
-ranking would carry the concepts it may not see. Here the statistics are recomputed for the
-visible subset at query time, and the index is patched in the same write-locked step as the
-graph, so the hits that seed ``graph_context`` come from the very snapshot the graph does.
-
-Terms (``analyze``): tokens are runs of letters and digits after NFKD, dropping combining marks
-and case folding (``Café`` = ``cafe``); English stop words are dropped (a question's "how do I"
-matches nothing, and a query of stop words alone matches nothing); every other token is
-reduced to its Snowball English stem (PyStemmer), so "backups" finds "backup", "working" finds
-"works". Stems are cached per token, so indexing pays the stemmer once per distinct word.
+Why in memory, not SQLite's FTS5: ``bm25()`` takes its statistics (row count, average length,
+document frequencies) from the whole table, so a narrowed caller's ranking would carry the
+concepts it may not see. Here the statistics are recomputed for the visible subset at query
+time, and the index is patched in the same write-locked step as the graph, so the hits that
+seed ``graph_context`` come from the very snapshot the graph does.
 
 Scoring is BM25F (Robertson, Zaragoza, Taylor, "Simple BM25 extension to multiple weighted
 fields", 2004) over two fields, the title with the aliases and the body text, with N, the
@@ -22,118 +16,27 @@ average field lengths and df those of the visible concepts::
     score(d)  = sum over the query's distinct terms t of idf(t) * tf * (K1 + 1) / (tf + K1)
 
 Headings are not a field of their own: telling them apart needs the markup parsed, and a
-concept's text is whatever its KB sent. A query is only ever split into terms, so no
-character in it is syntax.
+concept's text is whatever its KB sent.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import threading
-import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 import numpy as np
-import Stemmer
 from numba import njit
 
 from kbgraph.postings import Postings
+from kbgraph.search.analysis import analyze, fold, query_terms, tokenize
 
 W_TITLE: Final = 12.0
 B_TITLE: Final = 0.3
 B_TEXT: Final = 0.75
 K1: Final = 4.0
-SNIPPET_WIDTH: Final = 160
-STEM_CACHE_MAX: Final = 1 << 20
-MAX_QUERY_TERMS: Final = 32  # distinct terms of a query used for ranking and snippets
-
-# Snowball's English stop word list, folded as tokens are (apostrophes split words, so the
-# contractions' parts are listed), plus words of questions that name nothing.
-STOP_WORDS: Final = frozenset(
-    """a about above after again against all am an and any are as at be because been before
-    being below between both but by can could d did do does doing don down during each few for
-    from further had has have having he her here hers herself him himself his how i if in into
-    is it its itself just ll m me more most my myself no nor not now of off on once only or
-    other ought our ours ourselves out over own re s same shall she should so some such t than
-    that the their theirs them themselves then there these they this those through to too under
-    until up ve very was we were what when where which while who whom why will with won would
-    you your yours yourself yourselves""".split()  # noqa: SIM905 (easier to read)
-)
-
-_ASCII_TOKEN = re.compile(r"[a-z0-9]+")
-_ASCII_ALNUM = "abcdefghijklmnopqrstuvwxyz0123456789"
-_TOKEN = re.compile(r"[^\W_]+")
-_COMPOUND = re.compile(r"[^\W_]+(?:-[^\W_]+)+")
-
-
-def fold(text: str) -> str:
-    """Case folded, compatibility-decomposed, combining marks (accents) dropped."""
-    if text.isascii():
-        return text.lower()
-    decomposed = unicodedata.normalize("NFKD", text)
-    return "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold()
-
-
-# ASCII text, as bytes: letters to lower case, digits kept, every other byte a space (the
-# upper half is never used, bytes.translate wants 256 entries); then
-# ``str.split`` finds exactly the runs ``[a-z0-9]+`` of the lower-cased text, ~2x faster.
-_ASCII_FOLD = bytes(ord(chr(c).lower()) if chr(c).isalnum() else 32 for c in range(128)) * 2
-
-
-def tokenize(text: str) -> list[str]:
-    """The folded tokens of ``text``, in order, stop words included (names are matched so)."""
-    if text.isascii():
-        return text.encode("ascii").translate(_ASCII_FOLD).decode("ascii").split()
-    folded = fold(text)
-    if folded.isascii():
-        return _ASCII_TOKEN.findall(folded)
-    return _TOKEN.findall(folded)
-
-
-class _Stemmers(threading.local):
-    """PyStemmer objects are not thread-safe: one per thread."""
-
-    def __init__(self) -> None:
-        self.stemmer = Stemmer.Stemmer("english", 0)
-
-
-_stemmers = _Stemmers()
-# token -> its term; "" for a stop word. Filled on first sight of a token, never changed.
-_terms: dict[str, str] = dict.fromkeys(STOP_WORDS, "")
-# term -> the tokens seen that give it (what snippets look for in a text).
-_forms: dict[str, list[str]] = {}
-
-
-def term(token: str) -> str:
-    """The term of one folded token: its stem, or "" for a stop word."""
-    found = _terms.get(token)
-    if found is None:
-        found = _stemmers.stemmer.stemWord(token)
-        if len(_terms) < STEM_CACHE_MAX:
-            _terms[token] = found
-            _forms.setdefault(found, []).append(token)
-    return found
-
-
-def analyze(text: str) -> list[str]:
-    """The terms of ``text`` in order: folded tokens without stop words, stemmed; then the
-    joined form of each hyphenated word ("Wi-Fi" also gives "wifi", "e-mail" "email")."""
-    tokens = tokenize(text)
-    if "-" in text:
-        tokens += ["".join(tokenize(word)) for word in _COMPOUND.findall(fold(text))]
-    found = list(map(_terms.get, tokens))
-    if None in found:  # a token seen for the first time
-        found = [term(token) if t is None else t for token, t in zip(tokens, found, strict=True)]
-    return list(filter(None, found))
-
-
-def query_terms(query: str) -> list[str]:
-    """The first ``MAX_QUERY_TERMS`` distinct terms of a query, in order of first appearance
-    (bounding the work of one query: postings and snippet scans are per term)."""
-    return list(dict.fromkeys(analyze(query)))[:MAX_QUERY_TERMS]
 
 
 @njit(cache=True, nogil=True)
@@ -430,85 +333,3 @@ def warm_up() -> None:
         mask = np.ones(1, np.uint8)
         mask.flags.writeable = writeable
         index.search("warm", mask)
-
-
-def top(
-    nodes: np.ndarray, scores: np.ndarray, ids: Sequence[str], limit: int
-) -> list[tuple[int, float]]:
-    """The ``limit`` best (node, score) pairs: score descending, then id ascending."""
-    if len(nodes) == 0 or limit <= 0:
-        return []
-    if len(nodes) > limit:
-        # Everything scoring at least the limit-th best score, ties included, then exact order.
-        cut = np.partition(scores, len(scores) - limit)[len(scores) - limit]
-        keep = scores >= cut
-        nodes, scores = nodes[keep], scores[keep]
-    ranked = sorted(
-        zip(nodes.tolist(), scores.tolist(), strict=True), key=lambda h: (-h[1], ids[h[0]])
-    )
-    return ranked[:limit]
-
-
-def _first_ascii_hit(lowered: str, forms: Sequence[str]) -> int:
-    """``first_hit`` on lower-cased ASCII text, in time linear in the text.
-
-    ``str.find`` gives each form's first raw occurrence (a C scan per form); tokens are then
-    matched one by one from the start of the token holding the earliest occurrence.
-    """
-    first = min((at for form in forms if (at := lowered.find(form)) >= 0), default=-1)
-    if first < 0:
-        return 0
-    start = len(lowered[:first].rstrip(_ASCII_ALNUM))  # the start of the token holding it
-    wanted = set(forms)
-    for match in _ASCII_TOKEN.finditer(lowered, start):
-        if match.group() in wanted:
-            return match.start()
-    return 0
-
-
-def first_hit(text: str, terms: Sequence[str]) -> int:
-    """Where the first token of ``text`` whose term is one of ``terms`` starts (0: none is).
-
-    ASCII text is searched for the tokens seen so far that give those terms (every indexed
-    text went through ``term``, so its forms are known), in linear time. Other text folds
-    each distinct token once (in one batch), then walks the tokens only when one matches.
-    """
-    if not terms:
-        return 0
-    if text.isascii():  # lower-casing keeps every offset
-        return _first_ascii_hit(text.lower(), [f for t in terms for f in _forms.get(t, ())])
-    wanted = set(terms)
-    distinct = list(set(_TOKEN.findall(text)))
-    folded = fold("\n".join(distinct)).split("\n")  # a token never holds a newline
-    hits = {
-        token
-        for token, f in zip(distinct, folded, strict=True)
-        if any(term(t) in wanted for t in _TOKEN.findall(f))
-    }
-    if hits:
-        for match in _TOKEN.finditer(text):
-            if match.group() in hits:
-                return match.start()
-    return 0
-
-
-def snippet_at(text: str, hit: int, width: int = SNIPPET_WIDTH) -> str:
-    """At most ``width`` characters of ``text`` around offset ``hit``.
-
-    The window opens a quarter width before the hit; whitespace runs collapse to one space and
-    an ellipsis (counted in the width) marks each cut.
-    """
-    start = max(0, hit - width // 4)
-    end = start + 2 * width  # enough raw text to fill the width after collapsing whitespace
-    prefix = "…" if start > 0 else ""
-    body = " ".join(text[start:end].split())
-    room = width - len(prefix)
-    if len(body) > room or end < len(text):
-        body = body[: room - 1].rstrip() + "…"
-    return prefix + body
-
-
-def snippet(text: str, terms: Sequence[str], width: int = SNIPPET_WIDTH) -> str:
-    """At most ``width`` characters around the first occurrence of a query term, else from
-    the text's start."""
-    return snippet_at(text, first_hit(text, terms), width)
