@@ -234,7 +234,10 @@ async def _take(
         return error_response(403, str(exc))
     except DeliveryTooLarge as exc:
         return error_response(413, str(exc))
-    except (StoreBusy, StoreClosed, LogUnavailable) as exc:
+    except LogUnavailable as exc:  # the node's own state, no KB's data: said as it is
+        log.warning("delivery to kb %s not stored: %s", kb, exc)
+        return error_response(503, f"log unavailable, retry later: {exc}", {"Retry-After": "1"})
+    except (StoreBusy, StoreClosed) as exc:
         log.warning("delivery to kb %s not stored: %s", kb, exc)
         return error_response(503, "store unavailable, retry later", {"Retry-After": "1"})
     except Exception:

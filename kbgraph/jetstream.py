@@ -53,6 +53,15 @@ DUPLICATE_WINDOW_SECONDS: Final = 120.0  # JetStream drops a re-publish with the
 MSG_ID: Final = "Nats-Msg-Id"
 ENCODING: Final = "Kbgraph-Encoding"  # "deflate": the payload is zlib-compressed
 COMPRESS_ABOVE: Final = 32 << 10  # bytes; batched deliveries of text shrink 3-5x
+RULES_KEY: Final = "kbgraph_decision_rules"  # stream metadata: what every node decides with
+
+
+def decision_rules(store: Store) -> str:
+    """The settings a delivery's decision depends on besides the stream: every node must have
+    the same, or nodes would disagree on the same message (a KB created or refused, a key
+    remembered or forgotten)."""
+    names = ",".join(sorted(store.named_kbs))
+    return f"max_kbs={store.max_kbs}; dedupe_keys={store.dedupe_keys}; webhooks.kbs=[{names}]"
 
 
 class LogUnavailable(RuntimeError):
@@ -98,6 +107,10 @@ def decode_delivery(payload: bytes) -> tuple[str, list[Event], WebhookMessage | 
 class ApplyFailed(RuntimeError):
     """The store did not commit a message (I/O, a bug): retried after a pause, and the node
     says not ready meanwhile."""
+
+
+class RulesDiffer(RuntimeError):
+    """This node's decision settings differ from those the stream's nodes decide with."""
 
 
 class StreamBehind(RuntimeError):
@@ -183,7 +196,12 @@ class JetStreamLog:
         self._js = self._nc.jetstream(timeout=5)
 
     async def _ensure_stream(self) -> int:
-        """Create the stream if missing (every node may try: it is idempotent); its last seq."""
+        """Create the stream if missing (every node may try: it is idempotent); its last seq.
+
+        The stream's metadata holds the decision rules (``decision_rules``) of the first node
+        that found none there; a node whose own differ raises ``RulesDiffer`` and follows
+        nothing (``/readyz`` names both), rather than decide some message otherwise."""
+        rules = decision_rules(self.store)
         config = api.StreamConfig(
             name=self.stream,
             subjects=[f"{self.stream}.*"],
@@ -191,11 +209,23 @@ class JetStreamLog:
             storage=api.StorageType.FILE,
             retention=api.RetentionPolicy.LIMITS,
             duplicate_window=DUPLICATE_WINDOW_SECONDS,
+            metadata={RULES_KEY: rules},
         )
         try:
             info = await self._js.stream_info(self.stream)
         except nats.js.errors.NotFoundError:
             info = await self._js.add_stream(config)
+        stated = (info.config.metadata or {}).get(RULES_KEY)
+        if stated is None:  # a stream made by other means, or before the rules were stated
+            info.config.metadata = {**(info.config.metadata or {}), RULES_KEY: rules}
+            info = await self._js.update_stream(info.config)
+            stated = (info.config.metadata or {}).get(RULES_KEY)
+        if stated != rules:
+            raise RulesDiffer(
+                f"this node decides with {rules}, the nodes of stream {self.stream} with"
+                f" {stated}: every node must decide alike ([limits] max_kbs, [store]"
+                " dedupe_keys, the [webhooks.kbs] names), so this one follows nothing"
+            )
         if info.config.num_replicas != self.config.replicas:
             log.warning(
                 "stream %s has %s replicas, the config says %s: kept as it is",
@@ -226,7 +256,9 @@ class JetStreamLog:
             except Exception as exc:
                 if isinstance(exc, ApplyFailed):  # cleared once a batch applies
                     self.failure = f"{exc}: {exc.__cause__!r}"
-                if self.target is None:
+                if isinstance(exc, RulesDiffer):
+                    self.error = str(exc)
+                elif self.target is None:
                     self.error = f"JetStream not reachable: {exc!r}"
                     if self._nc is not None and not self._nc.is_connected:
                         with contextlib.suppress(Exception):
@@ -396,6 +428,8 @@ class JetStreamLog:
         """
         if self._js is None:
             raise LogUnavailable("not connected to JetStream yet")
+        if self.target is None and self.error is not None:  # e.g. its rules differ
+            raise LogUnavailable(self.error)
         msg_id = f"{self._node}-{next(self._ids)}"
         waiter: asyncio.Future[DeliveryResult] = asyncio.get_running_loop().create_future()
         self._waiters[msg_id] = waiter

@@ -510,3 +510,35 @@ def test_a_node_behind_a_cut_stream_says_so(tmp_path: Path) -> None:
                 break
             time.sleep(0.05)
         assert answer.status_code == 503 and "lacks message 7 (deleted)" in answer.text
+
+
+def test_a_node_deciding_with_other_rules_follows_nothing(tmp_path: Path) -> None:
+    """The stream states the rules its nodes decide with (max_kbs, dedupe_keys, the
+    [webhooks.kbs] names); a node configured otherwise would decide some message differently,
+    so it applies nothing, takes no delivery and says why on /readyz."""
+    with running_cluster(tmp_path / "nats") as cluster, nodes_on(cluster, tmp_path, 1) as nodes:
+        with httpx.Client(timeout=30) as client:
+            assert post(client, nodes[0].url, [wc.upsert("rules/a")]).status_code == 200
+        other = Node(tmp_path / "other", cluster.urls)
+        other.config.write_text(
+            other.config.read_text().replace(
+                'path = "kb.db"\n', 'path = "kb.db"\ndedupe_keys = 5\n'
+            )
+        )
+        other.proc = start_server(other.config)
+        nodes.append(other)
+        deadline = time.monotonic() + READY_SECONDS
+        answer = None
+        while time.monotonic() < deadline:
+            answer = httpx.get(f"{other.url}/readyz", timeout=5)
+            if "decide alike" in answer.text:
+                break
+            time.sleep(0.05)
+        assert answer is not None and answer.status_code == 503, answer and answer.text
+        assert "dedupe_keys=5" in answer.text and "dedupe_keys=1000000" in answer.text
+        with httpx.Client(timeout=30) as client:
+            refused = post(client, other.url, [wc.upsert("rules/b")])
+            assert refused.status_code == 503 and "decide alike" in refused.text
+        assert other.position() == 0
+        assert last_seq(cluster.urls) == 1  # the refused delivery never reached the stream
+        assert httpx.get(f"{nodes[0].url}/readyz", timeout=5).status_code == 200
