@@ -264,11 +264,15 @@ def test_checkpoints_and_log_cuts_under_load_lose_nothing(tmp_path: Path) -> Non
         threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 60
-        while (len(acked) < 600 or len(list(folder.glob("ckpt-*.kbg"))) < 2) and (
-            time.monotonic() < deadline
-        ):
-            time.sleep(0.01)
+        deadline = time.monotonic() + 90
+
+        def log_cut() -> bool:
+            with Store(tmp_path / "kb.db", read_only=True) as store:
+                return store.log_start() > 1
+
+        while not (len(acked) >= 600 and len(list(folder.glob("ckpt-*.kbg"))) >= 2 and log_cut()):
+            assert time.monotonic() < deadline, "no two checkpoints and a cut in 90 s"
+            time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGKILL)  # mid-stream, maybe mid-checkpoint
         proc.wait(30)
         stop_clients.set()
