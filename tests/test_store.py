@@ -411,7 +411,7 @@ def test_group_commit_matches_the_reference_model(tmp_path: Path, seed: int) -> 
     them (the per-delivery replay): each caller gets what applying them one by one gives."""
     import random
 
-    from kbgraph.store.sqlite import _Pending
+    from kbgraph.store.group import Pending
 
     rng = random.Random(seed)
     ids = ["a", "b", "c/d"]
@@ -449,7 +449,7 @@ def test_group_commit_matches_the_reference_model(tmp_path: Path, seed: int) -> 
                     expected.append(models[kb].apply(events))
 
                 outcomes.append(None)
-                group.append(_Pending(kb, events, functools.partial(settle, outcomes, len(group))))
+                group.append(Pending(kb, events, functools.partial(settle, outcomes, len(group))))
             s._commit_group(s._writer_conn, group)  # the writer thread is idle meanwhile
             for want, got in zip(expected, outcomes, strict=True):
                 if want is None:

@@ -15,7 +15,8 @@ Group commit: one fsync per delivery caps a disk at a few thousand deliveries pe
 best, and far less once HTTP shares the CPU. So each Store runs ONE writer thread that drains
 the queue of pending deliveries, applies the whole group in one pass and commits once, then
 resolves every caller. Should anything in the group raise, the transaction is rolled back and
-the group replayed one delivery per SAVEPOINT, so only the failing delivery is refused.
+the group replayed one delivery per SAVEPOINT, so only the failing delivery is refused. What a
+group does inside the transaction is ``kbgraph.store.group``.
 
 Only what must be durable is written: the log, the current state (declared links are a column
 of the concept's row), tombstones and accepted keys. Search is answered from memory
@@ -27,7 +28,8 @@ IMMEDIATE`` with a busy timeout and retries), fronted by an advisory file lock s
 writer wakes the moment the other commits instead of polling.
 
 The log itself is ``kbgraph.eventlog`` (append / read of ``LogRecord``), kept apart from the
-state tables so that a NATS JetStream log can take its place later.
+state tables; beyond one machine, a NATS JetStream stream orders the deliveries and each node's
+store applies them from it (``kbgraph.jetstream``, ``submit_from_log``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, TypeVar
 
@@ -49,19 +50,16 @@ from kbgraph.eventlog import LogRecord, SqliteLog, read_transaction
 from kbgraph.events import Event
 from kbgraph.store import logcut, positions, schema
 from kbgraph.store import statements as sql
-from kbgraph.store.decide import Keys, Subject, decide
+from kbgraph.store.group import GroupWriter, Pending
 from kbgraph.store.load import load_snapshot
 from kbgraph.store.model import (
     DeliveryResult,
-    KBLimitReached,
     LogCut,
-    ReplayRefused,
     StoreBusy,
     StoreClosed,
     StoreSnapshot,
     WebhookMessage,
 )
-from kbgraph.store.statements import links_decoder
 
 try:  # POSIX only; elsewhere the writers rely on SQLite's busy handler alone.
     import fcntl
@@ -73,39 +71,7 @@ DEDUPE_KEYS: Final = 1_000_000  # a KB's accepted keys remembered: its last mill
 BUSY_RETRY_SECONDS: Final = 60.0  # give up on the write lock after this long (then 503)
 MAX_GROUP_DELIVERIES: Final = 512
 MAX_GROUP_EVENTS: Final = 20_000  # bounds one group's transaction (and its latency)
-REPLAY_WINDOW_SECONDS: Final = 300.0  # Standard Webhooks' timestamp tolerance
-# A signed delivery verifies while its timestamp is within the tolerance of now, and it was
-# within the tolerance of its acceptance: a replay can come up to twice the tolerance later.
-BINDING_SECONDS: Final = 2 * REPLAY_WINDOW_SECONDS
 _T = TypeVar("_T")
-
-
-@dataclass(slots=True)
-class _KBWork:
-    """One KB's part of a group being applied."""
-
-    kid: int
-    seq_before: int
-    keys: Keys
-    seq: int = -1
-    subjects: dict[str, Subject] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.seq < 0:
-            self.seq = self.seq_before
-
-
-@dataclass(slots=True)
-class _Pending:
-    kb: str
-    events: list[Event]
-    resolve: Callable[[DeliveryResult | None, BaseException | None], None]
-    message: WebhookMessage | None = None
-    resent: bool = False  # its message was accepted for its KB before: a retry
-    # From a replicated log (kbgraph.jetstream): the decision's time is the message's, never
-    # this machine's clock, and (stream, sequence) is recorded in the same transaction.
-    at: float | None = None
-    position: tuple[str, int] | None = None
 
 
 class Store:
@@ -130,9 +96,9 @@ class Store:
         self.clock: Callable[[], float] = time.time  # webhook-id bindings' time (tests move it)
         self.named_kbs = named_kbs
         self.dedupe_keys = dedupe_keys
-        self._pruned_at = 0.0
+        self._group = GroupWriter(self)
         self._closed = False
-        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
         self._idle_readers: list[sqlite3.Connection] = []
         self._all_readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
@@ -258,7 +224,7 @@ class Store:
             else:
                 future.set_result(result)  # type: ignore[arg-type]
 
-        self._submit(_Pending(kb, list(events), resolve, message))
+        self._submit(Pending(kb, list(events), resolve, message))
         return future.result()
 
     async def append_async(
@@ -281,7 +247,7 @@ class Store:
         def resolve(result: DeliveryResult | None, exc: BaseException | None) -> None:
             loop.call_soon_threadsafe(settle, result, exc)
 
-        self._submit(_Pending(kb, list(events), resolve, message))
+        self._submit(Pending(kb, list(events), resolve, message))
         # Shielded: a caller cancelled while waiting (a client that hung up) does not undo the
         # delivery; its outcome is then consumed here so that nothing is logged as unretrieved.
         future.add_done_callback(_consume)
@@ -304,7 +270,7 @@ class Store:
         the delivery's own refusal (``ReplayRefused``, ``KBLimitReached``), commits nothing
         and resolves every member with the error: the caller reads on from ``log_position``.
         """
-        self._submit(_Pending(kb, list(events), resolve, message, at=at, position=position))
+        self._submit(Pending(kb, list(events), resolve, message, at=at, position=position))
 
     def log_position(self, stream: str) -> int:
         """The last sequence of ``stream`` whose delivery this store applied (0: none)."""
@@ -317,7 +283,7 @@ class Store:
             raise StoreClosed("store closed")
         return DeliveryResult(0, 0, 0, 0, 0, self.kb_seq(kb))
 
-    def _submit(self, pending: _Pending) -> None:
+    def _submit(self, pending: Pending) -> None:
         if self._closed:
             raise StoreClosed("store closed")
         if self.read_only:
@@ -356,7 +322,7 @@ class Store:
                 with contextlib.suppress(Exception):
                     late.resolve(None, StoreClosed("store closed"))
 
-    def _commit_group(self, conn: sqlite3.Connection, group: list[_Pending]) -> None:
+    def _commit_group(self, conn: sqlite3.Connection, group: list[Pending]) -> None:
         """One transaction, one fsync for the group; each caller gets its own outcome.
 
         Fast path: the whole group applied at once. Should that raise, the transaction is
@@ -370,7 +336,7 @@ class Store:
                 try:
                     last_positions = positions.check(conn, group)
                     try:
-                        results = self._apply_group(conn, group)
+                        results = self._group.apply(conn, group)
                         outcomes = [(result, None) for result in results]
                     except Exception:
                         conn.execute("ROLLBACK")
@@ -378,7 +344,7 @@ class Store:
                         outcomes = [self._apply_alone(conn, p) for p in group]
                     if last_positions:
                         positions.record(conn, group, outcomes, last_positions)
-                    self._prune_messages(conn, group)
+                    self._group.prune_messages(conn, group)
                     self._retry_busy(lambda: conn.execute("COMMIT"))
                 except BaseException:
                     if conn.in_transaction:
@@ -393,133 +359,17 @@ class Store:
                 pending.resolve(result, exc)
 
     def _apply_alone(
-        self, conn: sqlite3.Connection, pending: _Pending
+        self, conn: sqlite3.Connection, pending: Pending
     ) -> tuple[DeliveryResult | None, BaseException | None]:
         conn.execute("SAVEPOINT delivery")
         try:
-            (result,) = self._apply_group(conn, [pending])
+            (result,) = self._group.apply(conn, [pending])
         except Exception as exc:
             conn.execute("ROLLBACK TO delivery")
             conn.execute("RELEASE delivery")
             return None, exc
         conn.execute("RELEASE delivery")
         return result, None
-
-    def _kb_row(self, conn: sqlite3.Connection, kb: str) -> tuple[int, int, int]:
-        """(kid, seq, keys accepted so far) of the KB, created when new."""
-        row = conn.execute(sql.KB_ROW, (kb,)).fetchone()
-        if row is not None:
-            return row[0], row[1], row[2]
-        if self.max_kbs is not None and kb not in self.named_kbs:
-            count = conn.execute(sql.KB_COUNT).fetchone()[0]
-            if count >= self.max_kbs:
-                raise KBLimitReached(
-                    f"kb {kb} not created: {count} KBs exist, the limit ([limits] max_kbs)"
-                )
-        kid = conn.execute(sql.KB_NEW, (kb,)).fetchone()[0]
-        return kid, 0, 0
-
-    def _bind_messages(self, conn: sqlite3.Connection, group: list[_Pending]) -> None:
-        """A signed message (webhook-id and body) seen for another KB within ``BINDING_SECONDS``
-        refuses its delivery (a signature does not cover the URL, so a captured delivery could
-        be replayed into another KB); seen for the same KB, the delivery is a retry
-        (``_Pending.resent``)."""
-        clock = self.clock()
-        for pending in group:
-            now = clock if pending.at is None else pending.at
-            pending.resent = False
-            message = pending.message
-            if message is None:
-                continue
-            row = conn.execute(sql.MESSAGE_GET, message).fetchone()
-            if row is not None and row[1] >= now - BINDING_SECONDS:
-                if row[0] != pending.kb:
-                    raise ReplayRefused(
-                        f"webhook-id {message.id[:64]!r} was accepted for another KB:"
-                        " refused as a replay"
-                    )
-                pending.resent = True
-                continue
-            conn.execute(sql.MESSAGE_PUT, (*message, pending.kb, now))
-
-    def _prune_messages(self, conn: sqlite3.Connection, group: list[_Pending]) -> None:
-        """Forget messages past the binding time, at most once a minute.
-
-        Deliveries from a replicated log are timed by the log, so the horizon is their time,
-        less a minute's margin for a log whose leader moved to a clock slightly behind:
-        a row is pruned only once no later message can still be bound by it."""
-        now = time.monotonic()
-        if now - self._pruned_at >= 60.0:
-            self._pruned_at = now
-            logged = [p.at for p in group if p.at is not None]
-            horizon = max(logged) - 60.0 if logged else self.clock()
-            conn.execute(sql.MESSAGE_PRUNE, (horizon - BINDING_SECONDS,))
-
-    def _load_kb(self, conn: sqlite3.Connection, kb: str, deliveries: list[list[Event]]) -> _KBWork:
-        """What the store already knows about the keys and subjects these deliveries touch."""
-        kid, seq, count = self._kb_row(conn, kb)
-        work = _KBWork(kid, seq, Keys(count, self.dedupe_keys))
-        keys = list({(event.source, event.id) for events in deliveries for event in events})
-        work.keys.seen.update(
-            ((source, id_), n) for source, id_, n in sql.lookup(conn, sql.SEEN, kid, keys)
-        )
-        ids = list({event.subject for events in deliveries for event in events})
-        known = {row[0]: row for row in sql.lookup(conn, sql.SUBJECTS, kid, ids)}
-        subjects = work.subjects
-        for cid in ids:
-            row = known.get(cid)
-            if row is None:
-                subjects[cid] = Subject(None, False, None, False)
-            elif row[1] is not None:  # an existing concept (a tombstone, if any, is older)
-                links = row[4] if isinstance(row[4], list) else links_decoder.decode(row[4])
-                subjects[cid] = Subject(row[1], row[3] is not None, row[2], True, links)
-            else:
-                subjects[cid] = Subject(None, True, row[3], False)
-        return work
-
-    def _apply_group(self, conn: sqlite3.Connection, group: list[_Pending]) -> list[DeliveryResult]:
-        """Apply deliveries in order in the open transaction; few statements for the group.
-
-        Every event is decided in memory against what the store knew plus what the earlier
-        events of the group did; then the net effect per concept is written with one
-        statement per kind of change (``kbgraph.store.statements.write_subjects``).
-        """
-        self._bind_messages(conn, group)
-        per_kb: dict[str, list[list[Event]]] = {}
-        for pending in group:
-            per_kb.setdefault(pending.kb, []).append(pending.events)
-        works = {kb: self._load_kb(conn, kb, deliveries) for kb, deliveries in per_kb.items()}
-        entries: list[tuple[str, int, Event, bool]] = []
-        results = []
-        for pending in group:
-            kb, events = pending.kb, pending.events
-            work = works[kb]
-            applied, duplicates, stale, ignored = decide(events, work.keys, work.subjects)
-            if pending.resent and len(applied) + stale + ignored:
-                # A retry repeats events already accepted. New ones under an old webhook-id are
-                # a replay with changed attributes: binary mode's ce-* headers are not signed.
-                shown = pending.message.id[:64] if pending.message else ""
-                raise ReplayRefused(
-                    f"webhook-id {shown!r} was accepted before for other"
-                    " events: refused as a replay (a retry must repeat the delivery)"
-                )
-            last = len(applied) - 1
-            for index, event in enumerate(applied):
-                entries.append((kb, work.seq + 1 + index, event, index == last))
-            work.seq += len(applied)
-            results.append(
-                DeliveryResult(len(events), len(applied), duplicates, stale, ignored, work.seq)
-            )
-        for work in works.values():
-            if work.keys.new:
-                sql.bulk(conn, sql.ACCEPT, work.kid, work.keys.new)
-                conn.execute(sql.KB_SET_KEYS, (work.keys.count, work.kid))
-            if work.seq != work.seq_before:
-                sql.write_subjects(conn, work.kid, work.subjects)
-                conn.execute(sql.KB_SET_SEQ, (work.seq, work.kid))
-        if entries:
-            SqliteLog.append(conn, entries)
-        return results
 
     # -- reading -----------------------------------------------------------------------------
 

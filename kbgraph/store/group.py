@@ -1,0 +1,190 @@
+"""Applying a group of deliveries in the writer's open transaction: the decision of each event
+(``kbgraph.store.decide``) against what the store knew plus what the group did before it, then
+the net effect per concept in one statement per kind of change (``statements.write_subjects``).
+
+``Store`` (``kbgraph.store.sqlite``) owns the transaction, the fsync and the callers; this
+module owns what a group does inside it: the webhook-id bindings, the KB rows, the keys and
+subjects it loads, the decisions and the writes.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+from kbgraph.eventlog import SqliteLog
+from kbgraph.events import Event
+from kbgraph.store import statements as sql
+from kbgraph.store.decide import Keys, Subject, decide
+from kbgraph.store.model import DeliveryResult, KBLimitReached, ReplayRefused, WebhookMessage
+from kbgraph.store.statements import links_decoder
+
+REPLAY_WINDOW_SECONDS: Final = 300.0  # Standard Webhooks' timestamp tolerance
+# A signed delivery verifies while its timestamp is within the tolerance of now, and it was
+# within the tolerance of its acceptance: a replay can come up to twice the tolerance later.
+BINDING_SECONDS: Final = 2 * REPLAY_WINDOW_SECONDS
+
+
+class DecisionSettings(Protocol):
+    """What a group's decisions depend on besides the store's rows (``Store`` has them)."""
+
+    max_kbs: int | None
+    named_kbs: frozenset[str]
+    dedupe_keys: int
+
+    def clock(self) -> float: ...
+
+
+@dataclass(slots=True)
+class KBWork:
+    """One KB's part of a group being applied."""
+
+    kid: int
+    seq_before: int
+    keys: Keys
+    seq: int = -1
+    subjects: dict[str, Subject] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.seq < 0:
+            self.seq = self.seq_before
+
+
+@dataclass(slots=True)
+class Pending:
+    kb: str
+    events: list[Event]
+    resolve: Callable[[DeliveryResult | None, BaseException | None], None]
+    message: WebhookMessage | None = None
+    resent: bool = False  # its message was accepted for its KB before: a retry
+    # From a replicated log (kbgraph.jetstream): the decision's time is the message's, never
+    # this machine's clock, and (stream, sequence) is recorded in the same transaction.
+    at: float | None = None
+    position: tuple[str, int] | None = None
+
+
+class GroupWriter:
+    """The writes of one group of deliveries, decided in order (writer thread only)."""
+
+    def __init__(self, settings: DecisionSettings) -> None:
+        self.settings = settings
+        self._pruned_at = 0.0
+
+    def kb_row(self, conn: sqlite3.Connection, kb: str) -> tuple[int, int, int]:
+        """(kid, seq, keys accepted so far) of the KB, created when new."""
+        row = conn.execute(sql.KB_ROW, (kb,)).fetchone()
+        if row is not None:
+            return row[0], row[1], row[2]
+        if self.settings.max_kbs is not None and kb not in self.settings.named_kbs:
+            count = conn.execute(sql.KB_COUNT).fetchone()[0]
+            if count >= self.settings.max_kbs:
+                raise KBLimitReached(
+                    f"kb {kb} not created: {count} KBs exist, the limit ([limits] max_kbs)"
+                )
+        kid = conn.execute(sql.KB_NEW, (kb,)).fetchone()[0]
+        return kid, 0, 0
+
+    def bind_messages(self, conn: sqlite3.Connection, group: list[Pending]) -> None:
+        """A signed message (webhook-id and body) seen for another KB within ``BINDING_SECONDS``
+        refuses its delivery (a signature does not cover the URL, so a captured delivery could
+        be replayed into another KB); seen for the same KB, the delivery is a retry
+        (``Pending.resent``)."""
+        clock = self.settings.clock()
+        for pending in group:
+            now = clock if pending.at is None else pending.at
+            pending.resent = False
+            message = pending.message
+            if message is None:
+                continue
+            row = conn.execute(sql.MESSAGE_GET, message).fetchone()
+            if row is not None and row[1] >= now - BINDING_SECONDS:
+                if row[0] != pending.kb:
+                    raise ReplayRefused(
+                        f"webhook-id {message.id[:64]!r} was accepted for another KB:"
+                        " refused as a replay"
+                    )
+                pending.resent = True
+                continue
+            conn.execute(sql.MESSAGE_PUT, (*message, pending.kb, now))
+
+    def prune_messages(self, conn: sqlite3.Connection, group: list[Pending]) -> None:
+        """Forget messages past the binding time, at most once a minute.
+
+        Deliveries from a replicated log are timed by the log, so the horizon is their time,
+        less a minute's margin for a log whose leader moved to a clock slightly behind:
+        a row is pruned only once no later message can still be bound by it."""
+        now = time.monotonic()
+        if now - self._pruned_at >= 60.0:
+            self._pruned_at = now
+            logged = [p.at for p in group if p.at is not None]
+            horizon = max(logged) - 60.0 if logged else self.settings.clock()
+            conn.execute(sql.MESSAGE_PRUNE, (horizon - BINDING_SECONDS,))
+
+    def load_kb(self, conn: sqlite3.Connection, kb: str, deliveries: list[list[Event]]) -> KBWork:
+        """What the store already knows about the keys and subjects these deliveries touch."""
+        kid, seq, count = self.kb_row(conn, kb)
+        work = KBWork(kid, seq, Keys(count, self.settings.dedupe_keys))
+        keys = list({(event.source, event.id) for events in deliveries for event in events})
+        work.keys.seen.update(
+            ((source, id_), n) for source, id_, n in sql.lookup(conn, sql.SEEN, kid, keys)
+        )
+        ids = list({event.subject for events in deliveries for event in events})
+        known = {row[0]: row for row in sql.lookup(conn, sql.SUBJECTS, kid, ids)}
+        subjects = work.subjects
+        for cid in ids:
+            row = known.get(cid)
+            if row is None:
+                subjects[cid] = Subject(None, False, None, False)
+            elif row[1] is not None:  # an existing concept (a tombstone, if any, is older)
+                links = row[4] if isinstance(row[4], list) else links_decoder.decode(row[4])
+                subjects[cid] = Subject(row[1], row[3] is not None, row[2], True, links)
+            else:
+                subjects[cid] = Subject(None, True, row[3], False)
+        return work
+
+    def apply(self, conn: sqlite3.Connection, group: list[Pending]) -> list[DeliveryResult]:
+        """Apply deliveries in order in the open transaction; few statements for the group.
+
+        Every event is decided in memory against what the store knew plus what the earlier
+        events of the group did; then the net effect per concept is written with one
+        statement per kind of change (``kbgraph.store.statements.write_subjects``).
+        """
+        self.bind_messages(conn, group)
+        per_kb: dict[str, list[list[Event]]] = {}
+        for pending in group:
+            per_kb.setdefault(pending.kb, []).append(pending.events)
+        works = {kb: self.load_kb(conn, kb, deliveries) for kb, deliveries in per_kb.items()}
+        entries: list[tuple[str, int, Event, bool]] = []
+        results = []
+        for pending in group:
+            kb, events = pending.kb, pending.events
+            work = works[kb]
+            applied, duplicates, stale, ignored = decide(events, work.keys, work.subjects)
+            if pending.resent and len(applied) + stale + ignored:
+                # A retry repeats events already accepted. New ones under an old webhook-id are
+                # a replay with changed attributes: binary mode's ce-* headers are not signed.
+                shown = pending.message.id[:64] if pending.message else ""
+                raise ReplayRefused(
+                    f"webhook-id {shown!r} was accepted before for other"
+                    " events: refused as a replay (a retry must repeat the delivery)"
+                )
+            last = len(applied) - 1
+            for index, event in enumerate(applied):
+                entries.append((kb, work.seq + 1 + index, event, index == last))
+            work.seq += len(applied)
+            results.append(
+                DeliveryResult(len(events), len(applied), duplicates, stale, ignored, work.seq)
+            )
+        for work in works.values():
+            if work.keys.new:
+                sql.bulk(conn, sql.ACCEPT, work.kid, work.keys.new)
+                conn.execute(sql.KB_SET_KEYS, (work.keys.count, work.kid))
+            if work.seq != work.seq_before:
+                sql.write_subjects(conn, work.kid, work.subjects)
+                conn.execute(sql.KB_SET_SEQ, (work.seq, work.kid))
+        if entries:
+            SqliteLog.append(conn, entries)
+        return results
