@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import copy
 import ipaddress
 import os
 import secrets
@@ -107,6 +108,13 @@ def run_server(
     from kbgraph.server import PROTOCOL
 
     os.environ[CONFIG_ENV] = str(config_path.resolve())
+    # kbgraph's own messages (start-up, checkpoints, the log) beside uvicorn's, at its level
+    log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    log_config["loggers"]["kbgraph"] = {
+        "handlers": ["default"],
+        "level": log_level.upper(),
+        "propagate": False,
+    }
     loop = "auto"
     try:
         import uvloop  # noqa: F401
@@ -125,6 +133,7 @@ def run_server(
         ws="none",
         timeout_keep_alive=config.limits.keep_alive_seconds,  # type: ignore[arg-type]
         log_level=log_level,
+        log_config=log_config,
         access_log=access_log,
         timeout_graceful_shutdown=10,
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import shutil
 import sqlite3
 import threading
 import time
@@ -47,7 +48,8 @@ def write_node_config(folder: Path, urls: list[str]) -> Path:
     path = folder / "kbgraph.toml"
     servers = ", ".join(f'"{url}"' for url in urls)
     path.write_text(
-        f'[store]\npath = "kb.db"\n[webhooks]\nsecrets = ["{SECRET}"]\n'
+        f'[store]\npath = "kb.db"\ncheckpoint_every_events = 50\nlog_retain_events = 20\n'
+        f'[webhooks]\nsecrets = ["{SECRET}"]\n'
         f'[log]\nkind = "jetstream"\nservers = [{servers}]\nstream = "{STREAM}"\nreplicas = 3\n'
         f'[[tokens]]\nname = "admin"\ntoken = "{ADMIN}"\nadmin = true\n'
     )
@@ -416,19 +418,27 @@ def test_kills_lose_no_acknowledged_delivery(tmp_path: Path) -> None:
         wait_ready(fresh.proc)
         assert fresh.position() >= final
 
-        # a node started from a copy of another's store (a checkpoint of sorts) follows the
-        # stream from the position recorded in the copy, not from the start
+        # a node started from a copy of another's store and its checkpoints follows the stream
+        # from the position recorded in the copy, not from the start, and builds nothing: its
+        # projection is the checkpoint's (the store, not the time, came first: every
+        # checkpoint's gid is then within the copy's log, the writers having stopped)
         copied = Node(tmp_path / "copied", cluster.urls)
         source = sqlite3.connect(nodes[0].folder / "kb.db")
         try:
             source.execute("VACUUM INTO ?", (str(copied.folder / "kb.db"),))
         finally:
             source.close()
+        checkpoints = sorted((nodes[0].folder / "kb.db.checkpoints").glob("ckpt-*.kbg"))
+        assert checkpoints, "node A wrote no checkpoint"
+        (copied.folder / "kb.db.checkpoints").mkdir()
+        for path in checkpoints:
+            shutil.copyfile(path, copied.folder / "kb.db.checkpoints" / path.name)
         from_copy = copied.position()
         assert from_copy >= final
         copied.start()
         nodes.append(copied)
         assert copied.position() >= from_copy
+        assert copied.proc is not None and "loaded from checkpoint" in copied.proc.tail()
 
         ids = sorted({e["subject"] for events in acked for e in events})
         with httpx.Client(timeout=30) as client:

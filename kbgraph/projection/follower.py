@@ -40,6 +40,7 @@ import logging
 import os
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -117,6 +118,20 @@ class Projections:
 
     def _fresh_kbs(self) -> tuple[dict[str, KBProjection], int]:
         """Every KB from the newest usable checkpoint, else built from the store."""
+        start = time.perf_counter()
+        kbs, gid = self._checkpointed_or_built()
+        log.info(
+            "projection of %d KB(s) at gid %d %s in %.2f s",
+            len(kbs),
+            gid,
+            f"loaded from checkpoint {self.loaded_from.name}"
+            if self.loaded_from is not None
+            else "built from the store",
+            time.perf_counter() - start,
+        )
+        return kbs, gid
+
+    def _checkpointed_or_built(self) -> tuple[dict[str, KBProjection], int]:
         self.loaded_from = None
         if self.checkpoints is not None:
             store = self.store
@@ -229,6 +244,7 @@ class Projections:
         code = os.waitstatus_to_exitcode(status)
         if code == 0:
             self._checkpoint_written(gid)
+            log.info("checkpoint at gid %d written (pid %d); log cut before it", gid, pid)
         else:
             log.warning("the checkpoint writer (pid %d) exited with %d", pid, code)
             self.checkpoint_gid = gid  # try again after as many records
