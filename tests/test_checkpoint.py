@@ -5,6 +5,7 @@ of an event older than the cut still answers ``duplicates``."""
 
 from __future__ import annotations
 
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -294,4 +295,35 @@ def test_a_forked_writer_checkpoints_while_the_follower_goes_on(tmp_path: Path) 
     assert everything(restarted, [None]) == everything(p, [None])
     p.stop()
     assert not list((tmp_path / "ckpt").glob(".*.tmp"))
+    store.close()
+
+
+def test_the_forked_writer_holds_no_descriptor_of_the_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection the server closes while a checkpoint is being written must close for its
+    client at once, not when the writer exits."""
+    store = Store(tmp_path / "kb.db")
+    for i in range(20):
+        store.append(KB, [upsert(f"c{i}")])
+    p = projections(store, tmp_path / "ckpt", checkpoint_every=10)
+    write = checkpoint.write
+
+    def slow_write(*args: Any) -> Path:
+        time.sleep(3)  # in the child: the parent goes on meanwhile
+        return write(*args)
+
+    monkeypatch.setattr(checkpoint, "write", slow_write)
+    server_end, client_end = socket.socketpair()
+    p._maybe_checkpoint()
+    assert p._writer is not None
+    server_end.close()  # the parent closes its end while the child is writing
+    client_end.settimeout(2)
+    assert client_end.recv(1) == b""  # EOF now: the child holds no copy of it
+    client_end.close()
+    deadline = time.monotonic() + 60
+    while p._reap_checkpoint():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert p.checkpoint_gid == 20  # the slowed child still wrote it
     store.close()

@@ -64,6 +64,7 @@ from kbgraph.store import LogCut, LogRecord, Store
 log = logging.getLogger(__name__)
 
 READ_LOG_LIMIT: Final = 10_000
+MAX_FD: Final = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
 
 
 class Projections:
@@ -223,6 +224,12 @@ class Projections:
         if pid == 0:  # pragma: no cover - the child (coverage does not follow it)
             code = 1
             try:
+                # Every descriptor but the lock and stdio goes: a client connection the parent
+                # closes must not stay open here until the file is written (the mapped arrays
+                # need no descriptor).
+                held = lock.fileno()
+                os.closerange(3, held)
+                os.closerange(held + 1, MAX_FD)
                 checkpoint.write(self.checkpoints, store_id, gid, mark, self._kbs)
                 code = 0
             except BaseException:
