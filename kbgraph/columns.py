@@ -133,17 +133,8 @@ class KeyIndex:
             i += 1
         return default
 
-    def __getitem__(self, key: str) -> int:
-        found = self.get(key)
-        if found is None:
-            raise KeyError(key)
-        return found
-
     def __contains__(self, key: str) -> bool:
         return self.get(key) is not None
 
     def __setitem__(self, key: str, value: int) -> None:
         self._added[key] = value
-
-    def __len__(self) -> int:
-        return len(self._hashes) + len(self._added)
