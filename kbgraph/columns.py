@@ -66,10 +66,10 @@ class StringColumn(Sequence[Any]):
             i += len(self)
         if i >= self._base:
             return self._tail[i - self._base]
+        if i < 0:
+            raise IndexError(i)
         value = self._changed.get(i)
         if value is None:
-            if not i >= 0:
-                raise IndexError(i)
             value = _decode(self._blob, self._off, i)
             if self._decode is not None:
                 value = self._decode(value)

@@ -43,6 +43,7 @@ from kbgraph.config import LogConfig
 from kbgraph.events import Event, decode_from_log, encode_for_log
 from kbgraph.store import DeliveryResult, Store, WebhookMessage
 from kbgraph.store.positions import DECIDED  # a delivery's own refusal, on every node
+from kbgraph.threads import settle
 
 log = logging.getLogger("kbgraph.jetstream")
 
@@ -373,7 +374,7 @@ class JetStreamLog:
                 exc: BaseException | None,
                 future: asyncio.Future[DeliveryResult] = future,
             ) -> None:
-                loop.call_soon_threadsafe(_settle, future, result, exc)
+                loop.call_soon_threadsafe(settle, future, result, exc)
 
             self.store.submit_from_log(
                 kb,
@@ -488,16 +489,3 @@ class JetStreamLog:
                     await asyncio.sleep(0.1)
                     continue
                 raise LogUnavailable(f"the stream refused the delivery: {exc}") from exc
-
-
-def _settle(
-    future: asyncio.Future[DeliveryResult],
-    result: DeliveryResult | None,
-    exc: BaseException | None,
-) -> None:
-    if future.done():
-        return
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(result)  # type: ignore[arg-type]

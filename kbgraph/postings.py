@@ -93,9 +93,10 @@ class Postings:
         self.count -= 1
         return True
 
-    def build(self, nodes: Iterable[tuple[int, Iterable[tuple[str, int]]]]) -> None:
-        """Replace everything with these (node, items) in one pass: the base, no overlay."""
-        self.__init__()  # type: ignore[misc]
+    @classmethod
+    def built(cls, nodes: Iterable[tuple[int, Iterable[tuple[str, int]]]]) -> Postings:
+        """Postings of these (node, items) made in one pass: all base, no overlay."""
+        self = cls()
         node_col: list[int] = []
         key_col: list[int] = []
         hits_col: list[int] = []
@@ -111,6 +112,7 @@ class Postings:
         self._install(
             np.array(node_col, np.int64), np.array(key_col, np.int64), np.array(hits_col, np.int64)
         )
+        return self
 
     def _install(self, node: np.ndarray, key: np.ndarray, hits: np.ndarray) -> None:
         """The base from rows (node, key, hits) grouped by node, in each node's key order;

@@ -54,13 +54,15 @@ class ToolThreads:
             try:
                 result = fn()
             except BaseException as exc:  # handed to the awaiting request, not lost here
-                loop.call_soon_threadsafe(_settle, future, None, exc)
+                loop.call_soon_threadsafe(settle, future, None, exc)
             else:
-                loop.call_soon_threadsafe(_settle, future, result, None)
+                loop.call_soon_threadsafe(settle, future, result, None)
 
 
-def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-    if future.cancelled():  # the client went away meanwhile
+def settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    """Resolve ``future`` on its loop with a result from another thread, unless it is done
+    already (its awaiting client went away and cancelled it)."""
+    if future.done():
         return
     if exc is None:
         future.set_result(result)

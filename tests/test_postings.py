@@ -23,8 +23,7 @@ def contents(p: Postings) -> tuple[dict, dict, int]:
 @settings(max_examples=300, deadline=None)
 @given(base=st.dictionaries(st.integers(0, 9), items, max_size=8), changes=ops)
 def test_base_and_overlay_read_as_a_build_of_the_final_contents(base, changes) -> None:
-    p = Postings()
-    p.build(sorted(base.items()))
+    p = Postings.built(sorted(base.items()))
     final = dict(base)
     for node, new in changes:
         if new is None:
@@ -33,8 +32,7 @@ def test_base_and_overlay_read_as_a_build_of_the_final_contents(base, changes) -
         else:
             p.put(node, new)
             final[node] = new
-    rebuilt = Postings()
-    rebuilt.build(sorted(final.items()))
+    rebuilt = Postings.built(sorted(final.items()))
     assert contents(p) == contents(rebuilt)
     for node, pairs in final.items():  # each node's keys in the order it put them
         assert p.node_keys_of(node) == [key for key, _ in pairs]

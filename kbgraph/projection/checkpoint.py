@@ -101,7 +101,7 @@ class Unusable(Exception):
 
 
 def _kb_arrays(kb: KBProjection) -> tuple[KBEntry, dict[str, np.ndarray]]:
-    n, cap = len(kb.ids), kb._node_cap
+    cap = kb._node_cap
     arrays: dict[str, np.ndarray] = {}
     for column in ("ids", "titles", "texts", "statuses"):
         blob, off = encode_strings(getattr(kb, column))
@@ -137,7 +137,6 @@ def _kb_arrays(kb: KBProjection) -> tuple[KBEntry, dict[str, np.ndarray]]:
         hashes, order = key_hashes(values)
         arrays[f"index.{part}.keys.hash"], arrays[f"index.{part}.keys.order"] = hashes, order
     arrays.update({f"index.{name}": a for name, a in index_arrays.items()})
-    assert len(kb.ids) == n
     entry = KBEntry(
         name=kb.name,
         seq=kb.seq,

@@ -213,8 +213,9 @@ class Projections:
     def _fork_checkpoint(self) -> None:
         """Write a checkpoint in a forked child: it sees this instant's state (copy-on-write
         pages) while this process goes on following (at a million concepts a checkpoint takes
-        ~15 s, which in the follower thread would be 15 s of lag). The child touches no lock,
-        log or SQLite connection of ours: it writes the file and exits."""
+        ~15 s, which in the follower thread would be 15 s of lag). The child keeps only the
+        checkpoint lock and stdio, and touches no SQLite connection, log handler or thread lock
+        of ours: it writes the file and exits."""
         claim = self._claim_checkpoint(self.checkpoint_every)
         if claim is None:
             return

@@ -172,9 +172,9 @@ class SearchIndex:
         as flat arrays (``put`` one by one would hold them in the overlay)."""
         assert self.terms.count == 0, "put_many builds an empty index"
         analyzed = [(node, self._analyzed(*doc)) for node, *doc in docs]
-        self.terms.build((node, a[0].items()) for node, a in analyzed)
-        self.names.build((node, [(key, 1) for key in a[1]]) for node, a in analyzed)
-        self.tags.build((node, [(key, 1) for key in a[2]]) for node, a in analyzed)
+        self.terms = Postings.built((node, a[0].items()) for node, a in analyzed)
+        self.names = Postings.built((node, [(key, 1) for key in a[1]]) for node, a in analyzed)
+        self.tags = Postings.built((node, [(key, 1) for key in a[2]]) for node, a in analyzed)
         for _, a in analyzed:
             for key in a[1]:
                 self.name_lengths[key.count(_NAME_SEP) + 1] += 1

@@ -60,6 +60,7 @@ from kbgraph.store.model import (
     StoreSnapshot,
     WebhookMessage,
 )
+from kbgraph.threads import settle
 
 try:  # POSIX only; elsewhere the writers rely on SQLite's busy handler alone.
     import fcntl
@@ -236,16 +237,8 @@ class Store:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[DeliveryResult] = loop.create_future()
 
-        def settle(result: DeliveryResult | None, exc: BaseException | None) -> None:
-            if future.cancelled():
-                return
-            if exc is not None:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)  # type: ignore[arg-type]
-
         def resolve(result: DeliveryResult | None, exc: BaseException | None) -> None:
-            loop.call_soon_threadsafe(settle, result, exc)
+            loop.call_soon_threadsafe(settle, future, result, exc)
 
         self._submit(Pending(kb, list(events), resolve, message))
         # Shielded: a caller cancelled while waiting (a client that hung up) does not undo the
