@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,13 +36,12 @@ if str(ROOT) not in sys.path:
 import httpx  # noqa: E402
 
 from loadtest.bench_ingest import (  # noqa: E402
-    BATCH,
     SECRET,
     Concepts,
     free_port,
-    phase,
-    request_bytes,
+    ingest_phases,
     start_server,
+    stop_server,
 )
 from tests import webhook_client as wc  # noqa: E402
 from tests.nats_cluster import STREAM, NatsCluster  # noqa: E402
@@ -53,70 +51,13 @@ ADMIN = "bench-admin"
 
 def start_node(folder: Path, port: int, urls: list[str]) -> subprocess.Popen[bytes]:
     """A ``kbgraph serve`` with ``[log] kind = "jetstream"``, returned once ``/readyz``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    config = folder / "kbgraph.toml"
     servers = ", ".join(f'"{url}"' for url in urls)
-    config.write_text(
-        f'[store]\npath = "bench.db"\n[webhooks]\nsecrets = ["{SECRET}"]\n'
-        f'[log]\nkind = "jetstream"\nservers = [{servers}]\nstream = "{STREAM}"\nreplicas = 3\n'
-        f'[[tokens]]\nname = "admin"\ntoken = "{ADMIN}"\nadmin = true\n'
-    )
-    command = [sys.executable, "-m", "kbgraph", "serve", "--config", str(config)]
-    command += ["--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit("kbgraph serve exited during start-up")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("kbgraph serve (jetstream) did not become ready")
+    log = f'[log]\nkind = "jetstream"\nservers = [{servers}]\nstream = "{STREAM}"\nreplicas = 3\n'
+    return start_server(folder, port, log)
 
 
-def stop_proc(proc: subprocess.Popen[bytes]) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def ingest_phases(port: int, args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    single = Concepts(f"single{seed}", seed)
-    prebuilt = [request_bytes(port, single.next()) for _ in range(20_000)]
-    position = iter(prebuilt)
-
-    def make_single() -> bytes:
-        try:
-            return next(position)
-        except StopIteration:
-            return request_bytes(port, single.next())
-
-    batches = Concepts(f"batch{seed}", seed + 1)
-
-    def make_batch() -> bytes:
-        return request_bytes(port, [batches.next() for _ in range(BATCH)])
-
-    s_rate, s_p50, s_p99 = asyncio.run(
-        phase(port, make_single, args.connections, 1.0, args.seconds)
-    )
-    b_rate, b_p50, b_p99 = asyncio.run(
-        phase(port, make_batch, args.batch_connections, 1.0, args.seconds)
-    )
-    return {
-        "single_deliveries_per_s": round(s_rate),
-        "single_p50_ms": s_p50,
-        "single_p99_ms": s_p99,
-        "batch_events_per_s": round(b_rate * BATCH),
-        "batch_p50_ms": b_p50,
-        "batch_p99_ms": b_p99,
-    }
+def ingest_figures(port: int, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    return ingest_phases(port, args.connections, args.batch_connections, args.seconds, seed)[0]
 
 
 async def lag_samples(
@@ -195,9 +136,9 @@ def main() -> None:
         port = free_port()
         proc = start_server(root / "sqlite", port)
         try:
-            figures["sqlite"] = ingest_phases(port, args, 1)
+            figures["sqlite"] = ingest_figures(port, args, 1)
         finally:
-            stop_proc(proc)
+            stop_server(proc)
         print("sqlite (one node):", figures["sqlite"])
 
         cluster = NatsCluster(root / "nats", 3)
@@ -207,7 +148,7 @@ def main() -> None:
             port_a, port_b = free_port(), free_port()
             nodes.append(start_node(root / "node-a", port_a, cluster.urls))
             nodes.append(start_node(root / "node-b", port_b, cluster.urls))
-            figures["jetstream"] = ingest_phases(port_a, args, 3)
+            figures["jetstream"] = ingest_figures(port_a, args, 3)
             print("jetstream (to node A of 2, stream R3):", figures["jetstream"])
             idle, idle_503 = asyncio.run(lag_samples(port_a, port_b, args.lag_samples, 0, 60))
             busy, busy_503 = asyncio.run(lag_samples(port_a, port_b, args.lag_samples, 16, 60))
@@ -224,7 +165,7 @@ def main() -> None:
             print("replica lag, acknowledged on A -> read on B:", figures["replica_lag"])
         finally:
             for proc in nodes:
-                stop_proc(proc)
+                stop_server(proc)
             cluster.stop()
     sqlite, jetstream = figures["sqlite"], figures["jetstream"]
     figures["jetstream_over_sqlite"] = {

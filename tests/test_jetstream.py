@@ -71,6 +71,20 @@ def wait_ready(proc: ServerProcess, timeout: float = READY_SECONDS) -> None:
     raise AssertionError(f"node not ready: {last and last.text} {proc.tail()[-2000:]}")
 
 
+def readyz_saying(node: Node, text: str) -> httpx.Response:
+    """The node's ``/readyz`` answer once it names ``text``: a 503, or the test fails."""
+    deadline = time.monotonic() + READY_SECONDS
+    answer = None
+    while time.monotonic() < deadline:
+        answer = httpx.get(f"{node.url}/readyz", timeout=5)
+        if text in answer.text:
+            break
+        time.sleep(0.05)
+    assert answer is not None and answer.status_code == 503, answer and answer.text
+    assert text in answer.text, answer.text
+    return answer
+
+
 class Node:
     """One kbgraph node: its folder (config, store) and its ``kbgraph serve`` process."""
 
@@ -477,14 +491,7 @@ def test_a_node_behind_a_cut_stream_says_so(tmp_path: Path) -> None:
         late = Node(tmp_path / "late", cluster.urls)
         late.proc = start_server(late.config)
         nodes.append(late)
-        deadline = time.monotonic() + READY_SECONDS
-        answer = None
-        while time.monotonic() < deadline:
-            answer = httpx.get(f"{late.url}/readyz", timeout=5)
-            if "starts at 4" in answer.text:
-                break
-            time.sleep(0.05)
-        assert answer is not None and answer.status_code == 503, answer and answer.text
+        answer = readyz_saying(late, "starts at 4")
         assert "this node's store is at 0: start it from a copy" in answer.text
         assert late.position() == 0  # nothing applied over the hole
         assert httpx.get(f"{nodes[0].url}/readyz", timeout=5).status_code == 200
@@ -513,13 +520,7 @@ def test_a_node_behind_a_cut_stream_says_so(tmp_path: Path) -> None:
             db.execute("UPDATE log_position SET seq = 5")  # only the position matters here
         copied.proc = start_server(copied.config)
         nodes.append(copied)
-        deadline = time.monotonic() + READY_SECONDS
-        while time.monotonic() < deadline:
-            answer = httpx.get(f"{copied.url}/readyz", timeout=5)
-            if "lacks message 7" in answer.text:
-                break
-            time.sleep(0.05)
-        assert answer.status_code == 503 and "lacks message 7 (deleted)" in answer.text
+        assert "lacks message 7 (deleted)" in readyz_saying(copied, "lacks message 7").text
 
 
 def test_a_node_deciding_with_other_rules_follows_nothing(tmp_path: Path) -> None:
@@ -537,14 +538,7 @@ def test_a_node_deciding_with_other_rules_follows_nothing(tmp_path: Path) -> Non
         )
         other.proc = start_server(other.config)
         nodes.append(other)
-        deadline = time.monotonic() + READY_SECONDS
-        answer = None
-        while time.monotonic() < deadline:
-            answer = httpx.get(f"{other.url}/readyz", timeout=5)
-            if "decide alike" in answer.text:
-                break
-            time.sleep(0.05)
-        assert answer is not None and answer.status_code == 503, answer and answer.text
+        answer = readyz_saying(other, "decide alike")
         assert "dedupe_keys=5" in answer.text and "dedupe_keys=1000000" in answer.text
         with httpx.Client(timeout=30) as client:
             refused = post(client, other.url, [wc.upsert("rules/b")])
