@@ -438,7 +438,9 @@ def figures(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.abuse", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--seconds", type=float, default=6.0, help="per attack")
     parser.add_argument("--attacks", nargs="*", default=list(ATTACKS), choices=list(ATTACKS))
     args = parser.parse_args(argv)

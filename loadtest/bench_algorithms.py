@@ -1,7 +1,7 @@
 """Benchmark the graphalgo kernels against networkx and igraph on synthetic KBs.
 
-Run ``python -m loadtest.bench_algorithms [--sizes 1k,hub1k,100k,1m]`` (or
-``python loadtest/bench_algorithms.py``). For each graph it times, after warm-up, the three tools'
+Run ``python -m loadtest.bench_algorithms [--sizes 1k,hub1k,100k,1m]`` from the repository's
+root. For each graph it times, after warm-up, the three tools'
 algorithmic cores as the API layer calls them:
 
 - ``graph_context``: PPR from {infra/c0000: 1, apps/c0001: 0.5} (forward push, alpha 0.25,
@@ -22,10 +22,8 @@ import argparse
 import gc
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,9 +31,6 @@ import numpy as np
 # igraph's PageRank (prpack) runs OpenMP threads; on a small shared machine they make its times
 # swing 10-100x. Our kernels run one query per thread, so compare single-threaded.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kbgraph.graphalgo import (
     Graph,
@@ -334,7 +329,9 @@ def summarize(figures: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_algorithms", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--sizes", default="1k,hub1k,100k,1m", help="comma list of 1k,hub1k,100k,1m")
     ap.add_argument("--budget", type=float, default=1.0, help="seconds per timed task (about)")
     ap.add_argument("--no-networkx", action="store_true")

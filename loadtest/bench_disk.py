@@ -12,26 +12,21 @@ Sizes are the SQLite file with its WAL after a truncating WAL checkpoint; the ch
 reported beside them. The last line is one JSON object; the aim (issue 15) is the rewritten
 store within 2x of the one written once.
 
-    .venv/bin/python loadtest/bench_disk.py [--concepts 100000] [--rewrites 10]
+    .venv/bin/python -m loadtest.bench_disk [--concepts 100000] [--rewrites 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from kbgraph.projection import Projections  # noqa: E402
-from kbgraph.store import Store  # noqa: E402
-from loadtest.bench_projection import cid, synthetic_links  # noqa: E402
-from loadtest.bench_restart import DELIVERY, KB, upsert  # noqa: E402
+from kbgraph.projection import Projections
+from kbgraph.store import Store
+from loadtest.bench_projection import cid, synthetic_links
+from loadtest.bench_restart import DELIVERY, KB, upsert
 
 AIM = 2.0
 
@@ -55,7 +50,9 @@ def size(db: Path) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_disk", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--concepts", type=int, default=100_000)
     parser.add_argument("--rewrites", type=int, default=10)
     args = parser.parse_args()

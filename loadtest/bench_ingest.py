@@ -10,7 +10,7 @@ Every 200 counted is durable (the store answers after the fsynced group commit).
 printed is one JSON object with the figures, the aims (>= 3,000 single deliveries/s,
 >= 50,000 events/s batched) and whether each was met. Bounded to well under 2 minutes.
 
-    .venv/bin/python loadtest/bench_ingest.py [--seconds 8] [--connections 64]
+    .venv/bin/python -m loadtest.bench_ingest [--seconds 8] [--connections 64]
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
@@ -217,7 +215,9 @@ def ingest_phases(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_ingest", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per phase")
     parser.add_argument("--connections", type=int, default=64, help="single-event phase")
     parser.add_argument("--batch-connections", type=int, default=8)

@@ -49,7 +49,9 @@ def maker(port: int, mode: str) -> Callable[[], bytes]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_ingest_modes", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per phase")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the three modes")
     parser.add_argument("--connections", type=int, default=32)

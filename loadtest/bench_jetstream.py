@@ -13,7 +13,7 @@ includes that read's round trip, so it bounds the lag from above), idle and whil
 takes single deliveries from other connections. The last line is one JSON object.
 Everything (5 server processes, the client) shares this machine's cores.
 
-    .venv/bin/python loadtest/bench_jetstream.py [--seconds 5] [--lag-samples 300]
+    .venv/bin/python -m loadtest.bench_jetstream [--seconds 5] [--lag-samples 300]
 """
 
 from __future__ import annotations
@@ -23,19 +23,14 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import httpx
 
-import httpx  # noqa: E402
-
-from loadtest.bench_ingest import (  # noqa: E402
+from loadtest.bench_ingest import (
     SECRET,
     Concepts,
     free_port,
@@ -43,8 +38,8 @@ from loadtest.bench_ingest import (  # noqa: E402
     start_server,
     stop_server,
 )
-from tests import webhook_client as wc  # noqa: E402
-from tests.nats_cluster import STREAM, NatsCluster  # noqa: E402
+from tests import webhook_client as wc
+from tests.nats_cluster import STREAM, NatsCluster
 
 ADMIN = "bench-admin"
 
@@ -116,7 +111,9 @@ def pct(values: list[float], p: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_jetstream", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per phase")
     parser.add_argument("--connections", type=int, default=64, help="single-event phase")
     parser.add_argument("--batch-connections", type=int, default=8)

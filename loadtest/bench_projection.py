@@ -23,7 +23,7 @@ is one JSON object with every figure and the aims (1M apply rate at least half t
 p99 lag under 10 ms in one process and under 50 ms across workers) with met true/false.
 Bounded well under 5 minutes.
 
-    .venv/bin/python loadtest/bench_projection.py [--sizes 1000,100000,1000000] [--events 20000]
+    .venv/bin/python -m loadtest.bench_projection [--sizes 1000,100000,1000000] [--events 20000]
 """
 
 from __future__ import annotations
@@ -48,8 +48,6 @@ import numpy as np
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from kbgraph.access import Rule, canonical  # noqa: E402
 from kbgraph.events import (  # noqa: E402
@@ -397,7 +395,9 @@ def lag_http(folder: Path, workers: int, count: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_projection", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--sizes", default="1000,100000,1000000")
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--lag-samples", type=int, default=300)

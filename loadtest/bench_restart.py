@@ -14,7 +14,7 @@ kernel loading excluded):
 The last line is one JSON object with the figures and the aims of issue 15 (ready <= 3 s and
 <= 800 MB RSS after a restart from a checkpoint at 1M concepts), met true/false.
 
-    .venv/bin/python loadtest/bench_restart.py [--concepts 1000000] [--tail 10000]
+    .venv/bin/python -m loadtest.bench_restart [--concepts 1000000] [--tail 10000]
         [--keep-filled FILE | --filled FILE]   (fill once, then reuse a copy)
 """
 
@@ -33,8 +33,6 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from kbgraph.events import ConceptUpserted, UpsertData  # noqa: E402
 from kbgraph.projection import Projections, warm_up  # noqa: E402
@@ -113,8 +111,10 @@ def child(db: Path, folder: Path, phase: str) -> dict[str, Any]:
 
 
 def run_child(db: Path, folder: Path, phase: str) -> dict[str, Any]:
+    command = [sys.executable, "-m", "loadtest.bench_restart", "--child", phase]
     result = subprocess.run(
-        [sys.executable, __file__, "--child", phase, "--db", str(db), "--folder", str(folder)],
+        [*command, "--db", str(db), "--folder", str(folder)],
+        cwd=ROOT,
         check=True,
         capture_output=True,
         text=True,
@@ -123,7 +123,9 @@ def run_child(db: Path, folder: Path, phase: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_restart", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--concepts", type=int, default=1_000_000)
     parser.add_argument("--tail", type=int, default=10_000)
     parser.add_argument("--filled", type=Path, help="start from a copy of this filled store")

@@ -31,7 +31,9 @@ PATHS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_ui", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--seconds", type=float, default=2.0, help="per path")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

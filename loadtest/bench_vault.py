@@ -15,7 +15,7 @@ pull pandas, lxml and more, too heavy for this shared machine; the prebuilt-even
 comparison. Then the save -> visible latency of ``sync --watch`` for a few single-note edits.
 The last line printed is one JSON object.
 
-    .venv/bin/python loadtest/bench_vault.py [--notes 10000] [--edits 10]
+    .venv/bin/python -m loadtest.bench_vault [--notes 10000] [--edits 10]
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import tempfile
 import threading
 import time
@@ -31,8 +30,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from kbgraph.store import Store  # noqa: E402
 from kbgraph.vault.manifest import Manifest  # noqa: E402
@@ -170,7 +167,9 @@ def watch_latency(work: Path, edits: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_vault", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--notes", type=int, default=10_000)
     parser.add_argument("--edits", type=int, default=10)
     args = parser.parse_args()

@@ -268,7 +268,9 @@ def aims(questions: dict, links: dict) -> dict[str, dict[str, float | bool]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.eval_retrieval", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--vault", type=Path, default=VAULT)
     parser.add_argument("--questions", type=Path, default=QUESTIONS)
     parser.add_argument("--details", action="store_true", help="rankings of the tune questions")

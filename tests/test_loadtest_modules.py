@@ -1,0 +1,53 @@
+"""Every loadtest script runs the one way the docs show it: ``python -m loadtest.<name>``.
+
+Each script (a module of ``loadtest/`` with a ``__main__`` block) is started that way from the
+repository's root with ``--help``: it must import (no ``ModuleNotFoundError`` from a module
+that only worked run as a file) and its usage line must name that same command, so ``--help``
+never teaches another form. ``--help`` exits before any benchmark work, so this stays cheap.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def scripts() -> list[str]:
+    """The loadtest modules meant to be run: those with a ``__main__`` block."""
+    return sorted(
+        path.stem
+        for path in (ROOT / "loadtest").glob("*.py")
+        if path.stem != "__main__" and 'if __name__ == "__main__"' in path.read_text()
+    )
+
+
+def test_the_scripts_are_found() -> None:
+    found = scripts()
+    assert {"abuse", "bench_api", "bench_ingest", "eval_retrieval"} <= set(found), found
+
+
+def test_each_script_runs_as_a_module() -> None:
+    """All at once (each is a fresh interpreter importing numpy and friends), then checked."""
+    names = [*scripts(), ""]  # "" is the load test itself: python -m loadtest
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", f"loadtest.{name}" if name else "loadtest", "--help"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in names
+    }
+    failures = []
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=240)
+        command = f"python -m loadtest.{name}" if name else "python -m loadtest"
+        if proc.returncode != 0:
+            failures.append(f"{command} --help: exit {proc.returncode}: {err.strip()[-300:]}")
+        elif not out.startswith(f"usage: {command} "):
+            failures.append(f"{command} --help: usage line is {out.splitlines()[:1]}")
+    assert not failures, "\n".join(failures)
