@@ -24,7 +24,7 @@ replicas = 3
 max_body_bytes = 16777216
 min_seq_wait_seconds = 5.0
 
-[limits]                       # optional; the defaults, see README "Limits"
+[limits]                       # optional; the defaults, see docs/operations.md "Limits"
 max_request_bytes = 1048576
 max_header_bytes = 16384
 header_timeout_seconds = 10.0
@@ -104,7 +104,7 @@ class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 class LimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """Per-connection and per-request bounds of the HTTP server (README "Limits")."""
+    """Per-connection and per-request bounds of the HTTP server (docs/operations.md "Limits")."""
 
     max_request_bytes: Annotated[int, msgspec.Meta(ge=1)] = 1 << 20  # agent API bodies: 413
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 << 10  # request head: 431
@@ -118,7 +118,7 @@ class LimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 class LogConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """Where the log lives: the store's SQLite file (one machine) or a NATS JetStream stream
-    that every node follows into its own store (README "Several nodes over JetStream")."""
+    that every node follows into its own store (docs/operations.md "A cluster")."""
 
     kind: Literal["sqlite", "jetstream"] = "sqlite"
     # jetstream: the cluster's client URLs (a node reconnects to any of them)

@@ -21,7 +21,7 @@ MAX_TEXT_BYTES: Final = 1 << 20
 MAX_VERSION: Final = (1 << 63) - 1
 MAX_ALIASES: Final = 64
 MAX_ALIAS_CHARS: Final = 1024
-# Bounds per concept (README "Limits"): past one, 422 naming the field.
+# Bounds per concept (docs/operations.md "Limits"): past one, 422 naming the field.
 MAX_TITLE_CHARS: Final = 1024
 MAX_TYPE_CHARS: Final = 256
 MAX_TAGS: Final = 256

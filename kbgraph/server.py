@@ -1,4 +1,4 @@
-"""uvicorn's httptools protocol with the connection limits it lacks (README "Limits").
+"""uvicorn's httptools protocol with the connection limits it lacks (docs/operations.md "Limits").
 
 uvicorn with httptools bounds neither the request head nor the time a client may take to send
 it: a connection that never sends a request is never closed, and a 100 MB header is parsed

@@ -40,8 +40,8 @@ from kbgraph.shapes import (
 )
 
 SEARCH_SEEDS: Final = 5
-# Seeding from search scores (README, "Retrieval quality"): of the top SEARCH_SEEDS hits, those
-# scoring at least SEED_CUT of the best add (score / best) ** SEED_POWER.
+# Seeding from search scores (docs/retrieval-quality.md, "The rules"): of the top SEARCH_SEEDS
+# hits, those scoring at least SEED_CUT of the best add (score / best) ** SEED_POWER.
 SEED_CUT: Final = 0.5
 SEED_POWER: Final = 2.0
 RETIRED: Final = frozenset({"deprecated", "superseded"})

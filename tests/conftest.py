@@ -18,7 +18,7 @@ from kbgraph.events import Event
 # Hypothesis: "ci" (what scripts/test.sh and .ci/run use) draws the same examples on every run
 # and keeps no example database, so a run never depends on an earlier one; "dev" (plain
 # pytest) draws new examples each run and remembers failures. Either prints a
-# ``@reproduce_failure`` blob with a failure (README: "Replaying a failure").
+# ``@reproduce_failure`` blob with a failure (docs/getting-started.md: "Replaying a failure").
 settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
 settings.register_profile("dev", deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))

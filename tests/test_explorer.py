@@ -4,7 +4,7 @@ chromium-driver, driven by Selenium) against a real ``kbgraph serve`` holding th
 The page's list must equal the API's answer, a click on a node must show its text, a narrowed
 token's page must never show a hidden title. Every wait is on a condition, never a sleep.
 Screenshots go to a temp dir; ``KBGRAPH_UPDATE_SCREENSHOTS=1`` writes them to ``docs/`` for the
-README instead.
+README and docs/agents.md instead.
 """
 
 from __future__ import annotations
