@@ -30,6 +30,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from tests.test_crash import STARTUP_SECONDS, ServerProcess, stop
+from tests.test_loadtest_modules import scripts
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELLS = {"sh", "bash", "shell", "console", "zsh"}
 RUNNERS = {"sh": ["bash", "-e", "-o", "pipefail", "-c"], "python": [sys.executable, "-c"]}
+RUNNABLE = {*RUNNERS, "json"}  # a ``json test`` block is an MCP client config, connected to
+CHECKOUT = "/path/to/kbgraph/"  # in a ``json test`` block: the repository's root
 DEMO_PORT = re.compile(r"\b(?:localhost|127\.0\.0\.1):8080\b")
 BLOCK_SECONDS = 60
 
@@ -90,7 +93,7 @@ def test_every_shell_block_is_marked() -> None:
     assert not unmarked, f"shell blocks neither `sh test` nor `sh no-test`: {unmarked}"
     other = [b.where for b in ALL if b.lang in SHELLS and b.lang != "sh"]
     assert not other, f"shell blocks are tagged sh: {other}"
-    stray = [b.where for b in ALL if b.marker == "test" and b.lang not in RUNNERS]
+    stray = [b.where for b in ALL if b.marker == "test" and b.lang not in RUNNABLE]
     assert not stray, f"`test` on a language the test cannot run: {stray}"
     orphans = [
         f"{path.relative_to(ROOT)}:{t.map[0] + 1}"
@@ -115,6 +118,9 @@ def test_scripts_are_shown_one_way() -> None:
                 f"{path.relative_to(ROOT)}: {m[0]}" for t in texts for m in FILE_FORM.finditer(t)
             }
     assert not shown, sorted(shown)
+    text = " ".join(path.read_text() for path in DOCS)
+    unshown = [name for name in scripts() if f"python -m loadtest.{name}" not in text]
+    assert not unshown, f"loadtest scripts the docs never show: {unshown}"
 
 
 def test_the_docs_index_names_every_page() -> None:
@@ -294,6 +300,8 @@ def matches(expected: str, actual: str) -> bool:
 @pytest.mark.parametrize("block", RUN, ids=[b.where for b in RUN])
 def test_run_block(block: Block, demo: Demo) -> None:
     code = DEMO_PORT.sub(f"127.0.0.1:{demo.port}", block.code)
+    if block.lang == "json":
+        return connect_mcp_clients(block, code, demo)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     proc = subprocess.run(
         [*RUNNERS[block.lang], code],
@@ -310,6 +318,46 @@ def test_run_block(block: Block, demo: Demo) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}: {said}"
     if block.output is not None:
         assert matches(block.output, proc.stdout), f"output is not as documented: {said}"
+
+
+def connect_mcp_clients(block: Block, code: str, demo: Demo) -> None:
+    """Each server of an MCP client config (``mcpServers``), started or reached as the client
+    would, answers a ``graph_path`` call over the demo's KB ``homelab``."""
+    import json
+
+    import anyio
+    import httpx2
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+    from mcp.client.streamable_http import streamable_http_client
+
+    token = re.search(r'^token = "(.*)"', (demo.folder / "demo" / "kbgraph.toml").read_text(), re.M)
+    assert token is not None
+    code = code.replace(CHECKOUT, f"{demo.folder}/").replace("<token>", token[1])
+    servers = json.loads(code)["mcpServers"]
+    arguments = {"source": "services/Immich", "target": "infra/power/UPS"}
+
+    async def call(server: dict) -> dict:
+        if "command" in server:
+            params = StdioServerParameters(command=server["command"], args=server["args"])
+            async with stdio_client(params) as streams, ClientSession(*streams) as session:
+                await session.initialize()
+                result = await session.call_tool("graph_path", arguments)
+        else:
+            async with (
+                httpx2.AsyncClient(headers=server.get("headers", {}), timeout=30) as client,
+                streamable_http_client(server["url"], http_client=client) as streams,
+                ClientSession(*streams) as session,
+            ):
+                await session.initialize()
+                result = await session.call_tool("graph_path", arguments)
+        assert not result.is_error, f"{block.where}: {result.content}"
+        assert result.structured_content is not None
+        return result.structured_content
+
+    assert servers, f"{block.where}: no mcpServers"
+    for name, server in servers.items():
+        answer = anyio.run(call, server)
+        assert answer["hops"] == 2, f"{block.where}: {name}: {answer}"
 
 
 def test_matches() -> None:
