@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv (once) and installs kbgraph with its test and load-test extras into it; installs
 # Debian's chromium and chromium-driver for the explorer's browser tests when they are missing
-# (root and apt-get needed; without them those tests are skipped with a loud message).
+# (root and apt-get needed; without them those tests are skipped with a loud message), and curl
+# and openssl, which the shell examples of the docs use (tests/test_docs.py runs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
@@ -16,5 +17,15 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
             || echo "setup: could not install chromium: the browser tests will be skipped" >&2
     else
         echo "setup: no chromium and no root apt-get: the browser tests will be skipped" >&2
+    fi
+fi
+if ! command -v curl >/dev/null || ! command -v openssl >/dev/null; then
+    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+        echo "setup: installing curl and openssl (the docs' shell examples)" >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            curl openssl; } >/dev/null 2>&1 \
+            || echo "setup: could not install curl and openssl: tests/test_docs.py will fail" >&2
+    else
+        echo "setup: curl or openssl missing and no root apt-get: tests/test_docs.py will fail" >&2
     fi
 fi

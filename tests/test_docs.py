@@ -87,6 +87,18 @@ def test_the_docs_have_run_blocks() -> None:
     assert len(RUN) >= 10, [b.where for b in RUN]
 
 
+def test_the_shell_tools_are_there() -> None:
+    """What the shell examples use (scripts/setup.sh installs curl and openssl when it can)."""
+    import shutil
+
+    missing = [
+        tool
+        for tool in ("bash", "curl", "openssl", "sed", "od", "base64")
+        if not shutil.which(tool)
+    ]
+    assert not missing, f"the docs' shell examples need {missing}"
+
+
 def test_every_shell_block_is_marked() -> None:
     """A shell block is either run (``sh test``) or says it is not (``sh no-test``)."""
     unmarked = [b.where for b in ALL if b.lang in SHELLS and b.marker not in ("test", "no-test")]
