@@ -28,6 +28,8 @@ min_seq_wait_seconds = 5.0
 max_request_bytes = 1048576
 max_header_bytes = 16384
 header_timeout_seconds = 10.0
+body_timeout_seconds = 10.0
+min_body_bytes_per_second = 65536
 keep_alive_seconds = 5.0
 max_connections = 1000
 max_kbs = 1000
@@ -109,6 +111,10 @@ class LimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_request_bytes: Annotated[int, msgspec.Meta(ge=1)] = 1 << 20  # agent API bodies: 413
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 << 10  # request head: 431
     header_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0  # head not complete
+    # a request body must end within body_timeout_seconds plus one second per
+    # min_body_bytes_per_second bytes received: a trickled body cannot hold a connection
+    body_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    min_body_bytes_per_second: Annotated[int, msgspec.Meta(ge=1)] = 64 << 10
     keep_alive_seconds: Annotated[float, msgspec.Meta(gt=0)] = 5.0  # idle between requests
     max_connections: Annotated[int, msgspec.Meta(ge=1)] = 1000  # per worker process
     max_kbs: Annotated[int, msgspec.Meta(ge=1)] = 1000  # a delivery creating one more: 403
