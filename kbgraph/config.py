@@ -23,6 +23,7 @@ replicas = 3
 [server]                       # optional
 max_body_bytes = 16777216
 min_seq_wait_seconds = 5.0
+allowed_origins = []           # e.g. ["http://localhost:6274"]: see kbgraph.origins
 
 [limits]                       # optional; the defaults, see README "Limits"
 max_request_bytes = 1048576
@@ -103,6 +104,8 @@ class WebhooksConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1)] = DEFAULT_MAX_BODY_BYTES
     min_seq_wait_seconds: Annotated[float, msgspec.Meta(ge=0)] = 5.0
+    # browser origins besides the service's own that may call it (auth off) or its MCP endpoint
+    allowed_origins: list[str] = []
 
 
 class LimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
