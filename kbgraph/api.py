@@ -339,6 +339,14 @@ async def readyz(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    """Prometheus's exposition: its counts are over every KB, so with authentication on only
+    an admin token or one with ``metrics = true`` reads them (a scraper's bearer token)."""
+    try:
+        grant = authenticate(request)
+    except HTTPError as exc:
+        return error_response(exc.status, exc.message, exc.headers)
+    if not grant.metrics and not grant.admin:
+        return error_response(403, "this token may not read /metrics: needs admin or metrics")
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 

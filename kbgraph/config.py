@@ -149,6 +149,7 @@ class TokenConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     token_sha256: str | None = None
     admin: bool = False
     rules: list[RuleConfig] = []
+    metrics: bool = False  # may read /metrics (counts over every KB); admin tokens may too
 
     def sha256(self) -> str:
         """The hex sha256 of the token, the key it is looked up by."""
@@ -164,6 +165,7 @@ class TokenGrant(msgspec.Struct, frozen=True):
     name: str
     admin: bool
     rules: dict[str, RuleSet]  # kb -> canonical rules; empty for admin
+    metrics: bool = False  # may read /metrics
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -193,6 +195,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
                 name=token.name,
                 admin=token.admin,
                 rules={kb: canonical(rules) for kb, rules in sorted(per_kb.items())},
+                metrics=token.admin or token.metrics,
             )
         return index
 
