@@ -273,6 +273,9 @@ class SearchIndex:
         """
         empty = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64))
         postings = [self.terms.holders(t) for t in query_terms(query)]
+        # hidden holders dropped first, in numpy: the work after this is the visible's only
+        # (a term many hidden concepts hold costs about what an absent one does)
+        postings = [(n[keep], h[keep]) for n, h in postings if len(n) for keep in [mask[n] != 0]]
         postings = [p for p in postings if len(p[0])]
         if not postings:
             return empty
