@@ -84,7 +84,7 @@ def mentions(
         return found
 
     depth = [0] * (len(tokens) + 1)  # +1 where a linked name starts, -1 where it ends
-    for i, end, key in trie.matches(tokens):
+    for i, end, key in trie.matches(tokens) if linked else ():
         if of(key)[0]:
             depth[i] += 1
             depth[end] -= 1
