@@ -110,5 +110,20 @@ def analyze(text: str, remember: bool = True) -> list[str]:
 
 def query_terms(query: str) -> list[str]:
     """The first ``MAX_QUERY_TERMS`` distinct terms of a query, in order of first appearance
-    (bounding the work of one query: postings and snippet scans are per term)."""
-    return list(dict.fromkeys(analyze(query, remember=False)))[:MAX_QUERY_TERMS]
+    (bounding the work of one query: postings and snippet scans are per term).
+
+    ``analyze(query)``'s terms, stemmed only until that many are found: a query of 20,000
+    words costs its tokenising, not 20,000 stems."""
+    found: dict[str, None] = {}
+    for tokens in (tokenize(query), None):
+        if tokens is None:  # then the joined forms of hyphenated words, as ``analyze`` adds
+            if "-" not in query:
+                break
+            tokens = ["".join(tokenize(word)) for word in _COMPOUND.findall(fold(query))]
+        for token in tokens:
+            t = stem(token)
+            if t:
+                found[t] = None
+                if len(found) == MAX_QUERY_TERMS:
+                    return list(found)
+    return list(found)
