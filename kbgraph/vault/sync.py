@@ -14,6 +14,7 @@ after any sequence of syncs equals a fresh import of the final folder.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -166,11 +167,14 @@ def watch(
     """
     import watchfiles
 
-    resolved = root.resolve()
+    resolved = Path(os.path.realpath(root))
 
     def relevant(_change: watchfiles.Change, path: str) -> bool:
+        # the folder resolved, not the file: a note may be a symlink (even a loop), which the
+        # reader judges; Path.resolve() raises on a loop
+        where = Path(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
         try:
-            relative = Path(path).resolve().relative_to(resolved).as_posix()
+            relative = where.relative_to(resolved).as_posix()
         except ValueError:
             return False
         return not is_ignored(relative)
