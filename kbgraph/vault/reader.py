@@ -140,7 +140,8 @@ def read_note(root: Path, real_root: str, path: str, limit: int) -> bytes | str:
         return "symlink to a file outside the vault: not read"
     # O_NONBLOCK: opening a named pipe must not wait for a writer; O_NOFOLLOW: the real path
     # checked above is what is opened, not a link put in its place since
-    fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(real, flags)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
