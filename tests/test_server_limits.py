@@ -101,14 +101,14 @@ def test_idle_connection_is_closed(server: Server) -> None:
 
 def test_idle_keep_alive_connection_is_closed_after_a_response(server: Server) -> None:
     sock = server.connect()
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert response_of(sock)[0] == 200
     assert closed_by_server(sock)
 
 
 def test_half_sent_head_times_out_even_when_trickled(server: Server) -> None:
     sock = server.connect()
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n")
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
     stop_at = time.monotonic() + GENEROUS
     closed = False
     while time.monotonic() < stop_at and not closed:
@@ -123,14 +123,16 @@ def test_half_sent_head_times_out_even_when_trickled(server: Server) -> None:
 
 def test_huge_head_is_431_and_closed(server: Server) -> None:
     sock = server.connect()
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * (2 * HEAD_LIMIT))
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * (2 * HEAD_LIMIT))
     status, body = response_of(sock)
     assert status == 431
     assert json.loads(body) == {"error": f"request head over the limit of {HEAD_LIMIT} bytes"}
     assert closed_by_server(sock)
     ok = server.connect()  # a head just under the limit still passes
     ok.sendall(
-        b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * (HEAD_LIMIT - 100) + b"\r\n\r\n"
+        b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: "
+        + b"a" * (HEAD_LIMIT - 100)
+        + b"\r\n\r\n"
     )
     assert response_of(ok)[0] == 200
 
@@ -159,7 +161,7 @@ def test_a_100_mb_head_is_cut_without_memory_growth(server: Server) -> None:
 def test_agent_body_413_from_content_length_before_the_body(server: Server) -> None:
     sock = server.connect()
     sock.sendall(
-        f"POST /v1/kbs/{KB}/tools/graph_context HTTP/1.1\r\nHost: t\r\n"
+        f"POST /v1/kbs/{KB}/tools/graph_context HTTP/1.1\r\nHost: localhost\r\n"
         f"Content-Length: {100 << 20}\r\n\r\n".encode()
     )
     status, body = response_of(sock)  # answered with no body byte sent
@@ -171,7 +173,7 @@ def test_agent_body_413_from_content_length_before_the_body(server: Server) -> N
 def test_a_100_mb_chunked_agent_body_is_cut_without_memory_growth(server: Server) -> None:
     before = server.rss()
     sock = server.connect()
-    head = f"POST /v1/kbs/{KB}/tools/graph_context HTTP/1.1\r\nHost: t\r\n"
+    head = f"POST /v1/kbs/{KB}/tools/graph_context HTTP/1.1\r\nHost: localhost\r\n"
     head += "Transfer-Encoding: chunked\r\n\r\n"
     piece = b"10000\r\n" + b" " * 65536 + b"\r\n"
     received: list[tuple[int, bytes]] = []
@@ -212,7 +214,7 @@ def test_connections_past_the_bound_close_the_longest_waiting(tmp_path: Path) ->
         status = 0
         while time.monotonic() < deadline and status != 503:
             extra = running.connect()
-            extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
             status, body = response_of(extra)
         assert status == 503 and json.loads(body) == {"error": "too many connections"}
         for sock in idle + busy:
