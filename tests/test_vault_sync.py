@@ -262,3 +262,24 @@ def test_command_line_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFix
     assert "expected an http:// or https:// URL" in capsys.readouterr().err
     assert main(["sync", str(tmp_path), "--kb", "kb", "--config", str(config)]) == 0
     assert "1 notes, 0 links" in capsys.readouterr().out
+
+
+def test_watch_runs_once_armed_so_an_edit_before_it_is_not_lost(tmp_path: Path) -> None:
+    """The caller's first sync ends, a note is written, and only then is the watcher armed:
+    no change follows, yet the note must be sent (a run once the watcher is armed)."""
+    root = write_vault(tmp_path / "vault", {"a.md": "first"})
+    write_vault(root, {"b.md": "written between the first sync and the watcher"})
+    runs: list[float] = []
+    errors: list[Exception] = []
+    stop = threading.Event()
+
+    def run() -> None:
+        runs.append(time.monotonic())
+        stop.set()
+
+    thread = threading.Thread(target=sync_module.watch, args=(root, run, errors.append, stop))
+    thread.start()
+    thread.join(60)
+    stop.set()
+    thread.join(10)
+    assert runs and not errors

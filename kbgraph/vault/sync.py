@@ -164,6 +164,9 @@ def watch(
     Every run re-reads the vault, so a half-written note read now is sent again once its last
     write lands. An error is reported and watching goes on, an error of the watcher itself too
     (it cannot name a file whose name is not UTF-8): then it starts again after one run.
+    The first (possibly empty) batch of a new watcher runs too: a note written after the
+    caller's last run and before the watcher was armed is sent then, not lost until the next
+    change.
     """
     import watchfiles
 
@@ -186,17 +189,21 @@ def watch(
             on_error(exc)
 
     while stop_event is None or not stop_event.is_set():
+        armed = False
         try:
-            for _changes in watchfiles.watch(
+            for changes in watchfiles.watch(
                 root,
                 watch_filter=relevant,
                 debounce=WATCH_DEBOUNCE_MS,
                 step=WATCH_STEP_MS,
                 stop_event=stop_event,
                 rust_timeout=500,
+                yield_on_timeout=True,
                 raise_interrupt=False,
             ):
-                run_reporting()
+                if changes or not armed:  # the first yield: a change made before it was armed
+                    run_reporting()
+                armed = True
             return
         except RuntimeError as exc:  # watchfiles' Rust side, e.g. a name that is not UTF-8
             on_error(exc)
