@@ -30,7 +30,7 @@ if [ "${KBGRAPH_SQLITE_MATRIX:-1}" != 0 ]; then
         echo "== SQLite $version (sqlean.py $build): ${MATRIX_TESTS[*]}" >&2
         KBGRAPH_TEST_SQLITE="$PWD/.venv/sqlite/$build" KBGRAPH_TEST_SQLITE_VERSION="$version" \
             PYTHONPATH="$PWD/tests/sqlite_swap${PYTHONPATH:+:$PYTHONPATH}" \
-            .venv/bin/python -m pytest -q "${MATRIX_TESTS[@]}" || failed+=("SQLite $version")
+            .venv/bin/python -m pytest "${MATRIX_TESTS[@]}" || failed+=("SQLite $version")
     done < tests/sqlite_swap/builds.txt
 fi
 if [ ${#failed[@]} -gt 0 ]; then
