@@ -183,6 +183,8 @@ class StatusResponse(msgspec.Struct):
     kb: str
     concepts: int
     links: int
+    vectors: str = "off"  # "complete", "filling" (vectors_missing of the visible ones) or "off"
+    vectors_missing: int = 0
 
 
 class KBsResponse(msgspec.Struct):

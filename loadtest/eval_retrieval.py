@@ -38,6 +38,7 @@ import json
 import re
 import sys
 import tempfile
+import time
 import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -139,6 +140,8 @@ class Vault:
         self.resolver = Resolver(list(self.notes), files)
         self.seq = self.store.kb_seq(KB)
         self.versions = {nid: self.call("GET", f"concepts/{nid}")["version"] for nid in self.notes}
+        self.vectors = False
+        self.wait_for_vectors()
 
     def send(self, items: list[tuple[str, UpsertData]]) -> None:
         events = []
@@ -164,15 +167,28 @@ class Vault:
         return response.json()
 
     def search(self, query: str, mode: str = "lexical") -> list[str]:
-        params = {"q": query, "limit": 10} | ({} if mode == "lexical" else {"mode": mode})
+        # No mode at all on a KB without vectors (the code before issue 24 knew none).
+        params = {"q": query, "limit": 10} | ({"mode": mode} if self.vectors else {})
         hits = self.call("GET", "search", params=params)["hits"]
         return [hit["id"] for hit in hits]
 
-    def search_modes(self) -> tuple[str, ...]:
-        """The search modes the KB serves: all three when ``GET /v1/kbs`` says it has vectors."""
+    def vectors_state(self) -> str:
         response = self.client.get("/v1/kbs", headers={"Authorization": f"Bearer {TOKEN}"})
         kb = next(row for row in response.json()["kbs"] if row["kb"] == KB)
-        return SEARCH_MODES if kb.get("vectors", "off") != "off" else ("lexical",)
+        return kb.get("vectors", "off")
+
+    def wait_for_vectors(self, timeout: float = 120.0) -> None:
+        """Until the KB's vectors are complete (or off): they are filled in after a build."""
+        deadline = time.monotonic() + timeout
+        while self.vectors_state() == "filling":
+            if time.monotonic() > deadline:
+                raise RuntimeError("the vectors did not complete in time")
+            time.sleep(0.05)
+        self.vectors = self.vectors_state() != "off"
+
+    def search_modes(self) -> tuple[str, ...]:
+        """The search modes the KB serves: all three when ``GET /v1/kbs`` says it has vectors."""
+        return SEARCH_MODES if self.vectors else ("lexical",)
 
     def graph_context(self, query: str) -> list[str]:
         body = self.call("POST", "tools/graph_context", json={"query": query, "limit": 10})
