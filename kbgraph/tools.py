@@ -43,8 +43,8 @@ SEARCH_SEEDS: Final = 5
 # With vectors (docs/incoming/24.md): the seeds are the top FUSED_SEEDS of the lexical and vector
 # lists fused (kbgraph.retrieval.fuse, the vector list weighted SEED_VECTOR_WEIGHT), weighed by
 # their fused scores as below. Chosen on the tune half of the context questions.
-FUSED_SEEDS: Final = 8
-SEED_VECTOR_WEIGHT: Final = 1.0
+FUSED_SEEDS: Final = 5
+SEED_VECTOR_WEIGHT: Final = 0.5
 # Seeding from search scores (README, "Retrieval quality"): of the top SEARCH_SEEDS hits, those
 # scoring at least SEED_CUT of the best add (score / best) ** SEED_POWER.
 SEED_CUT: Final = 0.5
