@@ -155,7 +155,7 @@ def test_a_provider_down_mid_import_loses_nothing_and_fills_in_later(tmp_path: P
     store.append(KB, _concepts(10))
     p.follow_once()
     embedder.down = True
-    seq = store.append(KB, _concepts(25)[10:] + [delete("c/n3", 2)]).seq
+    seq = store.append(KB, [*_concepts(25)[10:], delete("c/n3", 2)]).seq
     p.follow_once()
     kb = p.get(KB)
     assert kb.seq == seq  # every event applied while the provider was down
