@@ -1,16 +1,17 @@
 """Exact-scope vector search: sign codes scanned over the visible rows, then an int8 re-rank.
 
-Storage per concept (dimension d, a multiple of 64): ``q8`` int8[d] (the unit vector times
-127 / its largest component, rounded), ``scale`` float32 (1 / that factor), and ``codes``
-uint64[d / 64] (the sign bits). At d = 256 that is 256 + 4 + 32 = 292 bytes a concept, 292 MB
-at a million.
+Storage per concept (dimension d): ``q8`` int8[d] (the unit vector times 127 / its largest
+component, rounded), ``scale`` float32 (1 / that factor), and ``codes`` uint64[2]: 128 sign
+bits, bit i the sign of the sum of the components i, i + 128, i + 256, ... (a random-hyperplane
+hash with sparse planes, folded to 128 bits so that the scan reads 16 bytes a row). At d = 256
+that is 256 + 4 + 16 = 276 bytes a concept, 276 MB at a million.
 
-``nearest`` scans the sign codes of exactly the rows whose ``mask`` byte is set (the caller
-passes the visible concepts that have a vector), keeps the ``shortlist`` rows with the
-smallest Hamming distance to the query's signs (ties by row), re-ranks those by the int8 dot
-product with the float query, and returns them best first. A row outside the mask is never
-read, so no hidden vector can decide (or be pushed out of) a visible answer; with at most
-``shortlist`` rows in the mask the answer equals a full scan of the dequantised vectors.
+``nearest`` scans the codes of exactly the rows whose ``mask`` byte is set (the caller passes
+the visible concepts that have a vector), keeps the ``shortlist`` rows with the smallest
+Hamming distance to the query's code (ties by row), re-ranks those by the int8 dot product with
+the float query, and returns them best first. A row outside the mask is never read, so no
+hidden vector can decide (or be pushed out of) a visible answer; with at most ``shortlist``
+rows in the mask the answer equals a full scan of the dequantised vectors.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Final
 import numba as nb
 import numpy as np
 
-SHORTLIST: Final = 512
+SHORTLIST: Final = 4096
+CODE_BITS: Final = 128
 
 
 def quantize(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -34,12 +36,13 @@ def quantize(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def sign_codes(vectors: np.ndarray) -> np.ndarray:
-    """The sign bits of float rows (n, d) as uint64[n, d / 64]."""
-    signs = np.asarray(vectors) > 0
-    pad = -signs.shape[1] % 64
+    """The 128-bit codes of float rows (n, d) as uint64[n, 2] (see the module's docstring)."""
+    v = np.asarray(vectors, np.float32)
+    pad = -v.shape[1] % CODE_BITS
     if pad:
-        signs = np.concatenate((signs, np.zeros((len(signs), pad), bool)), axis=1)
-    bits = np.packbits(signs, axis=1, bitorder="little")
+        v = np.concatenate((v, np.zeros((len(v), pad), np.float32)), axis=1)
+    folded = v.reshape(len(v), -1, CODE_BITS).sum(axis=1)
+    bits = np.packbits(folded > 0, axis=1, bitorder="little")
     return np.ascontiguousarray(bits).view(np.uint64)
 
 
@@ -53,15 +56,14 @@ def _popcount(x: np.uint64) -> int:  # pragma: no cover - compiled
 
 @nb.njit(cache=True, nogil=True)
 def _shortlist(codes, mask, query, shortlist):  # pragma: no cover - compiled
-    n, words = codes.shape
-    bits = words * 64
+    n = codes.shape[0]
+    bits = 128
+    q0, q1 = query[0], query[1]
     dist = np.empty(n, np.int16)
     hist = np.zeros(bits + 1, np.int64)
     for u in range(n):
         if mask[u]:
-            d = 0
-            for w in range(words):
-                d += _popcount(codes[u, w] ^ query[w])
+            d = _popcount(codes[u, 0] ^ q0) + _popcount(codes[u, 1] ^ q1)
             dist[u] = d
             hist[d] += 1
         else:

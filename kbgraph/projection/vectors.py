@@ -29,7 +29,7 @@ import numpy as np
 
 from kbgraph.embeddings import Embedder, EmbeddingUnavailable, concept_text
 from kbgraph.events import ConceptUpserted
-from kbgraph.graphalgo.vectors import quantize
+from kbgraph.graphalgo.vectors import CODE_BITS, quantize
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Vectors:
         if u < self.cap and self.q8.shape[1] == dim:
             return
         cap = max(64, 1 << u.bit_length(), self.cap)
-        words = dim // 64 + (dim % 64 > 0)
+        words = CODE_BITS // 64
         q8 = np.zeros((cap, dim), np.int8)
         codes = np.zeros((cap, words), np.uint64)
         scale = np.zeros(cap, np.float32)
