@@ -88,7 +88,7 @@ def vector(snap: Snapshot, view: View, query: str, limit: int) -> list[tuple[int
     except EmbeddingUnavailable as exc:
         raise Unavailable(503, f"the embeddings provider is unavailable: {exc}") from None
     rows, scores = nearest(
-        vectors.q8, vectors.scale, vectors.codes, vectors.searchable(view.mask), q
+        vectors.q8, vectors.scale, vectors.codes, vectors.searchable(view.mask), q, limit=limit
     )
     return top(rows, np.round(scores.astype(np.float64), 6), snap.ids, limit)
 
@@ -106,13 +106,18 @@ def fuse(
 
 
 def hybrid(
-    snap: Snapshot, view: View, query: str, limit: int, vector_weight: float = VECTOR_WEIGHT
+    snap: Snapshot,
+    view: View,
+    query: str,
+    limit: int,
+    vector_weight: float = VECTOR_WEIGHT,
+    depth: int = FUSE_DEPTH,
 ) -> list[tuple[int, float]]:
-    words = lexical(snap, view, query, FUSE_DEPTH)
+    words = lexical(snap, view, query, depth)
     if not words:
         return []
     try:
-        meaning = vector(snap, view, query, FUSE_DEPTH)
+        meaning = vector(snap, view, query, depth)
     except Unavailable:
         meaning = []  # text search serves meanwhile
     return fuse([(words, 1.0), (meaning, vector_weight)], snap.ids, limit)

@@ -45,6 +45,7 @@ SEARCH_SEEDS: Final = 5
 # their fused scores as below. Chosen on the tune half of the context questions.
 FUSED_SEEDS: Final = 5
 SEED_VECTOR_WEIGHT: Final = 0.5
+SEED_DEPTH: Final = 50  # each list's length before fusing (50 beat 20 and 10 on the tune half)
 # Seeding from search scores (README, "Retrieval quality"): of the top SEARCH_SEEDS hits, those
 # scoring at least SEED_CUT of the best add (score / best) ** SEED_POWER.
 SEED_CUT: Final = 0.5
@@ -112,7 +113,7 @@ def query_seeds(snap: Snapshot, view: View, query: str) -> list[tuple[int, float
     has vectors."""
     if snap.vectors is None:
         return retrieval.lexical(snap, view, query, SEARCH_SEEDS)
-    return retrieval.hybrid(snap, view, query, FUSED_SEEDS, SEED_VECTOR_WEIGHT)
+    return retrieval.hybrid(snap, view, query, FUSED_SEEDS, SEED_VECTOR_WEIGHT, SEED_DEPTH)
 
 
 def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> GraphContextResponse:

@@ -9,7 +9,7 @@ that is 256 + 4 + 16 = 276 bytes a concept, 276 MB at a million.
 ``nearest`` scans the codes of exactly the rows whose ``mask`` byte is set (the caller passes
 the visible concepts that have a vector), keeps the ``shortlist`` rows with the smallest
 Hamming distance to the query's code (ties by row), re-ranks those by the int8 dot product with
-the float query, and returns them best first. A row outside the mask is never read, so no
+the query (in 16 bits: integer sums, exact and alike on every CPU), and returns them best first. A row outside the mask is never read, so no
 hidden vector can decide (or be pushed out of) a visible answer; with at most ``shortlist``
 rows in the mask the answer equals a full scan of the dequantised vectors.
 """
@@ -92,15 +92,23 @@ def _shortlist(codes, mask, query, shortlist):  # pragma: no cover - compiled
 
 
 @nb.njit(cache=True, nogil=True)
-def _rerank(q8, scale, rows, query):  # pragma: no cover - compiled
-    out = np.empty(len(rows), np.float32)
+def _rerank(q8, scale, rows, query, query_scale):  # pragma: no cover - compiled
+    """Integer dot products (exact, vectorised, the same on every CPU), then scaled."""
+    out = np.empty(len(rows), np.float64)
     d = q8.shape[1]
+    narrow = d <= 512  # |sum| <= 512 * 127 * 32767 < 2**31: 32-bit sums vectorise wider
     for i in range(len(rows)):
         u = rows[i]
-        s = np.float32(0.0)
-        for j in range(d):
-            s += np.float32(q8[u, j]) * query[j]
-        out[i] = s * scale[u]
+        if narrow:
+            acc32 = np.int32(0)
+            for j in range(d):
+                acc32 += np.int32(q8[u, j]) * np.int32(query[j])
+            acc = np.int64(acc32)
+        else:
+            acc = np.int64(0)
+            for j in range(d):
+                acc += np.int64(q8[u, j]) * np.int64(query[j])
+        out[i] = acc * np.float64(scale[u]) * query_scale
     return out
 
 
@@ -111,8 +119,10 @@ def nearest(
     mask: np.ndarray,
     query: np.ndarray,
     shortlist: int = SHORTLIST,
+    limit: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, cosine scores) of the shortlist's rows, by score descending then row.
+    """(rows, cosine scores) of the shortlist's rows, by score descending then row; with a
+    ``limit``, only those scoring at least the limit-th best (ties kept).
 
     ``mask`` uint8[n] selects the rows scanned (n = len(mask) <= len(codes)); ``query`` is a
     unit float vector. Callers break ties by id, not by row (rows are interning order).
@@ -120,7 +130,12 @@ def nearest(
     n = len(mask)
     q = np.ascontiguousarray(query, np.float32)
     rows = _shortlist(codes[:n], mask, sign_codes(q[None, :])[0], shortlist)
-    scores = _rerank(q8, scale, rows, q)
+    peak = float(np.abs(q).max()) or 1.0
+    q16 = np.rint(q * (32767.0 / peak)).astype(np.int16)  # the query in 16 bits
+    scores = _rerank(q8, scale, rows, q16, peak / 32767.0)
+    if 0 < limit < len(rows):
+        keep = scores >= np.partition(scores, len(scores) - limit)[len(scores) - limit]
+        rows, scores = rows[keep], scores[keep]
     order = np.lexsort((rows, -scores))
     return rows[order], scores[order]
 
