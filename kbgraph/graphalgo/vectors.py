@@ -9,9 +9,10 @@ that is 256 + 4 + 16 = 276 bytes a concept, 276 MB at a million.
 ``nearest`` scans the codes of exactly the rows whose ``mask`` byte is set (the caller passes
 the visible concepts that have a vector), keeps the ``shortlist`` rows with the smallest
 Hamming distance to the query's code (ties by row), re-ranks those by the int8 dot product with
-the query (in 16 bits: integer sums, exact and alike on every CPU), and returns them best first. A row outside the mask is never read, so no
-hidden vector can decide (or be pushed out of) a visible answer; with at most ``shortlist``
-rows in the mask the answer equals a full scan of the dequantised vectors.
+the query (in 16 bits: integer sums, exact and alike on every CPU), and returns them best
+first. A row outside the mask is never read, so no hidden vector can decide (or be pushed out
+of) a visible answer; with at most ``shortlist`` rows in the mask the answer equals a full
+scan of the dequantised vectors (the query's 16 bits aside).
 """
 
 from __future__ import annotations
