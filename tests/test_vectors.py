@@ -222,3 +222,24 @@ def test_vector_mode_without_vectors_is_409(tmp_path: Path) -> None:
         assert status["vectors"] == "off"
         lexical = s.call(ADMIN, "GET", f"/v1/kbs/{KB}/search?q=dns", seq).json()
         assert [h["id"] for h in lexical["hits"]] == ["a/b"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from([*"ab zé\n\t.-_日🎉", "ing", "tion", "    ", "the", "▁"])).map("".join)
+)
+def test_tokens_by_piece_equal_the_whole_texts_tokens(text: str) -> None:
+    """The local model tokenizes word by word (cached): the same tokens as the whole text."""
+    whole = LOCAL._tokenizer.encode(text, add_special_tokens=False).ids
+    assert sorted(LOCAL.tokens(text)) == sorted(whole)
+
+
+def test_tokens_by_piece_on_the_example_vault() -> None:
+    from kbgraph.vault.reader import read_vault
+
+    vault = Path(__file__).resolve().parent.parent / "examples" / "vault"
+    for note in read_vault(vault).notes.values():
+        d = note.data
+        text = concept_text(d.title, d.aliases, d.tags, d.text)[:4000]
+        whole = LOCAL._tokenizer.encode(text, add_special_tokens=False).ids
+        assert sorted(LOCAL.tokens(text)) == sorted(whole), d.title

@@ -1,0 +1,73 @@
+"""The local embeddings model's speed at ingest (issue 24): concepts embedded per second.
+
+``python -m loadtest.bench_embeddings [--n 20000]`` embeds, as the projection does (title,
+aliases, tags and text of each concept, in batches of ``--batch``), the generated seed KB's
+concepts (Zipf texts of loadtest.kbgen) and the example vault's notes repeated to ``--n``;
+prints concepts/s, tokens per concept and the vectors' bytes per concept. Aim: >= 5,000
+concepts/s on the generated KB. The last line is one JSON object with the figures and the aim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Final
+
+from kbgraph.embeddings import concept_text
+from kbgraph.embeddings.local import LocalEmbedder
+from kbgraph.graphalgo.vectors import quantize
+from kbgraph.vault.reader import read_vault
+from loadtest import kbgen
+
+AIM: Final = 5000.0
+VAULT: Final = Path(__file__).resolve().parent.parent / "examples" / "vault"
+
+
+def rate(embedder: LocalEmbedder, texts: list[str], batch: int) -> dict[str, float]:
+    embedder.embed(texts[:batch])  # warm
+    start = time.perf_counter()
+    for i in range(0, len(texts), batch):
+        embedder.embed(texts[i : i + batch])
+    seconds = time.perf_counter() - start
+    tokens = sum(len(e.ids) for e in embedder._tokenizer.encode_batch(texts[:2000]))
+    return {
+        "concepts": len(texts),
+        "seconds": round(seconds, 3),
+        "per_second": round(len(texts) / seconds, 1),
+        "tokens_per_concept": round(tokens / min(len(texts), 2000), 1),
+        "chars_per_concept": round(sum(map(len, texts)) / len(texts), 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=2000, help="a projection batch's size")
+    args = parser.parse_args(argv)
+    embedder = LocalEmbedder()
+    generated = [
+        concept_text(c["title"], [], c.get("tags", []), c["text"])
+        for c in kbgen.make_kb("seed", args.n, 42)
+    ]
+    notes = [concept_text(n.data.title, n.data.aliases, n.data.tags, n.data.text)
+             for n in read_vault(VAULT).notes.values()]  # fmt: skip
+    vault = (notes * (args.n // len(notes) + 1))[: args.n]
+    figures = {"generated_kb": rate(embedder, generated, args.batch)}
+    figures["example_vault"] = rate(embedder, vault, args.batch)
+    q8, scale, codes = quantize(embedder.embed(generated[:10]))
+    figures["bytes_per_concept"] = int((q8.nbytes + scale.nbytes + codes.nbytes) // 10)
+    for name in ("generated_kb", "example_vault"):
+        f = figures[name]
+        size = f"{f['tokens_per_concept']:>6} tokens, {f['chars_per_concept']:>7} chars a concept"
+        print(f"{name:14} {f['per_second']:>10,.0f} concepts/s  {size}")
+    value = figures["generated_kb"]["per_second"]
+    figures["aims"] = {"local_embed_per_second": {"value": value, "aim": AIM, "met": value >= AIM}}
+    print(json.dumps(figures, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
