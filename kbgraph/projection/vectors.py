@@ -20,6 +20,7 @@ with every row dirty.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -152,7 +153,8 @@ class Vectors:
     def take_dirty(self, limit: int = FILL_BATCH) -> list[int]:
         if not self.dirty or time.monotonic() < self._retry_at:
             return []
-        return sorted(self.dirty)[:limit]
+        # Any of them: the order they are filled in changes nothing once they are all in.
+        return sorted(itertools.islice(self.dirty, limit))
 
     def compute(self, texts: list[str]) -> np.ndarray | None:
         return self._embed(texts)
