@@ -86,7 +86,10 @@ class LocalEmbedder:
         text = text[:MAX_CHARS]
         if "▁" in text:  # the text holds the space mark itself: merges may cross, take it whole
             return self._tokenizer.encode(text, add_special_tokens=False).ids
-        keys = [m.group() if m.start() == 0 else m.group()[1:] for m in _PIECE.finditer(text)]
+        if "  " in text or text.startswith(" "):
+            keys = [m.group() if m.start() == 0 else m.group()[1:] for m in _PIECE.finditer(text)]
+        else:  # single spaces only: the pieces are the words
+            keys = text.split(" ") if text else []
         known = self._words
         missing = list({k for k in keys if k not in known})
         if missing:
