@@ -100,6 +100,7 @@
     if (mine !== latest.ask) return;
     const list = $("answer");
     list.replaceChildren();
+    list.dataset.renders = String(Number(list.dataset.renders || 0) + 1);
     for (const hit of data.hits) {
       const item = el("li");
       item.dataset.id = hit.id;
