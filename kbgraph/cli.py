@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from kbgraph.config import Config, ConfigError, load_config
 from kbgraph.embeddings import make_embedder
+from kbgraph.graphalgo import vectors as vector_kernels
 from kbgraph.health import store_problem
 
 CONFIG_ENV: Final = "KBGRAPH_CONFIG"  # read by kbgraph.api.app_from_env
@@ -210,6 +211,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     try:
         projections.start()
         graphalgo.warm_up()
+        vector_kernels.warm_up()
         search.warm_up()
         evidence.warm_up()
         anyio.run(serve_stdio, projections, args.kb, rules)
