@@ -331,6 +331,10 @@ async def side_by_side(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         for t in SIDE_TARGETS
         for n in ("vectors_on", "vectors_off")
     }
+    for t in SIDE_TARGETS:  # the same code with and without vectors: what vectors cost
+        ratios[f"{t}_vectors_on_over_off"] = round(
+            median[t]["vectors_on"] / median[t]["vectors_off"], 2
+        )
     value = ratios["graph_context_query_vectors_on_over_peer"]
     return {
         "kind": "bench_api_side_by_side",
