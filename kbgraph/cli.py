@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from kbgraph.config import Config, ConfigError, load_config
+from kbgraph.embeddings import make_embedder
+from kbgraph.graphalgo import vectors as vector_kernels
 from kbgraph.health import store_problem
 
 CONFIG_ENV: Final = "KBGRAPH_CONFIG"  # read by kbgraph.api.app_from_env
@@ -201,10 +203,15 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         store = Store(config.store.path, read_only=True)
     except (OSError, sqlite3.Error) as exc:
         return _fail(f"store {config.store.path}: {exc}")
-    projections = Projections(store, checkpoints=config.store.checkpoint_folder)
+    projections = Projections(
+        store,
+        checkpoints=config.store.checkpoint_folder,
+        embedder=make_embedder(config.embeddings),
+    )
     try:
         projections.start()
         graphalgo.warm_up()
+        vector_kernels.warm_up()
         search.warm_up()
         evidence.warm_up()
         anyio.run(serve_stdio, projections, args.kb, rules)

@@ -54,6 +54,7 @@ except ImportError:  # pragma: no cover
 
 import numpy as np
 
+from kbgraph.embeddings import Embedder
 from kbgraph.events import ConceptDeleted, ConceptUpserted, DeleteData, UpsertData
 from kbgraph.projection import checkpoint
 from kbgraph.projection.adjacency import compact
@@ -65,6 +66,7 @@ from kbgraph.store import LogCut, LogRecord, Store
 log = logging.getLogger(__name__)
 
 READ_LOG_LIMIT: Final = 10_000
+FILL_SECONDS: Final = 0.05  # vectors filled in between reads of the log, per round
 MAX_FD: Final = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
 
 
@@ -99,8 +101,10 @@ class Projections:
         checkpoints: Path | None = None,
         checkpoint_every: int = 100_000,
         log_retain: int = 10_000,
+        embedder: Embedder | None = None,
     ) -> None:
         self.store = store
+        self.embedder = embedder  # vectors for every KB (kbgraph.projection.vectors)
         self.poll_interval = poll_interval
         self.gid = 0  # global log position applied
         self.checkpoints = checkpoints if index_factory is SearchIndex else None
@@ -146,6 +150,8 @@ class Projections:
         """Every KB from the newest usable checkpoint, else built from the store."""
         start = time.perf_counter()
         kbs, gid = self._checkpointed_or_built()
+        for kb in kbs.values():
+            kb.attach_vectors(self.embedder)
         log.info(
             "projection of %d KB(s) at gid %d %s in %.2f s",
             len(kbs),
@@ -376,6 +382,7 @@ class Projections:
             kb = self._kbs.get(name)
             if kb is None:
                 kb = KBProjection(name, index_factory=self._index_factory)
+                kb.attach_vectors(self.embedder)
             deliveries = _deliveries(recs)
             while deliveries:
                 done = kb.apply(deliveries)
@@ -385,6 +392,24 @@ class Projections:
                 self._notify(name, kb.seq)
         self.gid = records[-1].gid
         return len(records)
+
+    def fill_vectors(self, budget: float = FILL_SECONDS) -> int:
+        """Fill in missing vectors for up to ``budget`` seconds (between batches of the log);
+        returns how many were installed."""
+        if self.embedder is None:
+            return 0
+        done = 0
+        deadline = time.perf_counter() + budget
+        for name in sorted(self._kbs):
+            kb = self._kbs[name]
+            while time.perf_counter() < deadline:
+                filled = kb.fill_vectors()
+                if not filled:
+                    break
+                done += filled
+        if done:
+            self._kick.set()  # more may be missing: come back without waiting a poll
+        return done
 
     def _run(self) -> None:
         backoff = 0.0
@@ -397,6 +422,7 @@ class Projections:
                 while self.follow_once() >= READ_LOG_LIMIT and not self._stopping.is_set():
                     pass
                 backoff = 0.0
+                self.fill_vectors()
                 self._maybe_checkpoint()
             except LogCut as exc:
                 log.warning("the log was cut past this process (%s): loading again", exc)
