@@ -33,7 +33,9 @@ from kbgraph import mcp as mcp_out
 from kbgraph.access import RuleSet
 from kbgraph.bodies import BodyRefused, read_body, replay
 from kbgraph.config import Config, TokenGrant, load_config
+from kbgraph.embeddings import make_embedder
 from kbgraph.events import SignatureVerifier
+from kbgraph.graphalgo import vectors as vector_kernels
 from kbgraph.health import WriteProbe
 from kbgraph.ingest import error_response
 from kbgraph.names import is_kb_name
@@ -243,8 +245,9 @@ async def search_handler(request: Request) -> Response:
         limit = int(raw_limit)
     except ValueError:
         raise HTTPError(422, f"limit: Expected int, got {raw_limit!r}") from None
+    mode = request.query_params.get("mode") or None
     return await run_on_snapshot(
-        request, projection, rules, lambda snap, view: tools.search(snap, view, query, limit)
+        request, projection, rules, lambda snap, view: tools.search(snap, view, query, limit, mode)
     )
 
 
@@ -371,6 +374,7 @@ def create_app(config: Config) -> Starlette:
             checkpoints=config.store.checkpoint_folder,
             checkpoint_every=config.store.checkpoint_every_events,
             log_retain=config.store.log_retain_events,
+            embedder=make_embedder(config.embeddings),
         )
         app.state.store = store
         app.state.projections = projections
@@ -384,6 +388,7 @@ def create_app(config: Config) -> Starlette:
             app.state.log = replicated
             await replicated.start()
         await anyio.to_thread.run_sync(graphalgo.warm_up)
+        await anyio.to_thread.run_sync(vector_kernels.warm_up)
         await anyio.to_thread.run_sync(search.warm_up)
         await anyio.to_thread.run_sync(evidence.warm_up)
         mcp_manager = mcp_out.http_session_manager(lambda: tool_threads)

@@ -168,8 +168,22 @@ class TokenGrant(msgspec.Struct, frozen=True):
     metrics: bool = False  # may read /metrics
 
 
+class EmbeddingsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Vectors for search and seeds (SPEC 5; docs/incoming/24.md). ``default``: ``local`` when
+    the wordllama package is installed, else ``none``."""
+
+    provider: Literal["default", "local", "openai", "none"] = "default"
+    url: str = "http://127.0.0.1:11434/v1"  # openai: the API's base (``/embeddings`` is added)
+    model: str = "nomic-embed-text"  # openai: the model name sent
+    api_key_env: str = ""  # openai: the variable holding the key (never the key itself)
+    batch: Annotated[int, msgspec.Meta(ge=1, le=2048)] = 64  # openai: texts per request
+    timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0  # openai: per request
+    retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3  # openai: then later, from the filler
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     store: StoreConfig = StoreConfig()
+    embeddings: EmbeddingsConfig = EmbeddingsConfig()
     webhooks: WebhooksConfig = WebhooksConfig()
     server: ServerConfig = ServerConfig()
     limits: LimitsConfig = LimitsConfig()

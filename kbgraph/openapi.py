@@ -160,6 +160,7 @@ def document(extra_paths: dict[str, Any] | None = None) -> dict[str, Any]:
     }
     search = BY_NAME["search"].request_type
     limit = msgspec.json.schema(search)["$defs"][search.__name__]["properties"]["limit"]
+    mode = msgspec.json.schema(search)["$defs"][search.__name__]["properties"]["mode"]
     concept_id = _param("concept_id", "path", "The concept id, e.g. 'infra/dns'.")
     paths: dict[str, Any] = {f"/v1/kbs/{{kb}}/tools/{s.name}": _tool_path(s.name)
                              for s in HTTP_TOOLS}  # fmt: skip
@@ -171,8 +172,10 @@ def document(extra_paths: dict[str, Any] | None = None) -> dict[str, Any]:
         "search", BY_NAME["search"].description, "SearchResponse",
         [KB_PARAM, MIN_SEQ, {**_param("q", "query", "The question or words.", required=True)},
          {"name": "limit", "in": "query", "description": limit["description"],
-          "schema": {k: v for k, v in limit.items() if k != "description"}}],
-        401, 404, 422, 503,
+          "schema": {k: v for k, v in limit.items() if k != "description"}},
+         {"name": "mode", "in": "query", "description": mode["description"],
+          "schema": {"type": "string", "enum": ["lexical", "vector", "hybrid"]}}],
+        401, 404, 409, 422, 503,
     )  # fmt: skip
     paths["/v1/kbs/{kb}/concepts/{concept_id}"] = _get(
         "concept", BY_NAME["get_concept"].description, "ConceptResponse",

@@ -90,6 +90,15 @@ class SearchRequest(msgspec.Struct, forbid_unknown_fields=True):  # GET search?q
             "How many hits; 0 takes the default 10, others clamp into 1-50.", minimum=0, maximum=50
         ),
     ] = 10
+    mode: Annotated[
+        str | None,
+        _field(
+            "'lexical' ranks by words (BM25), 'vector' by meaning (embeddings), 'hybrid' fuses"
+            " both; absent: 'hybrid' where the KB has vectors, else 'lexical'. 'vector' on a KB"
+            " without vectors is refused (409).",
+            enum=["lexical", "vector", "hybrid", None],
+        ),
+    ] = None
 
 
 class ConceptRequest(msgspec.Struct, forbid_unknown_fields=True):  # GET concepts/{id}
@@ -183,6 +192,8 @@ class StatusResponse(msgspec.Struct):
     kb: str
     concepts: int
     links: int
+    vectors: str = "off"  # "complete", "filling" (vectors_missing of the visible ones) or "off"
+    vectors_missing: int = 0
 
 
 class KBsResponse(msgspec.Struct):

@@ -17,7 +17,7 @@ import msgspec
 import numpy as np
 from msgspec import UNSET
 
-from kbgraph import evidence, graphalgo
+from kbgraph import evidence, graphalgo, retrieval
 from kbgraph.graphalgo.graph import View
 from kbgraph.projection import Snapshot
 from kbgraph.search import query_terms, snippet, snippet_at, top
@@ -40,6 +40,12 @@ from kbgraph.shapes import (
 )
 
 SEARCH_SEEDS: Final = 5
+# With vectors (docs/retrieval-quality.md): the seeds are the top FUSED_SEEDS of the lexical and
+# vector lists fused (kbgraph.retrieval.fuse, the vector list weighted SEED_VECTOR_WEIGHT), weighed
+# by their fused scores as below. Chosen on the tune half of the context questions.
+FUSED_SEEDS: Final = 5
+SEED_VECTOR_WEIGHT: Final = 0.5
+SEED_DEPTH: Final = 50  # each list's length before fusing (50 beat 20 and 10 on the tune half)
 # Seeding from search scores (docs/retrieval-quality.md, "The rules"): of the top SEARCH_SEEDS
 # hits, those scoring at least SEED_CUT of the best add (score / best) ** SEED_POWER.
 SEED_CUT: Final = 0.5
@@ -102,6 +108,14 @@ def seed_weights(hits: list[tuple[int, float]]) -> list[tuple[int, float]]:
     ]
 
 
+def query_seeds(snap: Snapshot, view: View, query: str) -> list[tuple[int, float]]:
+    """The query's ranked seed hits: lexical alone, or fused with vector hits when the KB
+    has vectors."""
+    if snap.vectors is None:
+        return retrieval.lexical(snap, view, query, SEARCH_SEEDS)
+    return retrieval.hybrid(snap, view, query, FUSED_SEEDS, SEED_VECTOR_WEIGHT, SEED_DEPTH)
+
+
 def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> GraphContextResponse:
     """Personalized PageRank seeded from the given ids and the query's top visible hits."""
     ids = req.ids or []
@@ -118,8 +132,7 @@ def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> Graph
     terms: list[str] = []
     if req.query is not None:
         terms = query_terms(req.query)
-        nodes, scores = snap.index.search(req.query, view.mask)
-        for node, weight in seed_weights(top(nodes, scores, snap.ids, SEARCH_SEEDS)):
+        for node, weight in seed_weights(query_seeds(snap, view, req.query)):
             weights[node] = weights.get(node, 0.0) + weight
 
     response = GraphContextResponse(
@@ -287,16 +300,25 @@ def graph_path(snap: Snapshot, view: View, req: GraphPathRequest) -> GraphPathRe
     return GraphPathResponse(source=req.source, target=req.target, hops=len(path) - 1, path=steps)
 
 
-def search(snap: Snapshot, view: View, query: str, limit: int) -> SearchResponse:
-    """The best visible hits for ``query`` (BM25 over the visible concepts)."""
+def search(
+    snap: Snapshot, view: View, query: str, limit: int, mode: str | None = None
+) -> SearchResponse:
+    """The best visible hits for ``query`` by words (BM25), meaning (vectors) or both."""
     limit = clamp(limit, 10, 1, 50)
-    nodes, scores = snap.index.search(query, view.mask)
+    if mode is None:
+        mode = retrieval.default_mode(snap)
+    elif mode not in retrieval.MODES:
+        raise ToolError(422, f'invalid mode "{mode}": expected lexical, vector or hybrid')
+    try:
+        ranked = retrieval.hits(snap, view, query, limit, mode)
+    except retrieval.Unavailable as exc:
+        raise ToolError(exc.status, exc.message) from None
     terms = query_terms(query)
     hits = [
         SearchHit(
             snap.ids[node], snap.titles[node], round(score, 4), snippet(snap.texts[node], terms)
         )
-        for node, score in top(nodes, scores, snap.ids, limit)
+        for node, score in ranked
     ]
     return SearchResponse(query=query, hits=hits, count=len(hits))
 
@@ -342,4 +364,11 @@ def backlinks(snap: Snapshot, view: View, node: int) -> list[str]:
 
 def status(snap: Snapshot, view: View, kb: str) -> StatusResponse:
     concepts, links = snap.counts(view)
-    return StatusResponse(kb=kb, concepts=concepts, links=links)
+    vectors = snap.vectors
+    if vectors is None:
+        return StatusResponse(kb=kb, concepts=concepts, links=links)
+    missing = concepts - int(np.count_nonzero(vectors.searchable(view.mask)))
+    state = "filling" if missing else "complete"
+    return StatusResponse(
+        kb=kb, concepts=concepts, links=links, vectors=state, vectors_missing=missing
+    )

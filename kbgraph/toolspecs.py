@@ -39,7 +39,7 @@ SPECS: Final = (
     ),
     ToolSpec(
         "search", shapes.SearchRequest, shapes.SearchResponse,
-        lambda snap, view, req: tools.search(snap, view, req.query, req.limit),
+        lambda snap, view, req: tools.search(snap, view, req.query, req.limit, req.mode),
         "Search made for questions (BM25F over titles and aliases, then texts; stop words, "
         "stems): hits with score and snippet.",
         http_post=False,

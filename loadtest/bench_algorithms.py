@@ -9,6 +9,11 @@ algorithmic cores as the API layer calls them:
 - ``link_suggest``: resource allocation for infra/c0000, limit 5;
 - ``graph_path``: the lexicographically smallest shortest path infra/c0000 -> ops/c0997 within
   6 hops (``ops/c{n-3}`` for the larger graphs: the same collection and position);
+- with vectors on (issue 24): ``vector_search`` (256-dimension unit vectors, seeded random,
+  stored as int8 + sign codes: the nearest 50 over every concept, as ``search`` mode vector and
+  the hybrid/seed fusion ask), ``vector_search_half`` (over a half mask, as a narrowed token),
+  and ``graph_context_vectors`` (the vector search, then ``graph_context`` as above), beside
+  ``graph_context`` with vectors off; and the vectors' bytes;
 
 and, side by side on the same graph, networkx (exact PageRank power iteration, resource
 allocation index over the two-hop candidates, bidirectional shortest path) and igraph
@@ -41,6 +46,8 @@ from kbgraph.graphalgo import (
     shortest_path,
     warm_up,
 )
+from kbgraph.graphalgo.vectors import nearest, quantize
+from kbgraph.graphalgo.vectors import warm_up as warm_up_vectors
 from loadtest.synthetic import (
     build_graph,
     concept_id,
@@ -119,6 +126,18 @@ def top_results(seeds: list[int], nodes: np.ndarray, p: np.ndarray, k: int) -> l
     return out
 
 
+VECTOR_DIM = 256
+
+
+def unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:
+    out = np.empty((n, dim), np.float32)
+    rng = np.random.default_rng(seed)
+    for start in range(0, n, 100_000):  # in slices: a million float64 rows at once is 2 GB
+        block = rng.standard_normal((min(100_000, n - start), dim)).astype(np.float32)
+        out[start : start + len(block)] = block / np.linalg.norm(block, axis=1, keepdims=True)
+    return out
+
+
 def bench_ours(view: View, s0: int, s1: int, target: int, budget: float, reps: int) -> dict:
     seeds = [(s0, 1.0), (s1, 0.5)]
     seed_nodes = [s0, s1]
@@ -136,11 +155,30 @@ def bench_ours(view: View, s0: int, s1: int, target: int, budget: float, reps: i
     def graph_path() -> None:
         shortest_path(view, s0, target, "both", 6)
 
+    n = view.mask.shape[0]
+    q8, scale, codes = quantize(unit_vectors(n, VECTOR_DIM, 7))
+    query = unit_vectors(1, VECTOR_DIM, 8)[0]
+    half = (np.arange(n) % 2).astype(np.uint8)
+
+    def vector_search() -> None:
+        nearest(q8, scale, codes, view.mask, query)[0][:50]
+
+    def vector_search_half() -> None:
+        nearest(q8, scale, codes, half, query)[0][:50]
+
+    def graph_context_vectors() -> None:
+        nearest(q8, scale, codes, view.mask, query)
+        graph_context()
+
     nodes, _ = personalized_pagerank(view, seeds)
     path = shortest_path(view, s0, target, "both", 6)
     out = {
         "ppr": timed(ppr, budget_s=budget, max_reps=reps),
         "graph_context": timed(graph_context, budget_s=budget, max_reps=reps),
+        "vector_search": timed(vector_search, budget_s=budget, max_reps=reps),
+        "vector_search_half": timed(vector_search_half, budget_s=budget, max_reps=reps),
+        "graph_context_vectors": timed(graph_context_vectors, budget_s=budget, max_reps=reps),
+        "vector_bytes": int(q8.nbytes + scale.nbytes + codes.nbytes),
         "link_suggest": timed(link_suggest, budget_s=budget, max_reps=reps),
         "graph_path": timed(graph_path, budget_s=budget, max_reps=reps),
         "ppr_nonzero": int(nodes.shape[0]),
@@ -226,6 +264,7 @@ def bench_igraph(graph: Graph, s0: int, s1: int, target: int, budget: float) -> 
 def run(sizes: list[str], budget: float, with_nx: bool, with_ig: bool) -> dict:
     t0 = time.perf_counter()
     warm_up()
+    warm_up_vectors()
     figures: dict[str, Any] = {
         "warm_up_s": round(time.perf_counter() - t0, 2),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
@@ -268,6 +307,9 @@ def print_table(name: str, entry: dict) -> None:
     rows = [
         ("ours", "ppr (forward push)"),
         ("ours", "graph_context"),
+        ("ours", "vector_search"),
+        ("ours", "vector_search_half"),
+        ("ours", "graph_context_vectors"),
         ("ours", "link_suggest"),
         ("ours", "graph_path"),
         ("networkx", "ppr"),
@@ -290,6 +332,7 @@ def print_table(name: str, entry: dict) -> None:
         print(f"{lib:<10} {task:<20} {t['median']:>12,.1f} {t['p99']:>12,.1f} {t['reps']:>6}")
     ours = entry["ours"]
     print(f"  ppr nodes with p > 0: {ours['ppr_nonzero']:,}; path hops: {ours['path_hops']}")
+    print(f"  vectors: {ours['vector_bytes'] / 1e6:,.1f} MB ({VECTOR_DIM} dimensions)")
     if "networkx" in entry and "pagerank_impl" in entry["networkx"]:
         print(f"  networkx pagerank: {entry['networkx']['pagerank_impl']}")
 
@@ -322,6 +365,10 @@ def summarize(figures: dict) -> dict:
         "graph_context_1m_le_1000us": aim(med("1m", "ours", "graph_context"), 1000.0),
         "link_suggest_1k_le_100us": aim(med("1k", "ours", "link_suggest"), 100.0),
         "graph_path_1k_le_50us": aim(med("1k", "ours", "graph_path"), 50.0),
+        "vector_search_1m_le_5000us": aim(med("1m", "ours", "vector_search"), 5000.0),
+        "vectors_1m_le_300mb": aim(
+            graphs["1m"]["ours"]["vector_bytes"] / 1e6 if "1m" in graphs else None, 300.0
+        ),
         "ppr_vs_igraph_1k_ge_10x": aim(ratios.get("igraph_ppr_over_ours_ppr_1k"), 10.0, True),
         "ppr_vs_igraph_100k_ge_100x": aim(ratios.get("igraph_ppr_over_ours_ppr_100k"), 100.0, True),
     }

@@ -14,6 +14,13 @@ bare endpoint's p50, and from one worker process at least 3,000 graph_context re
 query and 4,000 with ids.
 Prints a table; the LAST line is one JSON object with every figure, the ratios and the aims.
 Loopback only; bounded (well under 3 minutes).
+
+``--peer ROOT`` (issue 24) instead runs three servers side by side on the same KB: this code
+with vectors on (``[embeddings] provider = "local"``), this code with vectors off (``"none"``)
+and the checkout at ROOT (its own ``.venv``, e.g. the main branch) as it is; the latency pass of
+graph_context with a query, graph_context with ids and search is run on each in turn, ``--rounds``
+times, and the p50s compared (median over the rounds). Aim: graph_context with a query, vectors
+on, p50 <= 1.3x the peer's.
 """
 
 from __future__ import annotations
@@ -263,6 +270,89 @@ def print_table(out: dict[str, Any]) -> None:
         print(f"non-200 answers or client errors: {out['errors']}")
 
 
+PEER_AIM_RATIO: Final = 1.3
+SIDE_TARGETS: Final = ("graph_context_query", "graph_context_ids", "search")
+
+
+async def load(service: ServiceProcess, creds: Credentials, concepts: list[Any]) -> None:
+    await service.wait_ready()
+    pool = Pool(HOST, service.port, 1)
+    signer = kbgen.Signer(creds.secret)
+    model, rec = Model(), Recorder()
+    for delivery in kbgen.initial_load(concepts):
+        await deliver(pool, signer, delivery, model, rec, "load")
+    headers = {"authorization": f"Bearer {creds.admin}", "x-min-seq": str(rec.max_seq)}
+    status = await pool.request("GET", f"/v1/kbs/{KB}/status", headers)
+    await pool.close()
+    if status.status != 200:
+        raise RuntimeError(f"KB not loaded: {status.status} {status.body[:200]!r}")
+
+
+async def side_by_side(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    creds = Credentials()
+    concepts = kbgen.make_kb("seed", args.n, args.seed)
+    services: dict[str, ServiceProcess] = {}
+    for name, section, root in (
+        ("vectors_on", '[embeddings]\nprovider = "local"\n', None),
+        ("vectors_off", '[embeddings]\nprovider = "none"\n', None),
+        ("peer", "", args.peer),
+    ):
+        folder = tmp / name
+        folder.mkdir()
+        config = write_config(folder, creds)
+        config.write_text(config.read_text() + "\n" + section)
+        services[name] = ServiceProcess(config, workers=1, root=root)
+    try:
+        for service in services.values():
+            service.start()
+        for service in services.values():
+            await load(service, creds, concepts)
+        p50s: dict[str, dict[str, list[float]]] = {
+            t: {n: [] for n in services} for t in SIDE_TARGETS
+        }
+        for _ in range(args.rounds):
+            for target in SIDE_TARGETS:
+                for name, service in services.items():
+                    requests = requests_for(target, service.port, concepts, creds.admin, args.seed)
+                    await closed_loop(HOST, service.port, requests, 1, 0.3, max_requests=300)
+                    lat = await closed_loop(
+                        HOST, service.port, requests, 1, args.latency_seconds, max_requests=5000
+                    )
+                    if set(lat.statuses) != {200}:
+                        raise RuntimeError(f"{name} {target}: {lat.statuses}")
+                    p50s[target][name].append(report.summary(lat.latencies, lat.elapsed)["p50"])
+            print("  round done", file=sys.stderr, flush=True)
+    finally:
+        for service in services.values():
+            service.stop()
+    median = {t: {n: sorted(v)[len(v) // 2] for n, v in row.items()} for t, row in p50s.items()}
+    ratios = {
+        f"{t}_{n}_over_peer": round(median[t][n] / median[t]["peer"], 2)
+        for t in SIDE_TARGETS
+        for n in ("vectors_on", "vectors_off")
+    }
+    for t in SIDE_TARGETS:  # the same code with and without vectors: what vectors cost
+        ratios[f"{t}_vectors_on_over_off"] = round(
+            median[t]["vectors_on"] / median[t]["vectors_off"], 2
+        )
+    value = ratios["graph_context_query_vectors_on_over_peer"]
+    return {
+        "kind": "bench_api_side_by_side",
+        "kb": f"seed-{args.n}",
+        "peer": str(args.peer),
+        "rounds": args.rounds,
+        "p50_ms": median,
+        "p50_ms_each_round": p50s,
+        "ratios": ratios,
+        "aims": {
+            f"graph_context_query_vectors_on_p50_within_{PEER_AIM_RATIO:g}x_peer": {
+                "value": value,
+                "met": value <= PEER_AIM_RATIO,
+            }
+        },
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m loadtest.bench_api", description=__doc__.split("\n\n")[0]
@@ -272,9 +362,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--latency-seconds", type=float, default=2.0, help="latency pass")
     parser.add_argument("--n", type=int, default=1000, help="concepts in the seed KB")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--peer", type=Path, help="a checkout to compare with, side by side")
+    parser.add_argument("--rounds", type=int, default=3, help="side by side: rounds")
     args = parser.parse_args(argv)
     args.seconds = min(args.seconds, 15.0)  # bounded: 6 targets stay well under 3 minutes
     args.latency_seconds = min(args.latency_seconds, 5.0)
+    if args.peer is not None:
+        with tempfile.TemporaryDirectory(prefix="kbgraph-bench-") as tmp:
+            side = _run_loop(side_by_side(args, Path(tmp)))
+        for target, row in side["p50_ms"].items():
+            print(f"{target:22} " + "  ".join(f"{n} {v} ms" for n, v in row.items()))
+        print(json.dumps(side, separators=(",", ":")))
+        return 0
     with tempfile.TemporaryDirectory(prefix="kbgraph-bench-") as tmp:
         out = _run_loop(bench_async(args, Path(tmp)))
     print_table(out)

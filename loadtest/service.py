@@ -80,7 +80,12 @@ class ServiceProcess:
 
     ready_path = "/readyz"
 
-    def __init__(self, config: Path, workers: int = 1, port: int | None = None) -> None:
+    def __init__(
+        self, config: Path, workers: int = 1, port: int | None = None, root: Path | None = None
+    ) -> None:
+        """``root``: run the server of another checkout (its own ``.venv``), e.g. a peer."""
+        self.root = root or ROOT
+        self.python = str(root / ".venv" / "bin" / "python") if root else sys.executable
         self.config = config
         self.workers = workers
         self.port = port or free_port()
@@ -89,7 +94,7 @@ class ServiceProcess:
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "kbgraph", "serve", "--config", str(self.config),
+            self.python, "-m", "kbgraph", "serve", "--config", str(self.config),
             "--host", HOST, "--port", str(self.port), "--workers", str(self.workers),
             "--log-level", "warning",
         ]  # fmt: skip
@@ -97,10 +102,10 @@ class ServiceProcess:
     def start(self) -> None:
         command = self.command()
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
+                command, stdout=log, stderr=subprocess.STDOUT, cwd=self.root, env=env,
                 start_new_session=True,
             )  # fmt: skip
 

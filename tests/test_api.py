@@ -292,18 +292,31 @@ def test_graph_path_cases(service: Service) -> None:
 def test_narrowed_tokens_see_only_their_subgraph(service: Service) -> None:
     seq = homelab(service)
     status = service.call(INFRA, "GET", f"/v1/kbs/{KB}/status", seq).json()
-    assert status == {"kb": KB, "concepts": 2, "links": 1}
+    assert status == {
+        "kb": KB,
+        "concepts": 2,
+        "links": 1,
+        "vectors": "complete",
+        "vectors_missing": 0,
+    }
     runbook = service.call(RUNBOOKS, "GET", f"/v1/kbs/{KB}/concepts/ops/restart-dns", seq)
     assert runbook.json()["links"] == []  # infra/dns is hidden from this token
     admin = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/concepts/ops/restart-dns", seq)
     assert admin.json()["links"] == ["infra/dns"]
-    hits = service.call(INFRA, "GET", f"/v1/kbs/{KB}/search", seq, params={"q": "dns"}).json()
+    words = {"q": "dns", "mode": "lexical"}
+    hits = service.call(INFRA, "GET", f"/v1/kbs/{KB}/search", seq, params=words).json()
     assert [hit["id"] for hit in hits["hits"]] == ["infra/dns"]
+    for mode in ("vector", "hybrid"):  # by meaning too: only the two visible concepts
+        params = {"q": "dns", "mode": mode}
+        hits = service.call(INFRA, "GET", f"/v1/kbs/{KB}/search", seq, params=params).json()
+        assert {hit["id"] for hit in hits["hits"]} == {"infra/dns", "infra/router"}
 
 
 def test_search_endpoint(service: Service) -> None:
     seq = homelab(service)
-    answer = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/search", seq, params={"q": 'dns" AND ('})
+    answer = service.call(
+        ADMIN, "GET", f"/v1/kbs/{KB}/search", seq, params={"q": 'dns" AND (', "mode": "lexical"}
+    )
     assert answer.status_code == 200
     body = answer.json()
     assert body["count"] == len(body["hits"]) >= 3
@@ -317,7 +330,9 @@ def test_search_endpoint(service: Service) -> None:
         _, raw = snap.index.search("dns and", snap.view(None).mask)
         expected = sorted((round(float(x), 4) for x in raw), reverse=True)
     assert scores == expected[: len(scores)]
-    rare = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/search", seq, params={"q": "vlan"}).json()
+    rare = service.call(
+        ADMIN, "GET", f"/v1/kbs/{KB}/search", seq, params={"q": "vlan", "mode": "lexical"}
+    ).json()
     # the title's "VLAN" first, then "VLANs" in a text (one stem)
     assert [hit["id"] for hit in rare["hits"]] == ["network/vlan", "infra/router"]
     missing_q = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/search", seq)

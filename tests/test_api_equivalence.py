@@ -93,6 +93,8 @@ def requests_for(concepts: list[dict]) -> list[tuple[str, str, dict | None]]:
         calls.append(("POST", "tools/graph_context", {"query": word, "ids": ids[:1]}))
         calls.append(("POST", "tools/graph_context", {"query": f"{word} {WORDS[-1]}"}))
         calls.append(("GET", f"search?q={word}&limit=50", None))
+        for mode in ("lexical", "vector", "hybrid"):  # vectors on: the default local model
+            calls.append(("GET", f"search?q={word}%20{WORDS[-1]}&limit=50&mode={mode}", None))
     calls.append(("GET", "status", None))
     return calls
 

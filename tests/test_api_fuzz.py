@@ -127,4 +127,10 @@ def test_signed_garbage_deliveries_store_nothing(
 def test_fixture_state_is_real(fuzz_service: Service) -> None:
     """The fuzzed KB is not empty, so 'state unchanged' compares something."""
     status = fuzz_service.call(ADMIN, "GET", f"/v1/kbs/{KB}/status").json()
-    assert status == {"kb": KB, "concepts": 2, "links": 1}
+    assert status == {
+        "kb": KB,
+        "concepts": 2,
+        "links": 1,
+        "vectors": "complete",
+        "vectors_missing": 0,
+    }

@@ -65,4 +65,10 @@ def test_queries_see_whole_deliveries_while_they_stream_in(service: Service) -> 
     thread.join()
     assert not failures, failures[:5]
     final = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/status", DELIVERIES * GROUP).json()
-    assert final == {"kb": KB, "concepts": DELIVERIES * GROUP, "links": DELIVERIES * 10}
+    assert final == {
+        "kb": KB,
+        "concepts": DELIVERIES * GROUP,
+        "links": DELIVERIES * 10,
+        "vectors": "complete",
+        "vectors_missing": 0,
+    }

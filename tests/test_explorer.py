@@ -46,7 +46,7 @@ from selenium.webdriver.chrome.service import Service as DriverService  # noqa: 
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -180,6 +180,26 @@ def test_the_list_equals_the_api_answer(browser: webdriver.Chrome, served: tuple
     assert shot.stat().st_size > 20_000
     severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not severe, severe  # no CSP violation, no failed request
+
+
+def test_search_by_each_mode_lists_the_api_hits(browser: webdriver.Chrome, served: tuple) -> None:
+    base, _ = served
+    open_page(browser, base, ADMIN)
+    renders = "return document.getElementById('answer').dataset.renders || '0'"
+    box = browser.find_element(By.ID, "query")
+    box.clear()
+    box.send_keys(QUESTION)
+    for mode in ("lexical", "vector", "hybrid"):
+        Select(browser.find_element(By.ID, "mode")).select_by_value(mode)
+        before = browser.execute_script(renders)
+        browser.find_element(By.ID, "search-button").click()
+        wait(browser, lambda d, before=before: d.execute_script(renders) != before)
+        listed = browser.execute_script(
+            "return [...document.querySelectorAll('#answer li')].map(li => li.dataset.id)"
+        )
+        query = httpx.QueryParams({"q": QUESTION, "limit": 10, "mode": mode})
+        hits = api(base, ADMIN, "GET", f"/v1/kbs/homelab/search?{query}")["hits"]
+        assert listed == [hit["id"] for hit in hits] and listed, mode
 
 
 def test_clicking_a_node_shows_its_text(browser: webdriver.Chrome, served: tuple) -> None:

@@ -124,6 +124,10 @@ CALLS: list[tuple[str, dict, str, str, dict | None]] = [
      "POST", "tools/graph_path",
      {"source": "infra/backup", "target": "infra/dns", "direction": "out"}),
     ("search", {"query": "dns router", "limit": 3}, "GET", "search?q=dns%20router&limit=3", None),
+    ("search", {"query": "name lookup", "mode": "vector"}, "GET",
+     "search?q=name%20lookup&mode=vector", None),
+    ("search", {"query": "dns router", "mode": "lexical"}, "GET",
+     "search?q=dns%20router&mode=lexical", None),
     ("get_concept", {"id": "infra/dns"}, "GET", "concepts/infra/dns", None),
 ]  # fmt: skip
 
@@ -165,6 +169,9 @@ def test_http_lists_tools_with_a_described_schema(served: Served) -> None:
     assert path["properties"]["max_hops"]["default"] == 6
     assert tools["graph_path"].meta == {"advanced": True}
     assert tools["search"].input_schema["properties"]["limit"]["maximum"] == 50
+    mode = tools["search"].input_schema["properties"]["mode"]
+    assert mode["enum"] == ["lexical", "vector", "hybrid", None] and mode["default"] is None
+    assert "hybrid" in mode["description"]
 
 
 def test_http_structured_content_is_the_http_body(served: Served) -> None:
@@ -172,7 +179,7 @@ def test_http_structured_content_is_the_http_body(served: Served) -> None:
         async with http_session(served, ADMIN) as session:
             return await same_as_http(served, session, ADMIN)
 
-    context, ids_only, no_seed, suggest, path, search, concept = run(main)
+    context, ids_only, no_seed, suggest, path, search, _, _, concept = run(main)
     assert suggest.startswith("link_suggest for [infra/dns]:")
     lines = context.splitlines()
     assert lines[0].startswith("graph_context for query 'dns backup':")

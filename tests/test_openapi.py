@@ -123,22 +123,34 @@ def test_kbs_lists_what_the_token_may_see(service: Service) -> None:
     assert admin.status_code == 200
     assert admin.json() == {
         "kbs": [
-            {"kb": "elsewhere", "concepts": 2, "links": 1},
-            {"kb": KB, "concepts": 3, "links": 2},
-            {"kb": "secret-kb", "concepts": 1, "links": 0},
+            {
+                "kb": "elsewhere",
+                "concepts": 2,
+                "links": 1,
+                "vectors": "complete",
+                "vectors_missing": 0,
+            },
+            {"kb": KB, "concepts": 3, "links": 2, "vectors": "complete", "vectors_missing": 0},
+            {
+                "kb": "secret-kb",
+                "concepts": 1,
+                "links": 0,
+                "vectors": "complete",
+                "vectors_missing": 0,
+            },
         ],
         "count": 3,
     }
     # narrowed: only the KBs it has a rule for, counted over what it may see
     assert service.call(INFRA, "GET", "/v1/kbs").json() == {
-        "kbs": [{"kb": KB, "concepts": 2, "links": 1}],
+        "kbs": [{"kb": KB, "concepts": 2, "links": 1, "vectors": "complete", "vectors_missing": 0}],
         "count": 1,
     }
     assert service.call(RUNBOOKS, "GET", "/v1/kbs").json()["kbs"] == [
-        {"kb": KB, "concepts": 1, "links": 0}
+        {"kb": KB, "concepts": 1, "links": 0, "vectors": "complete", "vectors_missing": 0}
     ]
     assert service.call(OTHER, "GET", "/v1/kbs").json()["kbs"] == [
-        {"kb": "elsewhere", "concepts": 2, "links": 1}
+        {"kb": "elsewhere", "concepts": 2, "links": 1, "vectors": "complete", "vectors_missing": 0}
     ]
     refused = service.call(None, "GET", "/v1/kbs")
     assert refused.status_code == 401 and "token" in refused.json()["error"]

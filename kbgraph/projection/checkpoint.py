@@ -66,6 +66,8 @@ class KBEntry(msgspec.Struct):
     classes: list[tuple[str, str]]
     index_meta: dict[str, list[tuple[int, int]]]
     arrays: list[ArrayEntry] = []
+    vector_model: str = ""  # the embedding model of the ``vec.*`` arrays ("" = none)
+    vector_dim: int = 0
 
 
 class LogMark(msgspec.Struct, array_like=True):
@@ -144,6 +146,9 @@ def _kb_arrays(kb: KBProjection) -> tuple[KBEntry, dict[str, np.ndarray]]:
         classes=list(kb._classes),
         index_meta={"name_lengths": name_lengths},
     )
+    if kb.vectors is not None and kb.vectors.cap:
+        arrays.update({f"vec.{name}": a for name, a in kb.vectors.arrays().items()})
+        entry.vector_model, entry.vector_dim = kb.vectors.model, kb.vectors.dim
     return entry, arrays
 
 
@@ -193,6 +198,8 @@ def _kb_from_arrays(entry: KBEntry, arrays: Mapping[str, np.ndarray]) -> KBProje
     meta: dict[str, list] = {"name_lengths": entry.index_meta["name_lengths"]}
     index_arrays = {}
     for name, a in arrays.items():
+        if name.startswith("vec."):
+            continue
         if name.startswith("index.") and ".keys." not in name:
             index_arrays[name[len("index.") :]] = a
     vocabularies = {}
@@ -203,6 +210,9 @@ def _kb_from_arrays(entry: KBEntry, arrays: Mapping[str, np.ndarray]) -> KBProje
         )
         vocabularies[part] = (keys, found)
     kb.index = SearchIndex.from_arrays(meta, vocabularies, index_arrays)
+    if entry.vector_model:
+        saved = {name[len("vec.") :]: a for name, a in arrays.items() if name.startswith("vec.")}
+        kb.saved_vectors = (entry.vector_model, entry.vector_dim, saved)
     return kb
 
 

@@ -42,6 +42,7 @@ import signal
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, Final
@@ -53,6 +54,7 @@ except ImportError:  # pragma: no cover
 
 import numpy as np
 
+from kbgraph.embeddings import Embedder
 from kbgraph.events import ConceptDeleted, ConceptUpserted, DeleteData, UpsertData
 from kbgraph.projection import checkpoint
 from kbgraph.projection.adjacency import compact
@@ -64,7 +66,27 @@ from kbgraph.store import LogCut, LogRecord, Store
 log = logging.getLogger(__name__)
 
 READ_LOG_LIMIT: Final = 10_000
+FILL_SECONDS: Final = 0.05  # vectors filled in between reads of the log, per round
 MAX_FD: Final = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
+
+
+def _fork() -> int:
+    """``os.fork()``, deliberately past Python 3.12's DeprecationWarning about forking a
+    process that runs threads (the server always does: uvicorn, the store's writer, this
+    follower). The warning is about a child that needs a lock another thread held at the fork.
+    The checkpoint child takes none: it reads the projection's arrays (the follower, which
+    forks, is between batches, so nothing is half-applied), writes one new file with its own
+    descriptors, reports a failure with ``os.write`` on fd 2 and leaves with ``os._exit``; it
+    logs nothing and touches no SQLite connection and no KB lock (``tests/test_checkpoint.py``
+    runs it while another thread holds a KB's read lock). What the fork buys, a copy-on-write
+    instant of every array without stopping the follower for the ~15 s a million concepts
+    take, has no thread-safe equivalent short of copying the projection. Only that warning,
+    only around this call, is silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", r".*multi-threaded, use of fork\(\) may lead to deadlocks", DeprecationWarning
+        )
+        return os.fork()
 
 
 class Projections:
@@ -79,8 +101,10 @@ class Projections:
         checkpoints: Path | None = None,
         checkpoint_every: int = 100_000,
         log_retain: int = 10_000,
+        embedder: Embedder | None = None,
     ) -> None:
         self.store = store
+        self.embedder = embedder  # vectors for every KB (kbgraph.projection.vectors)
         self.poll_interval = poll_interval
         self.gid = 0  # global log position applied
         self.checkpoints = checkpoints if index_factory is SearchIndex else None
@@ -103,6 +127,11 @@ class Projections:
 
     def start(self) -> None:
         """Build every KB from one consistent snapshot, then follow the log from its gid."""
+        if self.checkpoints is not None and not hasattr(os, "fork"):
+            log.warning(
+                "no os.fork on this platform: checkpoints are written by the follower thread,"
+                " which lags behind the log while it writes one"
+            )
         self.load()
         self._stopping.clear()
         self._thread = threading.Thread(target=self._run, name="kbgraph-follower", daemon=True)
@@ -121,6 +150,8 @@ class Projections:
         """Every KB from the newest usable checkpoint, else built from the store."""
         start = time.perf_counter()
         kbs, gid = self._checkpointed_or_built()
+        for kb in kbs.values():
+            kb.attach_vectors(self.embedder)
         log.info(
             "projection of %d KB(s) at gid %d %s in %.2f s",
             len(kbs),
@@ -221,7 +252,7 @@ class Projections:
             return
         lock, store_id, mark = claim
         gid = self.gid
-        pid = os.fork()
+        pid = _fork()
         if pid == 0:  # pragma: no cover - the child (coverage does not follow it)
             code = 1
             try:
@@ -234,7 +265,9 @@ class Projections:
                 checkpoint.write(self.checkpoints, store_id, gid, mark, self._kbs)
                 code = 0
             except BaseException:
-                traceback.print_exc()
+                # straight to fd 2: sys.stderr's lock may have been held by another thread
+                os.write(2, f"checkpoint writer (pid {os.getpid()}):\n".encode())
+                os.write(2, traceback.format_exc().encode(errors="replace"))
             finally:
                 os._exit(code)
         lock.close()  # the child's copy of it holds the lock until the child exits
@@ -268,7 +301,7 @@ class Projections:
         try:
             if hasattr(os, "fork"):
                 self._fork_checkpoint()
-            else:  # pragma: no cover - no fork: write it here, lagging meanwhile
+            else:  # no fork (start() said so): write it here, lagging meanwhile
                 self.write_checkpoint(self.checkpoint_every)
         except Exception:  # a failed checkpoint costs a slower restart, nothing else
             log.exception("writing a checkpoint failed")
@@ -349,6 +382,7 @@ class Projections:
             kb = self._kbs.get(name)
             if kb is None:
                 kb = KBProjection(name, index_factory=self._index_factory)
+                kb.attach_vectors(self.embedder)
             deliveries = _deliveries(recs)
             while deliveries:
                 done = kb.apply(deliveries)
@@ -358,6 +392,24 @@ class Projections:
                 self._notify(name, kb.seq)
         self.gid = records[-1].gid
         return len(records)
+
+    def fill_vectors(self, budget: float = FILL_SECONDS) -> int:
+        """Fill in missing vectors for up to ``budget`` seconds (between batches of the log);
+        returns how many were installed."""
+        if self.embedder is None:
+            return 0
+        done = 0
+        deadline = time.perf_counter() + budget
+        for name in sorted(self._kbs):
+            kb = self._kbs[name]
+            while time.perf_counter() < deadline:
+                filled = kb.fill_vectors()
+                if not filled:
+                    break
+                done += filled
+        if done:
+            self._kick.set()  # more may be missing: come back without waiting a poll
+        return done
 
     def _run(self) -> None:
         backoff = 0.0
@@ -370,6 +422,7 @@ class Projections:
                 while self.follow_once() >= READ_LOG_LIMIT and not self._stopping.is_set():
                     pass
                 backoff = 0.0
+                self.fill_vectors()
                 self._maybe_checkpoint()
             except LogCut as exc:
                 log.warning("the log was cut past this process (%s): loading again", exc)

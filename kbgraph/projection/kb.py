@@ -49,6 +49,7 @@ from typing import Final
 import numpy as np
 
 from kbgraph.access import RuleSet, visible
+from kbgraph.embeddings import Embedder, concept_text
 from kbgraph.events import (
     ConceptDeleted,
     ConceptUpserted,
@@ -62,6 +63,7 @@ from kbgraph.projection.arrays import grown, sorted_unique
 from kbgraph.projection.keys import Keys
 from kbgraph.projection.masks import Mask, edge_degrees, masked_degrees, node_degrees
 from kbgraph.projection.snapshot import Snapshot
+from kbgraph.projection.vectors import Vectors
 from kbgraph.rwlock import RWLock
 from kbgraph.search import SearchIndex
 from kbgraph.store import KBState, LogRecord
@@ -105,6 +107,8 @@ class KBProjection:
         self._masks: OrderedDict[RuleSet, Mask] = OrderedDict()
         self._masks_lock = threading.Lock()
         self._batch_hint = MAX_BATCH_EVENTS
+        self.vectors: Vectors | None = None  # kbgraph.projection.vectors; None: no provider
+        self.saved_vectors: tuple[str, int, dict[str, np.ndarray]] | None = None  # checkpoint's
 
     # --- reading ------------------------------------------------------------------------
 
@@ -210,6 +214,53 @@ class KBProjection:
             self._classes.append(key)
         return k
 
+    # --- vectors (follower thread only) ---------------------------------------------------
+
+    def attach_vectors(self, embedder: Embedder | None) -> None:
+        """Keep vectors with ``embedder`` (a checkpoint's of the same model are reused); every
+        concept without one is filled in by ``fill_vectors``. Before the KB is shared."""
+        if embedder is None:
+            self.vectors = None
+        elif self.saved_vectors is not None:
+            model, dim, arrays = self.saved_vectors
+            self.vectors = Vectors.from_arrays(embedder, model, dim, arrays)
+        else:
+            self.vectors = Vectors(embedder)
+        self.saved_vectors = None
+        if self.vectors is not None:
+            self.vectors.mark_missing(self._alive, len(self.ids))
+
+    def _unchanged(self, event: ConceptUpserted) -> bool:
+        u = self._index_of.get(event.subject)
+        data = event.data
+        return (
+            u is not None
+            and bool(self._alive[u])
+            and self.titles[u] == data.title
+            and self.texts[u] == data.text
+            and self.aliases[u] == data.aliases
+            and self.tags[u] == data.tags
+        )
+
+    def fill_vectors(self) -> int:
+        """Compute up to a batch of the missing vectors outside the lock, install them under
+        it; returns how many (0: none missing, or the provider is pausing)."""
+        vectors = self.vectors
+        if vectors is None:
+            return 0
+        rows = vectors.take_dirty()
+        if not rows:
+            return 0
+        texts = [
+            concept_text(self.titles[u], self.aliases[u], self.tags[u], self.texts[u]) for u in rows
+        ]
+        computed = vectors.compute(texts)
+        if computed is None:
+            return 0
+        with self.lock.write():  # nothing else writes: the rows are as they were read
+            vectors.install(rows, computed)
+        return len(rows)
+
     # --- growth and compaction (follower thread only) -----------------------------------
 
     def _prepare(self, records: Sequence[LogRecord]) -> Callable[[], None] | None:
@@ -289,6 +340,9 @@ class KBProjection:
             if len(head) >= self._batch_hint:
                 break
         swap = self._prepare(head)
+        if self.vectors is not None:
+            upserts = [r.event for r in head if isinstance(r.event, ConceptUpserted)]
+            self.vectors.prepare(upserts, self._unchanged)
         done = 0
         apply_one = self._apply
         clock = time.perf_counter
@@ -306,6 +360,8 @@ class KBProjection:
                 if events >= MAX_BATCH_EVENTS or clock() - start >= MAX_BATCH_SECONDS:
                     break
         self._batch_hint = min(MAX_BATCH_EVENTS, max(64, 2 * events))
+        if self.vectors is not None:
+            self.vectors.forget_fresh()  # the rest of the batch is embedded again next call
         return done
 
     def _apply(self, event: Event) -> None:
@@ -419,6 +475,8 @@ class KBProjection:
             self._declare_alive(src, dst)
         if reindex:
             self.index.put(u, data.title, data.text, data.aliases, data.tags)
+            if self.vectors is not None:
+                self.vectors.changed(u, event.subject, data.version)
 
     def _pools(self) -> tuple[np.ndarray, ...]:
         """The arrays the removing kernels (``_drop``, ``_undeclare``) take, in their order."""
@@ -452,6 +510,8 @@ class KBProjection:
         self.tags[u] = []
         self.aliases[u] = []
         self.index.remove(u)
+        if self.vectors is not None:
+            self.vectors.remove(u)
 
     def _link_event(self, event: LinkAdded | LinkRemoved) -> None:
         u = self._index_of.get(event.subject)

@@ -31,6 +31,7 @@ class Snapshot:
         "texts",
         "titles",
         "types",
+        "vectors",
         "versions",
     )
 
@@ -56,6 +57,7 @@ class Snapshot:
         self.tags: Sequence[list[str]] = kb.tags
         self.texts: Sequence[str] = kb.texts
         self.versions: Sequence[int] = kb.versions
+        self.vectors = kb.vectors  # kbgraph.projection.vectors.Vectors, or None
 
     def view(self, rules: RuleSet | None) -> View:
         """The subgraph visible under ``rules`` (None = admin: every existing concept)."""

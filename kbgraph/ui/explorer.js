@@ -56,12 +56,14 @@
     const select = $("kb");
     select.replaceChildren();
     for (const kb of data.kbs) {
-      const option = el("option", `${kb.kb} (${kb.concepts} concepts, ${kb.links} links)`);
+      const vectors = kb.vectors && kb.vectors !== "off" ? `, vectors ${kb.vectors}` : "";
+      const option = el("option", `${kb.kb} (${kb.concepts} concepts, ${kb.links} links${vectors})`);
       option.value = kb.kb;
       select.append(option);
     }
     select.disabled = data.kbs.length === 0;
     $("ask-button").disabled = data.kbs.length === 0;
+    $("search-button").disabled = data.kbs.length === 0;
     state.kb = select.value;
     showError(data.kbs.length ? "" : "This token sees no KB.");
   }
@@ -89,6 +91,36 @@
     const note = data.note ? ` (${data.note})` : "";
     $("status").textContent =
       `KB ${state.kb} at seq ${seq}: ${data.seeds.length} seeds, ${data.count} results${note}`;
+  }
+
+  // Plain search (GET search, with the chosen mode): the hits listed, nothing drawn.
+  async function searchHits() {
+    const query = $("query").value.trim();
+    if (!query) throw new Error("type a question to search for");
+    const params = new URLSearchParams({ q: query });
+    const limit = parseInt($("limit").value, 10);
+    if (limit) params.set("limit", String(limit));
+    if ($("mode").value) params.set("mode", $("mode").value);
+    const mine = ++latest.ask;
+    const { data, seq } = await api("GET", kbPath(`/search?${params}`));
+    if (mine !== latest.ask) return;
+    const list = $("answer");
+    list.replaceChildren();
+    list.dataset.renders = String(Number(list.dataset.renders || 0) + 1);
+    for (const hit of data.hits) {
+      const item = el("li");
+      item.dataset.id = hit.id;
+      item.dataset.kind = "hit";
+      const button = el("button", undefined, "item");
+      button.type = "button";
+      button.append(el("span", label(hit), "title"));
+      button.append(el("span", `score ${hit.score.toFixed(4)}`, "meta"));
+      if (hit.snippet) button.append(el("span", hit.snippet, "snippet"));
+      button.addEventListener("click", () => showConcept(hit.id));
+      item.append(button);
+      list.append(item);
+    }
+    $("status").textContent = `KB ${state.kb} at seq ${seq}: ${data.count} search hits`;
   }
 
   function renderAnswer(data) {
@@ -346,6 +378,9 @@
   $("ask").addEventListener("submit", async (event) => {
     event.preventDefault();
     try { await ask(askBody()); showError(""); } catch (error) { showError(error.message); }
+  });
+  $("search-button").addEventListener("click", async () => {
+    try { await searchHits(); showError(""); } catch (error) { showError(error.message); }
   });
   $("path-from").addEventListener("click", () => {
     state.pathFrom = state.selected;
