@@ -119,7 +119,9 @@ def log_rows(path: Path, kb: str, up_to_gid: int) -> list[tuple]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_backup", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--concepts", type=int, default=100_000)
     parser.add_argument("--writers", type=int, default=2)
     args = parser.parse_args()

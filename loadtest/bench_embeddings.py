@@ -48,7 +48,9 @@ def rate(texts: list[str], batch: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_embeddings", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=2000, help="a projection batch's size")
     args = parser.parse_args(argv)
