@@ -4,6 +4,7 @@ store's side (``Store.submit_from_log``: positions in order, decisions timed by 
 from __future__ import annotations
 
 import concurrent.futures
+import ssl
 import threading
 from pathlib import Path
 
@@ -227,3 +228,69 @@ def test_a_delivery_is_checked_before_it_is_published() -> None:
     payload, headers = pack("kb", events, None)
     assert headers == {"Kbgraph-Encoding": "deflate"} and len(payload) < 20_000
     assert unpack(payload, headers) == ("kb", events, None)
+
+
+@pytest.mark.parametrize("key", ["password", "token", "nkey_seed", "mac_secret"])
+def test_a_secret_in_clear_is_refused_naming_the_key(key: str) -> None:
+    text = f'[log]\nkind = "jetstream"\n{MAC}{key} = "hunter2"\n'
+    if key == "mac_secret":
+        text = text.replace(MAC, "")
+    with pytest.raises(ConfigError, match=f"log.{key}: a secret is never written in the config"):
+        parse_config(text)
+
+
+def test_jetstream_needs_the_cluster_secret_and_one_way_to_log_in() -> None:
+    with pytest.raises(ConfigError, match=r"log.mac_secret_file or log.mac_secret_env: required"):
+        parse_config('[log]\nkind = "jetstream"\n')
+    with pytest.raises(ConfigError, match="log: one of user/password, token"):
+        parse_config(
+            f'[log]\nkind = "jetstream"\n{MAC}user = "n"\npassword_env = "P"\ntoken_env = "T"\n'
+        )
+    with pytest.raises(ConfigError, match=r"log.user and log.password_file"):
+        parse_config(f'[log]\nkind = "jetstream"\n{MAC}user = "n"\n')
+    with pytest.raises(ConfigError, match=r"log.tls_cert_file and log.tls_key_file"):
+        parse_config(f'[log]\nkind = "jetstream"\n{MAC}tls_cert_file = "c.pem"\n')
+
+
+def test_secrets_come_from_files_and_variables_into_nats_py_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kbgraph.jetstream.connect import SecretMissing, secrets_problem, security_options, signer
+
+    (tmp_path / "pw").write_text("s3cret\n")
+    config = parse_config(
+        f'[log]\nkind = "jetstream"\n{MAC}user = "node-a"\npassword_file = "pw"\n', tmp_path
+    ).log
+    monkeypatch.delenv("KBGRAPH_TEST_MAC", raising=False)
+    assert "the variable KBGRAPH_TEST_MAC is not set" in (secrets_problem(config) or "")
+    monkeypatch.setenv("KBGRAPH_TEST_MAC", "short")
+    assert "under 16 bytes" in (secrets_problem(config) or "")
+    monkeypatch.setenv("KBGRAPH_TEST_MAC", "a cluster secret of 32 bytes....")
+    assert secrets_problem(config) is None
+    assert security_options(config) == {"user": "node-a", "password": "s3cret"}
+    monkeypatch.setenv("NATS_TOKEN", "tok")
+    token = parse_config(f'[log]\nkind = "jetstream"\n{MAC}token_env = "NATS_TOKEN"\n').log
+    assert security_options(token) == {"token": "tok"}
+    (tmp_path / "seed").write_text("SUAMK2FG4MI6UE3ACF3FK3OIQBCEIEZV7NSWFFEW63UXMRLFM2XLAXK4GY\n")
+    with pytest.raises(ConfigError, match="one of"):  # one way to log in
+        parse_config(
+            f'[log]\nkind = "jetstream"\n{MAC}nkey_seed_file = "seed"\ncreds_file = "n.creds"\n',
+            tmp_path,
+        )
+    seeded_log = parse_config(
+        f'[log]\nkind = "jetstream"\n{MAC}nkey_seed_file = "seed"\n', tmp_path
+    ).log
+    assert security_options(seeded_log)["nkeys_seed_str"].startswith("SUAMK2")
+    missing = parse_config(f'[log]\nkind = "jetstream"\n{MAC}token_file = "nope"\n', tmp_path).log
+    with pytest.raises(SecretMissing, match=r"log.token_file: cannot read"):
+        security_options(missing)
+    tls = parse_config(
+        f'[log]\nkind = "jetstream"\n{MAC}servers = ["tls://127.0.0.1:4222"]\n', tmp_path
+    ).log
+    assert isinstance(security_options(tls)["tls"], ssl.SSLContext)
+    one, other = signer(config), signer(token)
+    headers: dict[str, str] = {}
+    one.sign("s.kb", b"payload", headers)
+    assert other.valid("s.kb", b"payload", headers)  # the same secret: the same MAC
+    assert not one.valid("s.kb", b"payloaD", headers) and not one.valid("s.kc", b"payload", headers)
+    assert not one.valid("s.kb", b"payload", {})
