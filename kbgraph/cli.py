@@ -158,6 +158,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         problem = secrets_problem(config.log)
         if problem:
             return _fail(problem)
+        from kbgraph.jetstream.admin import restore_before_serving
+
+        problem = restore_before_serving(config)
+        if problem:
+            return _fail(problem)
     problem = store_problem(config.store.path)
     if problem:
         return _fail(problem)

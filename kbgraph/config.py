@@ -126,6 +126,10 @@ class LogConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     stream: str = "kbgraph"  # jetstream: the stream's name (subjects "<stream>.<kb>")
     replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 3  # jetstream: the stream's replicas
     publish_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0  # then 503
+    # jetstream: a snapshot of this node's store to the bucket "<stream>-snapshots" this often
+    # (0: never), the bucket keeping the newest snapshots_keep; the stream trimmed below them
+    snapshot_every_seconds: Annotated[float, msgspec.Meta(ge=0)] = 600.0
+    snapshots_keep: Annotated[int, msgspec.Meta(ge=1)] = 2
     # jetstream security (kbgraph.jetstream.connect): every secret from a file or a variable
     user: str = ""  # with password_file / password_env
     password_file: str = ""

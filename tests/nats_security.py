@@ -31,6 +31,22 @@ def node_permissions(stream: str) -> dict[str, dict[str, list[str]]]:
                 f"{api}.CONSUMER.CREATE.{stream}.>",
                 f"{api}.CONSUMER.DELETE.{stream}.*",
                 f"$JS.FC.{stream}.>",  # flow control replies of its push consumer
+                f"{api}.STREAM.PURGE.{stream}",  # trimming below the snapshots
+                # the snapshots' object store and the live nodes' positions: these two alone
+                *[
+                    subject
+                    for bucket in (f"OBJ_{stream}-snapshots", f"KV_{stream}-nodes")
+                    for subject in (
+                        f"{api}.*.*.{bucket}",
+                        f"{api}.*.*.{bucket}.>",
+                        f"{api}.STREAM.MSG.GET.{bucket}",
+                    )
+                ],
+                f"{api}.STREAM.NAMES",  # nats-py finds the object store's stream by subject
+                f"$O.{stream}-snapshots.>",
+                f"$KV.{stream}-nodes.>",
+                f"$JS.FC.OBJ_{stream}-snapshots.>",
+                f"$JS.FC.KV_{stream}-nodes.>",
             ]
         },
         "subscribe": {"allow": ["_INBOX.>"]},  # replies and its consumer's deliveries

@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 import msgspec
 import pytest
+from nats.js import api
 
 from kbgraph.jetstream import decode_delivery, encode_delivery
 from kbgraph.jetstream.wire import Signer
@@ -47,14 +48,18 @@ READY_SECONDS = 120.0
 
 
 def write_node_config(
-    folder: Path, cluster: NatsCluster, stream: str = STREAM, credentials: bool = True
+    folder: Path,
+    cluster: NatsCluster,
+    stream: str = STREAM,
+    credentials: bool = True,
+    log_extra: str = "",
 ) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "kbgraph.toml"
     path.write_text(
         f'[store]\npath = "kb.db"\ncheckpoint_every_events = 50\nlog_retain_events = 20\n'
         f'[webhooks]\nsecrets = ["{SECRET}"]\n'
-        f"{cluster.log_toml(stream, credentials)}"
+        f"{cluster.log_toml(stream, credentials)}{log_extra}"
         f'[[tokens]]\nname = "admin"\ntoken = "{ADMIN}"\nadmin = true\n'
     )
     return path
@@ -99,11 +104,12 @@ class Node:
         stream: str = STREAM,
         module: str = "kbgraph",
         credentials: bool = True,
+        log_extra: str = "",
     ) -> None:
         self.folder = folder
         self.stream = stream
         self.module = module  # tests.faulty_node: a node whose store fails on some message
-        self.config = write_node_config(folder, cluster, stream, credentials)
+        self.config = write_node_config(folder, cluster, stream, credentials, log_extra)
         self.proc: ServerProcess | None = None
 
     def launch(self) -> None:
@@ -757,3 +763,103 @@ def test_forged_messages_change_nothing_and_a_node_needs_credentials(
         answer = readyz_saying(anonymous, "JetStream refused this node's credentials")
         assert "uthorization" in answer.text, answer.text
         assert anonymous.position() == 0
+
+
+def stream_state(cluster: NatsCluster, stream: str) -> tuple[int, int]:
+    """(first, last) sequence the stream holds."""
+
+    async def read() -> tuple[int, int]:
+        nc = await cluster.connect()
+        try:
+            state = (await nc.jetstream(timeout=5).stream_info(stream)).state
+            return int(state.first_seq), int(state.last_seq)
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def test_snapshots_trim_the_stream_and_a_fresh_node_starts_from_one(
+    shared_cluster: NatsCluster, tmp_path: Path
+) -> None:
+    """A node publishes snapshots of its store to the Object Store bucket and trims the stream
+    below them (and below every live node); a fresh node restores the newest snapshot, follows
+    from its position and answers as the others; a snapshot that is not the cluster's (no
+    valid MAC) or was made with other decision rules is refused."""
+    cluster, stream = shared_cluster, "t-snap"
+    every = "snapshot_every_seconds = 1\nsnapshots_keep = 1\n"
+    node = Node(tmp_path / "a", cluster, stream, log_extra=every)
+    node.start()
+    nodes = [node]
+    try:
+        with httpx.Client(timeout=30) as client:
+            for i in range(30):
+                links = [f"snap/{i - 1}"] if i else []
+                answer = post(client, node.url, [wc.upsert(f"snap/{i}", links=links)])
+                assert answer.status_code == 200
+        deadline = time.monotonic() + READY_SECONDS
+        while stream_state(cluster, stream)[0] <= 30 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        first, last = stream_state(cluster, stream)
+        assert (first, last) == (31, 30), "the stream was not trimmed below the snapshot"
+        with httpx.Client(timeout=30) as client:
+            for i in range(30, 35):
+                assert post(client, node.url, [wc.upsert(f"snap/{i}")]).status_code == 200
+
+        fresh = Node(tmp_path / "fresh", cluster, stream)  # no store at all
+        fresh.start()
+        nodes.append(fresh)
+        assert fresh.proc is not None and "restored from snapshot" in fresh.proc.tail()
+        final = wait_caught_up(nodes, cluster)
+        assert final == 35 and fresh.position() == 35
+        assert_same_bytes(nodes, 35, [f"snap/{i}" for i in range(35)])
+
+        other = Node(tmp_path / "other", cluster, stream)
+        other.config.write_text(
+            other.config.read_text().replace(
+                'path = "kb.db"\n', 'path = "kb.db"\ndedupe_keys = 5\n'
+            )
+        )
+        refused = subprocess.run(
+            [sys.executable, "-m", "kbgraph", "serve", "--config", str(other.config)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert refused.returncode == 2, refused.stderr
+        assert "dedupe_keys=5" in refused.stderr and "not restored" in refused.stderr
+        assert not (other.folder / "kb.db").exists()
+
+        async def forge() -> None:  # a newer "snapshot" put by someone without the secret
+            nc = await cluster.connect()
+            try:
+                obs = await nc.jetstream(timeout=5).object_store(f"{stream}-snapshots")
+                await obs.put(
+                    f"snapshot-{99:020d}",
+                    b"not a store",
+                    meta=api.ObjectMeta(headers={"Kbgraph-Position": "99"}),
+                )
+            finally:
+                await nc.close()
+
+        for n in nodes:
+            n.stop()
+        asyncio.run(forge())
+        forged = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kbgraph",
+                "serve",
+                "--config",
+                str(write_node_config(tmp_path / "forged", cluster, stream)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert forged.returncode == 2 and "no valid MAC" in forged.stderr, forged.stderr
+        snapshots_equal(nodes)
+    finally:
+        for n in nodes:
+            n.stop()

@@ -6,14 +6,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Final
 
 import msgspec
 import nats.js.errors
 
-from kbgraph.config import ConfigError, LogConfig, load_config
-from kbgraph.jetstream import wire
-from kbgraph.jetstream.connect import connect, signer
+from kbgraph.config import Config, ConfigError, LogConfig, load_config
+from kbgraph.jetstream import snapshots, wire
+from kbgraph.jetstream.connect import connect, decision_rules, signer
+
+RESTORE_SECONDS: Final = 600.0  # fetching and unpacking the newest snapshot, at most
 
 
 class DecisionRefused(ValueError):
@@ -96,3 +102,38 @@ def cmd_skip(args: argparse.Namespace) -> int:
         return 1
     print(f"recorded at position {seq}: skip {args.position} ({args.reason})")
     return 0
+
+
+def restore_before_serving(config: Config) -> str | None:
+    """Before ``kbgraph serve`` opens the store: a fresh or far-behind node (the stream no
+    longer holds the next message it needs) restores the newest snapshot. The reason it must
+    not start, or None (restored, not needed, or NATS not reachable: the node says so)."""
+
+    async def run() -> None:
+        nc = await connect(config.log, "kbgraph-restore", reconnect=False)
+        try:
+            settings = SimpleNamespace(
+                max_kbs=config.limits.max_kbs,
+                named_kbs=frozenset(config.webhooks.kbs),
+                dedupe_keys=config.store.dedupe_keys,
+            )
+            signing = signer(config.log)
+            await snapshots.restore(
+                nc.jetstream(timeout=30),
+                config.log.stream,
+                signing,
+                decision_rules(settings, signing),
+                Path(config.store.path),
+                config.store.checkpoint_folder,
+            )
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(run(), RESTORE_SECONDS))
+    except snapshots.SnapshotRefused as exc:
+        return str(exc)
+    except Exception as exc:  # NATS down, say: the node starts and says why on /readyz
+        logging.getLogger("kbgraph.jetstream").warning("no snapshot restored: %r", exc)
+    return None

@@ -7,7 +7,7 @@ import logging
 import os
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import nats
 import nats.js.errors
@@ -15,7 +15,6 @@ from nats.js import api
 
 from kbgraph.config import LogConfig
 from kbgraph.jetstream.wire import Signer
-from kbgraph.store import Store
 
 log = logging.getLogger("kbgraph.jetstream")
 
@@ -83,7 +82,15 @@ class RulesDiffer(RuntimeError):
     """This node's decision settings differ from those the stream's nodes decide with."""
 
 
-def decision_rules(store: Store, signer: Signer | None = None) -> str:
+class RuleSettings(Protocol):
+    """What ``decision_rules`` reads (a ``Store`` has it)."""
+
+    max_kbs: int | None
+    named_kbs: frozenset[str]
+    dedupe_keys: int
+
+
+def decision_rules(store: RuleSettings, signer: Signer | None = None) -> str:
     """The settings a delivery's decision depends on besides the stream: every node must have
     the same, or nodes would disagree on the same message (a KB created or refused, a key
     remembered or forgotten, a message's MAC valid or not)."""

@@ -174,7 +174,8 @@ class Follower:
         if first > need:
             self.failure = (
                 f"stream {self.stream} starts at {first}, this node's store is at"
-                f" {self.applied}: start it from a copy of another node's store"
+                f" {self.applied}: start it from a copy of another node's store (or restart it:"
+                " at start, a node behind the stream restores the newest snapshot, if any)"
             )
             raise StreamBehind(self.failure)
         if need <= last:  # the message exists unless someone deleted it from the stream

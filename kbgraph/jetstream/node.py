@@ -10,6 +10,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 import nats.errors
@@ -17,7 +18,7 @@ import nats.js.errors
 
 from kbgraph.config import LogConfig
 from kbgraph.events import Event
-from kbgraph.jetstream import wire
+from kbgraph.jetstream import snapshots, wire
 from kbgraph.jetstream.connect import RulesDiffer, connect, decision_rules, ensure_stream, signer
 from kbgraph.jetstream.follower import ApplyFailed, Diverged, Follower, LogUnavailable, Stuck
 from kbgraph.store import DeliveryResult, Store, WebhookMessage
@@ -25,6 +26,7 @@ from kbgraph.store import DeliveryResult, Store, WebhookMessage
 log = logging.getLogger("kbgraph.jetstream")
 
 APPLY_WAIT_SECONDS: Final = 30.0  # a published delivery not applied here by then: 503
+REPORT_SECONDS: Final = 5.0  # this node's position to "<stream>-nodes" this often (it is live)
 
 
 class DeliveryTooLarge(ValueError):
@@ -35,9 +37,14 @@ class JetStreamLog(Follower):
     """One node's end of the stream: ``append`` publishes, the follower applies."""
 
     def __init__(
-        self, config: LogConfig, store: Store, on_applied: Callable[[], None] = lambda: None
+        self,
+        config: LogConfig,
+        store: Store,
+        on_applied: Callable[[], None] = lambda: None,
+        checkpoints: Path | None = None,
     ) -> None:
         self.config = config
+        self.checkpoints = checkpoints  # the projection's, published with snapshots
         self.signer = signer(config)  # raises SecretMissing, naming the key: no start-up
         self.store = store
         self.on_applied = on_applied
@@ -55,18 +62,22 @@ class JetStreamLog(Follower):
         self._nc: Any = None
         self._js: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._upkeep_task: asyncio.Task[None] | None = None
+        self.snapshot_at = 0  # the position of the last snapshot this node published
 
     # --- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
         """Connect and follow in the background (``problem()`` says when it has caught up)."""
         self._task = asyncio.create_task(self._run(), name="kbgraph-jetstream-follower")
+        self._upkeep_task = asyncio.create_task(self._upkeep(), name="kbgraph-jetstream-upkeep")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        for task in (self._upkeep_task, self._task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         if self._nc is not None:
             with contextlib.suppress(Exception):
                 await self._nc.close()
@@ -149,6 +160,50 @@ class JetStreamLog(Follower):
                 backoff = min(2.0, backoff * 2)
             else:
                 backoff = 0.1
+
+    # --- snapshots and trimming (kbgraph.jetstream.snapshots) ------------------------------
+
+    async def _upkeep(self) -> None:
+        """Report this node's position (it is live), and once per ``snapshot_every_seconds``
+        while it is ready and has applied something new: publish a snapshot, keep the newest
+        ``snapshots_keep``, trim the stream below what they and every live node covered."""
+        every = self.config.snapshot_every_seconds
+        if not every:
+            return
+        due = time.monotonic() + every
+        while True:
+            await asyncio.sleep(min(REPORT_SECONDS, every))
+            if self._js is None or self.target is None or not self.connected:
+                continue
+            try:
+                await snapshots.report(self._js, self.stream, self._node, self.applied)
+                if time.monotonic() >= due and self.problem() is None:
+                    due = time.monotonic() + every
+                    if self.applied > self.snapshot_at:
+                        await self._snapshot()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("stream %s: snapshot or trim failed: %r", self.stream, exc)
+
+    async def _snapshot(self) -> None:
+        path = Path(self.store.path)
+        position, data = await asyncio.to_thread(
+            snapshots.take, path, self.checkpoints, self.stream
+        )
+        rules = decision_rules(self.store, self.signer)
+        name = await snapshots.publish(
+            self._js, self.stream, self.signer, rules, position, data, self.config.snapshots_keep
+        )
+        self.snapshot_at = position
+        kept = await snapshots.trim(self._js, self.stream)
+        log.info(
+            "stream %s: snapshot %s (%s bytes) published; the stream kept from %s",
+            self.stream,
+            name,
+            len(data),
+            kept,
+        )
 
     # --- publishing ---------------------------------------------------------------------
 
