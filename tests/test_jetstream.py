@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -779,13 +781,45 @@ def stream_state(cluster: NatsCluster, stream: str) -> tuple[int, int]:
     return asyncio.run(read())
 
 
+def wait_positions(cluster: NatsCluster, stream: str, positions: list[int]) -> None:
+    """Until the live nodes' reported positions (``<stream>-nodes``) are ``positions``."""
+
+    async def read() -> list[int]:
+        nc = await cluster.connect()
+        try:
+            kv = await nc.jetstream(timeout=5).key_value(f"{stream}-nodes")
+            return sorted([int((await kv.get(key)).value) for key in await kv.keys()])
+        finally:
+            await nc.close()
+
+    deadline, found = time.monotonic() + READY_SECONDS, None
+    while time.monotonic() < deadline:
+        found = asyncio.run(read())
+        if found == positions:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"positions {found}, not {positions}")
+
+
+def wait_log(node: Node, text: str) -> str:
+    """The node's first log line naming ``text``, once there."""
+    deadline = time.monotonic() + READY_SECONDS
+    while time.monotonic() < deadline:
+        assert node.proc is not None
+        lines = [line for line in node.proc.tail().splitlines() if text in line]
+        if lines:
+            return lines[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no log line with {text}")
+
+
 def test_snapshots_trim_the_stream_and_a_fresh_node_starts_from_one(
     shared_cluster: NatsCluster, tmp_path: Path
 ) -> None:
     """A node publishes snapshots of its store to the Object Store bucket and trims the stream
-    below them (and below every live node); a fresh node restores the newest snapshot, follows
-    from its position and answers as the others; a snapshot that is not the cluster's (no
-    valid MAC) or was made with other decision rules is refused."""
+    below them and below every live node (a paused node holds it back); a fresh node restores
+    the newest snapshot, follows from its position and answers as the others; a snapshot that
+    is not the cluster's (no valid MAC) or was made with other decision rules is refused."""
     cluster, stream = shared_cluster, "t-snap"
     every = "snapshot_every_seconds = 1\nsnapshots_keep = 1\n"
     node = Node(tmp_path / "a", cluster, stream, log_extra=every)
@@ -813,6 +847,26 @@ def test_snapshots_trim_the_stream_and_a_fresh_node_starts_from_one(
         final = wait_caught_up(nodes, cluster)
         assert final == 35 and fresh.position() == 35
         assert_same_bytes(nodes, 35, [f"snap/{i}" for i in range(35)])
+
+        # a live node behind holds the trim back: the fresh node (no snapshots of its own)
+        # paused at 35 while A goes on to 40 and snapshots there
+        wait_positions(cluster, stream, [35, 35])
+        assert fresh.proc is not None
+        os.killpg(fresh.proc.pid, signal.SIGSTOP)
+        try:
+            with httpx.Client(timeout=30) as client:
+                for i in range(35, 40):
+                    assert post(client, node.url, [wc.upsert(f"snap/{i}")]).status_code == 200
+            kept = wait_log(node, "snapshot-00000000000000000040")
+            assert "the stream kept from 36" in kept, kept
+            assert stream_state(cluster, stream) == (36, 40)
+        finally:
+            os.killpg(fresh.proc.pid, signal.SIGCONT)
+        wait_positions(cluster, stream, [40, 40])
+        with httpx.Client(timeout=30) as client:
+            assert post(client, node.url, [wc.upsert("snap/40")]).status_code == 200
+        line = wait_log(node, "snapshot-00000000000000000041")  # the paused node moved on
+        assert int(line.rsplit("kept from ", 1)[1]) in (41, 42), line  # 42: it reported 41
 
         other = Node(tmp_path / "other", cluster, stream)
         other.config.write_text(

@@ -164,20 +164,19 @@ class JetStreamLog(Follower):
     # --- snapshots and trimming (kbgraph.jetstream.snapshots) ------------------------------
 
     async def _upkeep(self) -> None:
-        """Report this node's position (it is live), and once per ``snapshot_every_seconds``
-        while it is ready and has applied something new: publish a snapshot, keep the newest
-        ``snapshots_keep``, trim the stream below what they and every live node covered."""
+        """Report this node's position (it is live: the stream is not trimmed past it), and
+        once per ``snapshot_every_seconds`` while it is ready and has applied something new:
+        publish a snapshot, keep the newest ``snapshots_keep``, trim the stream below what
+        they and every live node covered."""
         every = self.config.snapshot_every_seconds
-        if not every:
-            return
         due = time.monotonic() + every
         while True:
-            await asyncio.sleep(min(REPORT_SECONDS, every))
+            await asyncio.sleep(min(REPORT_SECONDS, every) if every else REPORT_SECONDS)
             if self._js is None or self.target is None or not self.connected:
                 continue
             try:
                 await snapshots.report(self._js, self.stream, self._node, self.applied)
-                if time.monotonic() >= due and self.problem() is None:
+                if every and time.monotonic() >= due and self.problem() is None:
                     due = time.monotonic() + every
                     if self.applied > self.snapshot_at:
                         await self._snapshot()
