@@ -614,7 +614,9 @@ def test_a_message_no_node_can_apply_then_skipped_by_decision(
         with httpx.Client(timeout=60) as client:
             for i in range(3):
                 assert post(client, nodes[i % 2].url, [wc.upsert(f"ok/{i}")]).status_code == 200
-            poisoned = post(client, nodes[0].url, [wc.upsert("ok/3"), wc.upsert("poison/x")])
+            body, headers = wc.delivery(SECRET, [wc.upsert("ok/3"), wc.upsert("poison/x")])
+            events_url = f"{nodes[0].url}/v1/kbs/{KB}/events"
+            poisoned = client.post(events_url, content=body, headers=headers)
             assert poisoned.status_code == 503, poisoned.text
             position = last_seq(cluster, stream)
             assert f"position {position} (kb {KB}) fails to apply here" in poisoned.text
@@ -669,6 +671,12 @@ def test_a_message_no_node_can_apply_then_skipped_by_decision(
             for i in range(4, 8):
                 answer = post(client, nodes[i % 2].url, [wc.upsert(f"ok/{i}", links=["ok/0"])])
                 assert answer.status_code == 200, answer.text
+            for node in nodes:  # the sender's retry of the skipped delivery: not published
+                resent = client.post(
+                    f"{node.url}/v1/kbs/{KB}/events", content=body, headers=headers
+                )
+                assert resent.status_code == 409 and "skipped by an operator" in resent.text
+            assert last_seq(cluster, stream) == decided + 4
         final = wait_caught_up(nodes, cluster)
         expected = [
             (position, "skipped", f"by the decision at {decided}: issue 23: malformed JSON"),

@@ -18,12 +18,13 @@ decisions), ``node`` (``JetStreamLog``: a node's lifecycle and publishing), ``ad
 """
 
 from kbgraph.jetstream.connect import RulesDiffer, decision_rules
-from kbgraph.jetstream.follower import ApplyFailed, LogUnavailable, StreamBehind
+from kbgraph.jetstream.follower import ApplyFailed, DeliverySkipped, LogUnavailable, StreamBehind
 from kbgraph.jetstream.node import DeliveryTooLarge, JetStreamLog
 from kbgraph.jetstream.wire import decode_delivery, encode_delivery
 
 __all__ = [
     "ApplyFailed",
+    "DeliverySkipped",
     "DeliveryTooLarge",
     "JetStreamLog",
     "LogUnavailable",

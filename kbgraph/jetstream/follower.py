@@ -30,7 +30,7 @@ from nats.js import api
 from prometheus_client import Counter, Gauge
 
 from kbgraph.jetstream import wire
-from kbgraph.store import DeliveryResult, Store
+from kbgraph.store import DeliveryResult, Store, WebhookMessage
 from kbgraph.store.positions import DECIDED, MessageFailed  # DECIDED: a delivery's own refusal
 from kbgraph.threads import settle
 
@@ -57,6 +57,10 @@ NOTED = Counter(
 
 class LogUnavailable(RuntimeError):
     """The stream did not take the delivery, or it is not applied here (yet): 503."""
+
+
+class DeliverySkipped(RuntimeError):
+    """The delivery is one an operator's decision skipped on every node (409)."""
 
 
 class ApplyFailed(RuntimeError):
@@ -97,6 +101,8 @@ class Follower:
     _js: Any
     _waiters: dict[str, asyncio.Future[DeliveryResult]]
     _skips: dict[int, tuple[int, str]]  # position -> (the decision's position, its reason)
+    _refusals: dict[int, Exception]  # what the sender of a skipped delivery hears
+    skipped_messages: set[WebhookMessage]  # the signed messages of skipped deliveries
 
     async def _follow(self) -> None:
         """One consumer from ``applied + 1`` until it must be replaced (``_Restart``)."""
@@ -259,9 +265,10 @@ class Follower:
                     failed = exc
                     continue
             self.applied = seq
+            refusal = self._refusals.pop(seq, None)
             waiter = self._waiters.pop(msg_id, None) if msg_id else None
             if waiter is not None and not waiter.done():
-                exc = future.exception()
+                exc = refusal or future.exception()
                 if exc is not None:
                     waiter.set_exception(exc)
                 else:
@@ -314,12 +321,10 @@ class Follower:
         headers = msg.headers or {}
         position = (self.stream, seq)
         note: tuple[str, str] | None = None
+        message = None
         if not self.signer.valid(msg.subject, msg.data or b"", headers):
             note = ("refused", f"no valid MAC ({wire.MAC}) on {msg.subject[:200]}: not applied")
             log.warning("stream %s: position %s refused: %s", self.stream, seq, note[1])
-        elif seq in self._skips:
-            decided_at, reason = self._skips[seq]
-            note = ("skipped", f"by the decision at {decided_at}: {reason}")
         elif msg.subject == wire.decision_subject(self.stream):
             note = await self._decision_note(msg.data or b"", seq)
         else:
@@ -327,14 +332,22 @@ class Follower:
                 kb, events, message = wire.unpack(msg.data or b"", headers)
             except Exception as exc:  # the same bytes fail alike on every node
                 note = ("unreadable", f"not a delivery: {exc!r}"[:500])
-            else:
+            if seq in self._skips:
+                decided_at, reason = self._skips[seq]
+                note = ("skipped", f"by the decision at {decided_at}: {reason}")
+            elif message is not None and message in self.skipped_messages:
+                note = ("skipped", f"a re-send of a skipped delivery (webhook-id {message.id!r})")
+            elif note is None:
                 at = msg.metadata.timestamp.timestamp()
                 self.store.submit_from_log(kb, events, message, at, position, resolve)
                 return
         NOTED.labels(self.stream, note[0]).inc()
         if note[0] == "skipped":
             log.warning("stream %s: position %s skipped %s", self.stream, seq, note[1])
-        self.store.submit_note_from_log(position, *note, resolve)
+            if message is not None:  # its re-sends are skipped too, on every node alike
+                self.skipped_messages.add(message)
+            self._refusals[seq] = DeliverySkipped(f"not applied: skipped {note[1]}")
+        self.store.submit_note_from_log(position, *note, resolve, message)
 
     async def _decision_note(self, payload: bytes, seq: int) -> tuple[str, str]:
         """Note a decision reached in order; a skip of a message this node applied means it

@@ -20,7 +20,14 @@ from kbgraph.config import LogConfig
 from kbgraph.events import Event
 from kbgraph.jetstream import snapshots, wire
 from kbgraph.jetstream.connect import RulesDiffer, connect, decision_rules, ensure_stream, signer
-from kbgraph.jetstream.follower import ApplyFailed, Diverged, Follower, LogUnavailable, Stuck
+from kbgraph.jetstream.follower import (
+    ApplyFailed,
+    DeliverySkipped,
+    Diverged,
+    Follower,
+    LogUnavailable,
+    Stuck,
+)
 from kbgraph.store import DeliveryResult, Store, WebhookMessage
 
 log = logging.getLogger("kbgraph.jetstream")
@@ -56,6 +63,8 @@ class JetStreamLog(Follower):
         self.failure: str | None = None  # why following fails, until a message applies
         self.stuck: Stuck | None = None  # the message that fails to apply here, if one does
         self._skips: dict[int, tuple[int, str]] = {}
+        self._refusals: dict[int, Exception] = {}
+        self.skipped_messages = store.skipped_messages(config.stream)
         self._node = secrets.token_hex(6)
         self._ids = itertools.count(1)
         self._waiters: dict[str, asyncio.Future[DeliveryResult]] = {}
@@ -223,6 +232,11 @@ class JetStreamLog(Follower):
             raise LogUnavailable(self.error)
         if self.stuck is not None or (self._task is not None and self._task.done()):
             raise LogUnavailable(f"following stream {self.stream} fails: {self.failure}")
+        if message is not None and message in self.skipped_messages:  # nothing published
+            raise DeliverySkipped(
+                f"webhook-id {message.id[:64]!r}: this delivery was skipped by an operator's"
+                " decision on every node (kbgraph cluster skip); send it anew, changed"
+            )
         payload, headers = wire.pack(kb, events, message)
         limit = self._nc.max_payload - 1024  # room for the headers
         if len(payload) > limit:

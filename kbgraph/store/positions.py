@@ -14,12 +14,19 @@ from collections.abc import Sequence
 from typing import Final, Protocol
 
 from kbgraph.store import statements as sql
-from kbgraph.store.model import DeliveryResult, KBLimitReached, ReplayRefused
+from kbgraph.store.model import DeliveryResult, KBLimitReached, ReplayRefused, WebhookMessage
 
 DECIDED: Final = (ReplayRefused, KBLimitReached)  # a delivery's own refusal: a decision
 
 
-NOTE_PUT: Final = "INSERT INTO stream_note (stream, seq, kind, detail) VALUES (?, ?, ?, ?)"
+NOTE_PUT: Final = (
+    "INSERT INTO stream_note (stream, seq, kind, detail, message_id, message_digest)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
+SKIPPED_MESSAGES: Final = (
+    "SELECT message_id, message_digest FROM stream_note"
+    " WHERE stream = ? AND kind = 'skipped' AND message_id IS NOT NULL"
+)
 NOTE_GET: Final = "SELECT kind, detail FROM stream_note WHERE stream = ? AND seq = ?"
 NOTES: Final = "SELECT seq, kind, detail FROM stream_note WHERE stream = ? ORDER BY seq"
 
@@ -44,6 +51,7 @@ class Positioned(Protocol):
     kb: str
     position: tuple[str, int] | None  # (stream, sequence) of a delivery from a replicated log
     note: tuple[str, str] | None  # (kind, detail) of a message that applies nothing
+    message: WebhookMessage | None
 
 
 def check(conn: sqlite3.Connection, group: Sequence[Positioned]) -> dict[str, int]:
@@ -77,6 +85,7 @@ def record(
             raise MessageFailed(*pending.position, pending.kb, exc) from exc
     for pending in group:
         if pending.note is not None and pending.position is not None:
-            conn.execute(NOTE_PUT, (*pending.position, *pending.note))
+            message = pending.message or (None, None)
+            conn.execute(NOTE_PUT, (*pending.position, *pending.note, *message))
     for stream, seq in last.items():
         conn.execute(sql.POSITION_SET, (stream, seq))

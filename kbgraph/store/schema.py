@@ -76,6 +76,8 @@ CREATE TABLE IF NOT EXISTS stream_note (
     seq INTEGER NOT NULL,
     kind TEXT NOT NULL,
     detail TEXT NOT NULL,
+    message_id TEXT,  -- a skipped delivery's signed webhook message: its re-sends are skipped
+    message_digest BLOB,
     PRIMARY KEY (stream, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (

@@ -271,10 +271,18 @@ class Store:
         kind: str,
         detail: str,
         resolve: Callable[[DeliveryResult | None, BaseException | None], None],
+        message: WebhookMessage | None = None,
     ) -> None:
         """Queue a message of a replicated log that applies nothing: its position is taken and
-        ``(kind, detail)`` noted with it (``stream_note``), in order with the deliveries."""
-        self._submit(Pending("", [], resolve, position=position, note=(kind, detail)))
+        ``(kind, detail)`` noted with it (``stream_note``), in order with the deliveries, with
+        the signed webhook message of a delivery it skips."""
+        self._submit(Pending("", [], resolve, message, position=position, note=(kind, detail)))
+
+    def skipped_messages(self, stream: str) -> set[WebhookMessage]:
+        """The signed webhook messages of the deliveries skipped in ``stream``."""
+        with self._reader() as conn:
+            rows = conn.execute(positions.SKIPPED_MESSAGES, (stream,)).fetchall()
+        return {WebhookMessage(row[0], row[1]) for row in rows}
 
     def stream_note(self, stream: str, seq: int) -> tuple[str, str] | None:
         """(kind, detail) noted at ``seq`` of ``stream``, or None (it applied, or not reached)."""
