@@ -107,6 +107,15 @@ async def write_and_sample(
     return samples
 
 
+async def snapshot_sizes(cluster: NatsCluster) -> list[int]:
+    nc = await cluster.connect()
+    try:
+        obs = await nc.jetstream(timeout=10).object_store(f"{STREAM}-snapshots")
+        return [int(info.size) for info in await obs.list(ignore_deletes=True)]
+    finally:
+        await nc.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concepts", type=int, default=100_000)
@@ -143,6 +152,7 @@ def main() -> None:
             started = time.monotonic()
             nodes.append(start_server(root / "b", port_b, cluster.log_toml(STREAM)))
             figures["empty_node_ready_seconds"] = round(time.monotonic() - started, 1)
+            figures["snapshot_bytes"] = asyncio.run(snapshot_sizes(cluster))
             print("empty node B ready from a snapshot in", figures["empty_node_ready_seconds"], "s")
         finally:
             for proc in nodes:

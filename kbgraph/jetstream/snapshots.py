@@ -188,8 +188,10 @@ async def restore(
     info = found[-1]
     headers = info.headers or {}
     started = time.monotonic()
+    into = io.BytesIO()  # written chunk by chunk (nats-py's own buffer grows by copying)
     try:
-        data = (await obs.get(info.name)).data
+        await obs.get(info.name, writeinto=into)
+        data = into.getvalue()
     except nats.js.errors.DigestMismatchError:
         raise SnapshotRefused(f"snapshot {info.name}: its bytes do not match its digest") from None
     if not signer.valid(_signed(info.name, headers.get(RULES, "")), data, headers):
