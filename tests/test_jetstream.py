@@ -677,10 +677,28 @@ def test_a_message_no_node_can_apply_then_skipped_by_decision(
                 )
                 assert resent.status_code == 409 and "skipped by an operator" in resent.text
             assert last_seq(cluster, stream) == decided + 4
+
+        async def publish_again() -> None:  # as a node that took a re-send before the decision
+            nc = await cluster.connect()
+            try:
+                js = nc.jetstream(timeout=5)
+                raw = await js.get_msg(stream, position)
+                kept = {k: v for k, v in (raw.headers or {}).items() if k != "Nats-Msg-Id"}
+                await js.publish(raw.subject, raw.data, headers=kept)
+            finally:
+                await nc.close()
+
+        asyncio.run(publish_again())
         final = wait_caught_up(nodes, cluster)
+        assert final == decided + 5
         expected = [
             (position, "skipped", f"by the decision at {decided}: issue 23: malformed JSON"),
             (decided, "decision", f"skip {position}: issue 23: malformed JSON"),
+            (
+                final,
+                "skipped",
+                f"a re-send of a skipped delivery (webhook-id {headers['webhook-id']!r})",
+            ),
         ]
         assert all(notes(node) == expected for node in nodes)
 

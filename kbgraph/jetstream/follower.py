@@ -336,7 +336,8 @@ class Follower:
                 decided_at, reason = self._skips[seq]
                 note = ("skipped", f"by the decision at {decided_at}: {reason}")
             elif message is not None and message in self.skipped_messages:
-                note = ("skipped", f"a re-send of a skipped delivery (webhook-id {message.id!r})")
+                shown = message.id[:64]
+                note = ("skipped", f"a re-send of a skipped delivery (webhook-id {shown!r})")
             elif note is None:
                 at = msg.metadata.timestamp.timestamp()
                 self.store.submit_from_log(kb, events, message, at, position, resolve)
