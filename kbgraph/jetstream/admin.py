@@ -20,6 +20,7 @@ from kbgraph.jetstream import snapshots, wire
 from kbgraph.jetstream.connect import connect, decision_rules, signer
 
 RESTORE_SECONDS: Final = 600.0  # fetching and unpacking the newest snapshot, at most
+CONNECT_SECONDS: Final = 20.0  # NATS not answering by then: serve, and /readyz says why
 
 
 class DecisionRefused(ValueError):
@@ -34,7 +35,7 @@ async def skip(config: LogConfig, position: int, reason: str) -> int:
     if not reason.strip():
         raise DecisionRefused("--reason: say why (it is recorded in every node's store)")
     signing = signer(config)
-    nc = await connect(config, "kbgraph-admin", reconnect=False)
+    nc = await asyncio.wait_for(connect(config, "kbgraph-admin", reconnect=False), CONNECT_SECONDS)
     try:
         js = nc.jetstream(timeout=5)
         stream, subject = config.stream, wire.decision_subject(config.stream)
@@ -110,7 +111,9 @@ def restore_before_serving(config: Config) -> str | None:
     not start, or None (restored, not needed, or NATS not reachable: the node says so)."""
 
     async def run() -> None:
-        nc = await connect(config.log, "kbgraph-restore", reconnect=False)
+        nc = await asyncio.wait_for(
+            connect(config.log, "kbgraph-restore", reconnect=False), CONNECT_SECONDS
+        )
         try:
             settings = SimpleNamespace(
                 max_kbs=config.limits.max_kbs,

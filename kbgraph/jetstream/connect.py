@@ -128,7 +128,9 @@ async def connect(
         **security_options(config),
         "servers": list(config.servers),
         "name": name,
-        "max_reconnect_attempts": -1 if reconnect else 0,
+        # one-shot (an admin command, the restore): each server twice, then NoServersError
+        # (nats-py's 0 means "no limit" while connecting)
+        "max_reconnect_attempts": -1 if reconnect else 1,
         "reconnect_time_wait": 0.2,
         "connect_timeout": 2,
         "error_cb": error or _quiet,
