@@ -7,6 +7,8 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
+import secrets
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +20,7 @@ import nats.js.errors
 from kbgraph.config import Config, ConfigError, LogConfig, load_config
 from kbgraph.jetstream import snapshots, wire
 from kbgraph.jetstream.connect import connect, decision_rules, signer
+from kbgraph.jetstream.node import NODE_ENV
 
 RESTORE_SECONDS: Final = 600.0  # fetching and unpacking the newest snapshot, at most
 CONNECT_SECONDS: Final = 20.0  # NATS not answering by then: serve, and /readyz says why
@@ -110,6 +113,9 @@ def restore_before_serving(config: Config) -> str | None:
     longer holds the next message it needs) restores the newest snapshot. The reason it must
     not start, or None (restored, not needed, or NATS not reachable: the node says so)."""
 
+    node = secrets.token_hex(6)  # the serving node reports under the same key
+    os.environ[NODE_ENV] = node
+
     async def run() -> None:
         nc = await asyncio.wait_for(
             connect(config.log, "kbgraph-restore", reconnect=False), CONNECT_SECONDS
@@ -121,13 +127,14 @@ def restore_before_serving(config: Config) -> str | None:
                 dedupe_keys=config.store.dedupe_keys,
             )
             signing = signer(config.log)
-            await snapshots.restore(
+            await snapshots.prepare(
                 nc.jetstream(timeout=30),
                 config.log.stream,
                 signing,
                 decision_rules(settings, signing),
                 Path(config.store.path),
                 config.store.checkpoint_folder,
+                node,
             )
         finally:
             with contextlib.suppress(Exception):

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from kbgraph.store import DeliveryResult, Store, WebhookMessage
 log = logging.getLogger("kbgraph.jetstream")
 
 APPLY_WAIT_SECONDS: Final = 30.0  # a published delivery not applied here by then: 503
+NODE_ENV: Final = "KBGRAPH_NODE_ID"  # set by kbgraph serve: its start-up report's key
 REPORT_SECONDS: Final = 5.0  # this node's position to "<stream>-nodes" this often (it is live)
 
 
@@ -65,7 +67,7 @@ class JetStreamLog(Follower):
         self._skips: dict[int, tuple[int, str]] = {}
         self._refusals: dict[int, Exception] = {}
         self.skipped_messages = store.skipped_messages(config.stream)
-        self._node = secrets.token_hex(6)
+        self._node = os.environ.get(NODE_ENV) or secrets.token_hex(6)
         self._ids = itertools.count(1)
         self._waiters: dict[str, asyncio.Future[DeliveryResult]] = {}
         self._nc: Any = None
@@ -179,9 +181,10 @@ class JetStreamLog(Follower):
         they and every live node covered."""
         every = self.config.snapshot_every_seconds
         due = time.monotonic() + every
+        pause = min(REPORT_SECONDS, every) if every else REPORT_SECONDS
         while True:
-            await asyncio.sleep(min(REPORT_SECONDS, every) if every else REPORT_SECONDS)
             if self._js is None or self.target is None or not self.connected:
+                await asyncio.sleep(0.2)  # reported as soon as it can be
                 continue
             try:
                 await snapshots.report(self._js, self.stream, self._node, self.applied)
@@ -193,6 +196,7 @@ class JetStreamLog(Follower):
                 raise
             except Exception as exc:
                 log.warning("stream %s: snapshot or trim failed: %r", self.stream, exc)
+            await asyncio.sleep(pause)
 
     async def _snapshot(self) -> None:
         path = Path(self.store.path)

@@ -42,6 +42,7 @@ PREFIX: Final = "snapshot-"
 RULES: Final = "Kbgraph-Rules"
 POSITION: Final = "Kbgraph-Position"
 POSITION_TTL_SECONDS: Final = 60.0
+RESTORE_ATTEMPTS: Final = 3
 _CHECKPOINT: Final = re.compile(r"checkpoints/(ckpt-[0-9]+\.kbg)")
 
 
@@ -163,6 +164,26 @@ async def trim(js: Any, stream: str) -> int:
     if keep_from > 1:
         await js.purge_stream(stream, seq=keep_from)
     return keep_from
+
+
+async def prepare(
+    js: Any,
+    stream: str,
+    signer: wire.Signer,
+    rules: str,
+    store: Path,
+    checkpoints: Path | None,
+    node: str,
+) -> None:
+    """Before a node serves: it is live from here on (its position reported, so no trim goes
+    past it while it starts), and restored from the newest snapshot if the stream no longer
+    holds what its store needs. A trim between the check and the report shows in the next
+    check: restore again (a few times at most; then the follower says the stream starts past
+    this store)."""
+    for _ in range(RESTORE_ATTEMPTS):
+        await report(js, stream, node, store_position(store, stream))
+        if await restore(js, stream, signer, rules, store, checkpoints) is None:
+            return
 
 
 async def restore(
