@@ -384,7 +384,12 @@ def create_app(config: Config) -> Starlette:
         if config.log.kind == "jetstream":  # the stream decides the order; follow it here
             from kbgraph.jetstream import JetStreamLog
 
-            replicated = JetStreamLog(config.log, store, on_applied=projections.kick)
+            replicated = JetStreamLog(
+                config.log,
+                store,
+                on_applied=projections.kick,
+                checkpoints=config.store.checkpoint_folder,
+            )
             app.state.log = replicated
             await replicated.start()
         await anyio.to_thread.run_sync(graphalgo.warm_up)

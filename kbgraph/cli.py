@@ -154,6 +154,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # One follower applies the stream into the node's store and answers its deliveries;
         # a node scales by more nodes, not by more workers over one store.
         return _fail("--workers: [log] kind = jetstream runs one worker per node")
+    if config.log.kind == "jetstream":
+        from kbgraph.jetstream.connect import secrets_problem
+
+        problem = secrets_problem(config.log)
+        if problem:
+            return _fail(problem)
+        from kbgraph.jetstream.admin import restore_before_serving
+
+        problem = restore_before_serving(config)
+        if problem:
+            return _fail(problem)
     problem = store_problem(config.store.path)
     if problem:
         return _fail(problem)
@@ -435,6 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
     from kbgraph.vault.command import add_commands
 
     add_commands(sub)
+    from kbgraph.jetstream.admin import add_commands as add_cluster_commands
+
+    add_cluster_commands(sub)
 
     for command in (serve, demo):
         command.add_argument(

@@ -135,6 +135,29 @@ class LogConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     stream: str = "kbgraph"  # jetstream: the stream's name (subjects "<stream>.<kb>")
     replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 3  # jetstream: the stream's replicas
     publish_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0  # then 503
+    # jetstream: a snapshot of this node's store to the bucket "<stream>-snapshots" this often
+    # (0: never), the bucket keeping the newest snapshots_keep; the stream trimmed below them
+    snapshot_every_seconds: Annotated[float, msgspec.Meta(ge=0)] = 600.0
+    snapshots_keep: Annotated[int, msgspec.Meta(ge=1)] = 2
+    # jetstream security (kbgraph.jetstream.connect): every secret from a file or a variable
+    user: str = ""  # with password_file / password_env
+    password_file: str = ""
+    password_env: str = ""
+    token_file: str = ""
+    token_env: str = ""
+    nkey_seed_file: str = ""
+    nkey_seed_env: str = ""
+    creds_file: str = ""  # a .creds file (user JWT and nkey seed)
+    tls_ca_file: str = ""  # the CA that signed the servers' certificates
+    tls_cert_file: str = ""  # this node's client certificate, with tls_key_file
+    tls_key_file: str = ""
+    mac_secret_file: str = ""  # the cluster secret every message is signed with (required)
+    mac_secret_env: str = ""
+    # a secret written in clear: refused by _check_log, naming the key
+    password: str | None = None
+    token: str | None = None
+    nkey_seed: str | None = None
+    mac_secret: str | None = None
 
 
 class RuleConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -255,7 +278,16 @@ def parse_config(text: str, base_dir: str | Path = ".") -> Config:
         "path": str(base / store.path),  # an absolute path stays as it is
         "checkpoints": str(base / store.checkpoints) if store.checkpoints else "",
     }
-    return msgspec.structs.replace(config, store=msgspec.structs.replace(store, **paths))
+    files = {  # [log]'s files, relative to the config's folder too
+        key: str(base / getattr(config.log, key))
+        for key in config.log.__struct_fields__
+        if key.endswith("_file") and getattr(config.log, key)
+    }
+    return msgspec.structs.replace(
+        config,
+        store=msgspec.structs.replace(store, **paths),
+        log=msgspec.structs.replace(config.log, **files),
+    )
 
 
 def _name_key(message: str, prefix: str = "") -> str:
@@ -350,3 +382,24 @@ def _check_log(log: LogConfig) -> None:
             raise ConfigError(f"log.servers[{index}]: expected nats://host:port, got {url!r}")
     if not _STREAM_NAME.fullmatch(log.stream):
         raise ConfigError(f"log.stream: expected 1-64 of A-Z a-z 0-9 _ -, got {log.stream!r}")
+    for key in ("password", "token", "nkey_seed", "mac_secret"):
+        if getattr(log, key) is not None:
+            raise ConfigError(
+                f"log.{key}: a secret is never written in the config in clear:"
+                f" use log.{key}_file or log.{key}_env"
+            )
+    for key in ("password", "token", "nkey_seed", "mac_secret"):
+        if getattr(log, f"{key}_file") and getattr(log, f"{key}_env"):
+            raise ConfigError(f"log.{key}_file, log.{key}_env: one or the other")
+    if not (log.mac_secret_file or log.mac_secret_env):
+        raise ConfigError(
+            "log.mac_secret_file or log.mac_secret_env: required with kind = jetstream (every"
+            " message is signed with the cluster's secret; nodes refuse one without)"
+        )
+    if bool(log.user) != bool(log.password_file or log.password_env):
+        raise ConfigError("log.user and log.password_file/_env: both or neither")
+    ways = [log.user, log.token_file or log.token_env, log.nkey_seed_file or log.nkey_seed_env]
+    if sum(bool(way) for way in [*ways, log.creds_file]) > 1:
+        raise ConfigError("log: one of user/password, token, nkey_seed, creds_file")
+    if bool(log.tls_cert_file) != bool(log.tls_key_file):
+        raise ConfigError("log.tls_cert_file and log.tls_key_file: both or neither")

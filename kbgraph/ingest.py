@@ -36,7 +36,7 @@ from starlette.routing import Route
 
 from kbgraph.binding import decode_request
 from kbgraph.events import DeliveryError, Event, SignatureVerifier
-from kbgraph.jetstream import DeliveryTooLarge, LogUnavailable
+from kbgraph.jetstream import DeliverySkipped, DeliveryTooLarge, LogUnavailable
 from kbgraph.names import is_kb_name
 from kbgraph.store import (
     DeliveryResult,
@@ -266,6 +266,8 @@ async def _take(
         return error_response(403, str(exc))
     except DeliveryTooLarge as exc:
         return error_response(413, str(exc))
+    except DeliverySkipped as exc:  # an operator's decision, the same on every node
+        return error_response(409, str(exc))
     except LogUnavailable as exc:  # the node's own state, no KB's data: said as it is
         log.warning("delivery to kb %s not stored: %s", kb, exc)
         return error_response(503, f"log unavailable, retry later: {exc}", {"Retry-After": "1"})

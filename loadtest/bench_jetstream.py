@@ -44,11 +44,9 @@ from tests.nats_cluster import STREAM, NatsCluster
 ADMIN = "bench-admin"
 
 
-def start_node(folder: Path, port: int, urls: list[str]) -> subprocess.Popen[bytes]:
+def start_node(folder: Path, port: int, cluster: NatsCluster) -> subprocess.Popen[bytes]:
     """A ``kbgraph serve`` with ``[log] kind = "jetstream"``, returned once ``/readyz``."""
-    servers = ", ".join(f'"{url}"' for url in urls)
-    log = f'[log]\nkind = "jetstream"\nservers = [{servers}]\nstream = "{STREAM}"\nreplicas = 3\n'
-    return start_server(folder, port, log)
+    return start_server(folder, port, cluster.log_toml(STREAM))
 
 
 def ingest_figures(port: int, args: argparse.Namespace, seed: int) -> dict[str, Any]:
@@ -143,8 +141,8 @@ def main() -> None:
         try:
             cluster.start()
             port_a, port_b = free_port(), free_port()
-            nodes.append(start_node(root / "node-a", port_a, cluster.urls))
-            nodes.append(start_node(root / "node-b", port_b, cluster.urls))
+            nodes.append(start_node(root / "node-a", port_a, cluster))
+            nodes.append(start_node(root / "node-b", port_b, cluster))
             figures["jetstream"] = ingest_figures(port_a, args, 3)
             print("jetstream (to node A of 2, stream R3):", figures["jetstream"])
             idle, idle_503 = asyncio.run(lag_samples(port_a, port_b, args.lag_samples, 0, 60))

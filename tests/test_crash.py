@@ -88,9 +88,12 @@ class ServerProcess(subprocess.Popen[bytes]):
         return "\n".join(self.log)
 
 
-def start_server(config: Path, port: int = 0, workers: int = 1) -> ServerProcess:
-    """``kbgraph serve`` on loopback, returned once it answers ``/healthz``."""
-    command = [sys.executable, "-m", "kbgraph", "serve", "--config", str(config)]
+def start_server(
+    config: Path, port: int = 0, workers: int = 1, module: str = "kbgraph"
+) -> ServerProcess:
+    """``kbgraph serve`` on loopback (``python -m module``), returned once it answers
+    ``/healthz``."""
+    command = [sys.executable, "-m", module, "serve", "--config", str(config)]
     proc = ServerProcess([*command, "--port", str(port), "--workers", str(workers)])
     deadline = time.monotonic() + STARTUP_SECONDS
     while time.monotonic() < deadline:

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import shutil
+import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,12 +29,14 @@ from pathlib import Path
 
 import httpx
 import msgspec
-import nats
 import pytest
+from nats.js import api
 
-from kbgraph.jetstream import decode_delivery
+from kbgraph.jetstream import decode_delivery, encode_delivery
+from kbgraph.jetstream.wire import Signer
 from kbgraph.store import Store
 from tests import webhook_client as wc
+from tests.kb_events import upsert
 from tests.nats_cluster import STREAM, NatsCluster, running_cluster
 from tests.test_crash import ServerProcess, start_server, stop
 
@@ -43,14 +49,19 @@ KB = "shared"
 READY_SECONDS = 120.0
 
 
-def write_node_config(folder: Path, urls: list[str]) -> Path:
+def write_node_config(
+    folder: Path,
+    cluster: NatsCluster,
+    stream: str = STREAM,
+    credentials: bool = True,
+    log_extra: str = "",
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "kbgraph.toml"
-    servers = ", ".join(f'"{url}"' for url in urls)
     path.write_text(
         f'[store]\npath = "kb.db"\ncheckpoint_every_events = 50\nlog_retain_events = 20\n'
         f'[webhooks]\nsecrets = ["{SECRET}"]\n'
-        f'[log]\nkind = "jetstream"\nservers = [{servers}]\nstream = "{STREAM}"\nreplicas = 3\n'
+        f"{cluster.log_toml(stream, credentials)}{log_extra}"
         f'[[tokens]]\nname = "admin"\ntoken = "{ADMIN}"\nadmin = true\n'
     )
     return path
@@ -88,13 +99,28 @@ def readyz_saying(node: Node, text: str) -> httpx.Response:
 class Node:
     """One kbgraph node: its folder (config, store) and its ``kbgraph serve`` process."""
 
-    def __init__(self, folder: Path, urls: list[str]) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        cluster: NatsCluster,
+        stream: str = STREAM,
+        module: str = "kbgraph",
+        credentials: bool = True,
+        log_extra: str = "",
+    ) -> None:
         self.folder = folder
-        self.config = write_node_config(folder, urls)
+        self.stream = stream
+        self.module = module  # tests.faulty_node: a node whose store fails on some message
+        self.config = write_node_config(folder, cluster, stream, credentials, log_extra)
         self.proc: ServerProcess | None = None
 
+    def launch(self) -> None:
+        """Start the process, without waiting for ``/readyz``."""
+        self.proc = start_server(self.config, module=self.module)
+
     def start(self) -> None:
-        self.proc = start_server(self.config)
+        self.launch()
+        assert self.proc is not None
         wait_ready(self.proc)
 
     def stop(self) -> None:
@@ -114,14 +140,16 @@ class Node:
             return 0
         with Store(path, read_only=True) as store:
             try:
-                return store.log_position(STREAM)
+                return store.log_position(self.stream)
             except Exception:  # the table not made yet
                 return 0
 
 
 @contextlib.contextmanager
-def nodes_on(cluster: NatsCluster, folder: Path, count: int) -> Iterator[list[Node]]:
-    nodes = [Node(folder / f"node{i}", cluster.urls) for i in range(count)]
+def nodes_on(
+    cluster: NatsCluster, folder: Path, count: int, stream: str = STREAM, module: str = "kbgraph"
+) -> Iterator[list[Node]]:
+    nodes = [Node(folder / f"node{i}", cluster, stream, module) for i in range(count)]
     try:
         for node in nodes:
             node.start()
@@ -131,17 +159,17 @@ def nodes_on(cluster: NatsCluster, folder: Path, count: int) -> Iterator[list[No
             node.stop()
 
 
-def stream_messages(urls: list[str]) -> list[tuple[int, float, bytes]]:
+def stream_messages(cluster: NatsCluster, stream: str = STREAM) -> list[tuple[int, float, bytes]]:
     """Every message of the stream in order: (sequence, timestamp seconds, payload)."""
 
     async def read() -> list[tuple[int, float, bytes]]:
-        nc = await nats.connect(servers=urls, error_cb=_quiet)
+        nc = await cluster.connect()
         try:
             js = nc.jetstream(timeout=5)
-            last = (await js.stream_info(STREAM)).state.last_seq
+            last = (await js.stream_info(stream)).state.last_seq
             out = []
             for seq in range(1, last + 1):
-                raw = await js.get_msg(STREAM, seq)
+                raw = await js.get_msg(stream, seq)
                 out.append((seq, _seconds(raw), raw.data or b""))
             return out
         finally:
@@ -161,20 +189,20 @@ def _seconds(raw: object) -> float:
     return stamp.timestamp()
 
 
-def last_seq(urls: list[str]) -> int:
+def last_seq(cluster: NatsCluster, stream: str = STREAM) -> int:
     async def read() -> int:
-        nc = await nats.connect(servers=urls, error_cb=_quiet)
+        nc = await cluster.connect()
         try:
-            return int((await nc.jetstream(timeout=5).stream_info(STREAM)).state.last_seq)
+            return int((await nc.jetstream(timeout=5).stream_info(stream)).state.last_seq)
         finally:
             await nc.close()
 
     return asyncio.run(read())
 
 
-def wait_caught_up(nodes: list[Node], urls: list[str], timeout: float = 60.0) -> int:
+def wait_caught_up(nodes: list[Node], cluster: NatsCluster, timeout: float = 60.0) -> int:
     """Until every node applied the stream's last sequence; that sequence."""
-    target = last_seq(urls)
+    target = last_seq(cluster, nodes[0].stream)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if all(node.position() >= target for node in nodes):
@@ -229,14 +257,34 @@ def snapshots_equal(nodes: list[Node], reference: Store | None = None) -> None:
     assert all(state == states[0] for state in states)
 
 
+def metric_lines(node: Node, name: str) -> list[str]:
+    """The node's ``/metrics`` samples of ``name`` (the lines, labels and value)."""
+    text = httpx.get(f"{node.url}/metrics", timeout=5).text
+    return [line for line in text.splitlines() if line.startswith(name)]
+
+
+def notes(node: Node) -> list[tuple[int, str, str]]:
+    with Store(node.folder / "kb.db", read_only=True) as store:
+        return store.stream_notes(node.stream)
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    """One cluster for the tests that leave its servers as they found them (each test on a
+    stream of its own): a start-up costs seconds on a loaded machine."""
+    with running_cluster(tmp_path_factory.mktemp("nats")) as cluster:
+        yield cluster
+
+
 # --- the tests -------------------------------------------------------------------------------
 
 
-def test_two_nodes_one_kb_decide_as_one_store(tmp_path: Path) -> None:
+def test_two_nodes_one_kb_decide_as_one_store(shared_cluster: NatsCluster, tmp_path: Path) -> None:
     """Both nodes take deliveries for one KB at once, over shared subjects with clashing
     versions, re-sends and link events; the stream orders them and every node decides them
     as one SQLite store does in that order."""
-    with running_cluster(tmp_path / "nats") as cluster, nodes_on(cluster, tmp_path, 2) as nodes:
+    cluster, stream = shared_cluster, "t-two"
+    with nodes_on(cluster, tmp_path, 2, stream) as nodes:
         answers: dict[str, dict] = {}  # webhook-id -> the answer's JSON
         lock = threading.Lock()
         subjects = [f"topic/{name}" for name in ("alpha", "beta", "gamma", "delta", "eps")]
@@ -296,8 +344,8 @@ def test_two_nodes_one_kb_decide_as_one_store(tmp_path: Path) -> None:
         for t in threads:
             t.join(300)
         assert len(answers) == 120
-        final = wait_caught_up(nodes, cluster.urls)
-        messages = stream_messages(cluster.urls)
+        final = wait_caught_up(nodes, cluster)
+        messages = stream_messages(cluster, stream)
         assert len(messages) == final == 120  # one message per delivery
 
         # a single store fed the stream's order decides every delivery as the nodes did
@@ -422,11 +470,11 @@ def test_kills_lose_no_acknowledged_delivery(tmp_path: Path) -> None:
             assert answer.status_code == 413, answer.text
             assert "max_payload" in answer.json()["error"]
 
-        final = wait_caught_up(nodes, cluster.urls)
+        final = wait_caught_up(nodes, cluster)
         print(f"acknowledged {len(acked)}, stream {final}, statuses {set(statuses)}")
 
         # a fresh node catches up from the stream, and is not ready before it has
-        fresh = Node(tmp_path / "fresh", cluster.urls)
+        fresh = Node(tmp_path / "fresh", cluster)
         fresh.proc = start_server(fresh.config)
         nodes.append(fresh)
         wait_ready(fresh.proc)
@@ -436,7 +484,7 @@ def test_kills_lose_no_acknowledged_delivery(tmp_path: Path) -> None:
         # from the position recorded in the copy, not from the start, and builds nothing: its
         # projection is the checkpoint's (the store, not the time, came first: every
         # checkpoint's gid is then within the copy's log, the writers having stopped)
-        copied = Node(tmp_path / "copied", cluster.urls)
+        copied = Node(tmp_path / "copied", cluster)
         source = sqlite3.connect(nodes[0].folder / "kb.db")
         try:
             source.execute("VACUUM INTO ?", (str(copied.folder / "kb.db"),))
@@ -472,23 +520,24 @@ def test_kills_lose_no_acknowledged_delivery(tmp_path: Path) -> None:
         snapshots_equal(nodes)
 
 
-def test_a_node_behind_a_cut_stream_says_so(tmp_path: Path) -> None:
+def test_a_node_behind_a_cut_stream_says_so(shared_cluster: NatsCluster, tmp_path: Path) -> None:
     """A stream cut past what a node's store needs (purged, or its limits) cannot be followed:
     the node says so on /readyz, naming the way out, instead of following with a hole."""
-    with running_cluster(tmp_path / "nats") as cluster, nodes_on(cluster, tmp_path, 1) as nodes:
+    cluster, stream = shared_cluster, "t-cut"
+    with nodes_on(cluster, tmp_path, 1, stream) as nodes:
         with httpx.Client(timeout=30) as client:
             for i in range(5):
                 assert post(client, nodes[0].url, [wc.upsert(f"cut/{i}")]).status_code == 200
 
         async def purge() -> None:
-            nc = await nats.connect(servers=cluster.urls, error_cb=_quiet)
+            nc = await cluster.connect()
             try:
-                await nc.jetstream(timeout=5).purge_stream(STREAM, seq=4)  # keeps 4 and 5
+                await nc.jetstream(timeout=5).purge_stream(stream, seq=4)  # keeps 4 and 5
             finally:
                 await nc.close()
 
         asyncio.run(purge())
-        late = Node(tmp_path / "late", cluster.urls)
+        late = Node(tmp_path / "late", cluster, stream)
         late.proc = start_server(late.config)
         nodes.append(late)
         answer = readyz_saying(late, "starts at 4")
@@ -503,14 +552,14 @@ def test_a_node_behind_a_cut_stream_says_so(tmp_path: Path) -> None:
         nodes[0].stop()  # at 8
 
         async def delete_seven() -> None:
-            nc = await nats.connect(servers=cluster.urls, error_cb=_quiet)
+            nc = await cluster.connect()
             try:
-                await nc.jetstream(timeout=5).delete_msg(STREAM, 7)
+                await nc.jetstream(timeout=5).delete_msg(stream, 7)
             finally:
                 await nc.close()
 
         asyncio.run(delete_seven())
-        copied = Node(tmp_path / "copied", cluster.urls)
+        copied = Node(tmp_path / "copied", cluster, stream)
         source = sqlite3.connect(nodes[0].folder / "kb.db")
         try:  # a store at 5 (as if restored from an old copy): it needs 6, 7, 8
             source.execute("VACUUM INTO ?", (str(copied.folder / "kb.db"),))
@@ -523,14 +572,17 @@ def test_a_node_behind_a_cut_stream_says_so(tmp_path: Path) -> None:
         assert "lacks message 7 (deleted)" in readyz_saying(copied, "lacks message 7").text
 
 
-def test_a_node_deciding_with_other_rules_follows_nothing(tmp_path: Path) -> None:
+def test_a_node_deciding_with_other_rules_follows_nothing(
+    shared_cluster: NatsCluster, tmp_path: Path
+) -> None:
     """The stream states the rules its nodes decide with (max_kbs, dedupe_keys, the
     [webhooks.kbs] names); a node configured otherwise would decide some message differently,
     so it applies nothing, takes no delivery and says why on /readyz."""
-    with running_cluster(tmp_path / "nats") as cluster, nodes_on(cluster, tmp_path, 1) as nodes:
+    cluster, stream = shared_cluster, "t-rules"
+    with nodes_on(cluster, tmp_path, 1, stream) as nodes:
         with httpx.Client(timeout=30) as client:
             assert post(client, nodes[0].url, [wc.upsert("rules/a")]).status_code == 200
-        other = Node(tmp_path / "other", cluster.urls)
+        other = Node(tmp_path / "other", cluster, stream)
         other.config.write_text(
             other.config.read_text().replace(
                 'path = "kb.db"\n', 'path = "kb.db"\ndedupe_keys = 5\n'
@@ -544,5 +596,350 @@ def test_a_node_deciding_with_other_rules_follows_nothing(tmp_path: Path) -> Non
             refused = post(client, other.url, [wc.upsert("rules/b")])
             assert refused.status_code == 503 and "decide alike" in refused.text
         assert other.position() == 0
-        assert last_seq(cluster.urls) == 1  # the refused delivery never reached the stream
+        assert last_seq(cluster, stream) == 1  # the refused delivery never reached the stream
         assert httpx.get(f"{nodes[0].url}/readyz", timeout=5).status_code == 200
+
+
+def test_a_message_no_node_can_apply_then_skipped_by_decision(
+    shared_cluster: NatsCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One delivery fails to apply on every node (injected, as SQLite 3.45's ``malformed
+    JSON`` did): each node names the position, KB and error on /readyz, /metrics and its log,
+    takes no write meanwhile (nothing published), and after ``kbgraph cluster skip`` every
+    node skips exactly that message, notes it alike, answers with the same bytes and takes
+    writes again; a node started afterwards without the fault skips it too."""
+    cluster, stream = shared_cluster, "t-skip"
+    monkeypatch.setenv("KBGRAPH_TEST_FAIL_SUBJECT", "poison/")
+    with nodes_on(cluster, tmp_path, 2, stream, "tests.faulty_node") as nodes:
+        with httpx.Client(timeout=60) as client:
+            for i in range(3):
+                assert post(client, nodes[i % 2].url, [wc.upsert(f"ok/{i}")]).status_code == 200
+            body, headers = wc.delivery(SECRET, [wc.upsert("ok/3"), wc.upsert("poison/x")])
+            events_url = f"{nodes[0].url}/v1/kbs/{KB}/events"
+            poisoned = client.post(events_url, content=body, headers=headers)
+            assert poisoned.status_code == 503, poisoned.text
+            position = last_seq(cluster, stream)
+            assert f"position {position} (kb {KB}) fails to apply here" in poisoned.text
+            for node in nodes:
+                answer = readyz_saying(node, f"position {position} (kb {KB}) fails to apply")
+                assert "malformed JSON (injected" in answer.text
+                assert f"cluster skip --config FILE --position {position}" in answer.text
+                (failing,) = metric_lines(node, "kbgraph_stream_apply_failing{")
+                assert f'position="{position}"' in failing and f'kb="{KB}"' in failing
+                assert "malformed JSON" in failing and failing.endswith(" 1.0")
+                assert node.proc is not None and f"position {position}" in node.proc.tail()
+                assert node.position() == position - 1  # what came before it applied
+                refused = post(client, node.url, [wc.upsert("ok/while-stuck")])
+                assert refused.status_code == 503 and f"position {position}" in refused.text
+            assert last_seq(cluster, stream) == position  # nothing was published meanwhile
+
+            def skip(*args: str) -> subprocess.CompletedProcess[str]:
+                return subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "kbgraph",
+                        "cluster",
+                        "skip",
+                        *args,
+                        "--config",
+                        str(nodes[1].config),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+
+            wrong = skip("--position", str(position + 5), "--reason", "typo")
+            assert wrong.returncode == 1 and "holds no message" in wrong.stderr
+            done = skip("--position", str(position), "--reason", "issue 23: malformed JSON")
+            assert done.returncode == 0, done.stderr
+            decided = position + 1
+            assert f"recorded at position {decided}" in done.stdout
+            again = skip("--position", str(position), "--reason", "twice")
+            assert again.returncode == 1 and f"by the decision at {decided}" in again.stderr
+            assert last_seq(cluster, stream) == decided
+
+            for node in nodes:
+                assert node.proc is not None
+                wait_ready(node.proc)
+                assert metric_lines(node, "kbgraph_stream_apply_failing{") == []
+                (skipped,) = metric_lines(
+                    node, 'kbgraph_stream_messages_noted_total{kind="skipped"'
+                )
+                assert skipped.endswith(" 1.0")
+            for i in range(4, 8):
+                answer = post(client, nodes[i % 2].url, [wc.upsert(f"ok/{i}", links=["ok/0"])])
+                assert answer.status_code == 200, answer.text
+            for node in nodes:  # the sender's retry of the skipped delivery: not published
+                resent = client.post(
+                    f"{node.url}/v1/kbs/{KB}/events", content=body, headers=headers
+                )
+                assert resent.status_code == 409 and "skipped by an operator" in resent.text
+            assert last_seq(cluster, stream) == decided + 4
+
+        async def publish_again() -> None:  # as a node that took a re-send before the decision
+            nc = await cluster.connect()
+            try:
+                js = nc.jetstream(timeout=5)
+                raw = await js.get_msg(stream, position)
+                kept = {k: v for k, v in (raw.headers or {}).items() if k != "Nats-Msg-Id"}
+                await js.publish(raw.subject, raw.data, headers=kept)
+            finally:
+                await nc.close()
+
+        asyncio.run(publish_again())
+        final = wait_caught_up(nodes, cluster)
+        assert final == decided + 5
+        expected = [
+            (position, "skipped", f"by the decision at {decided}: issue 23: malformed JSON"),
+            (decided, "decision", f"skip {position}: issue 23: malformed JSON"),
+            (
+                final,
+                "skipped",
+                f"a re-send of a skipped delivery (webhook-id {headers['webhook-id']!r})",
+            ),
+        ]
+        assert all(notes(node) == expected for node in nodes)
+
+        fresh = Node(tmp_path / "fresh", cluster, stream)  # no injected fault: it could apply
+        fresh.start()
+        nodes.append(fresh)
+        assert fresh.position() >= final and notes(fresh) == expected
+        ids = [f"ok/{i}" for i in (0, 1, 2, 4, 5, 6, 7)]
+        with httpx.Client(timeout=30) as client:
+            for node in nodes:  # ok/3 was in the skipped delivery: on no node
+                missing = client.get(f"{node.url}/v1/kbs/{KB}/concepts/ok/3", headers=AUTH)
+                assert missing.status_code == 404
+            seq = int(
+                client.get(f"{nodes[0].url}/v1/kbs/{KB}/status", headers=AUTH).headers["X-KB-Seq"]
+            )
+        assert seq == 7
+        assert_same_bytes(nodes, seq, ids)
+        for node in nodes:
+            node.stop()
+        snapshots_equal(nodes)
+
+
+def test_forged_messages_change_nothing_and_a_node_needs_credentials(
+    shared_cluster: NatsCluster, tmp_path: Path
+) -> None:
+    """Deliveries published straight to NATS by a client that may write the stream, well
+    formed but without the cluster's MAC (none, a wrong one, one made with another secret, a
+    MAC'd payload changed after), and a forged decision: every node refuses each the same
+    way (noted, counted, never applied) and the nodes stay alike. A node without NATS
+    credentials is refused by the servers and says so."""
+    cluster, stream = shared_cluster, "t-mac"
+    with nodes_on(cluster, tmp_path, 2, stream) as nodes:
+        with httpx.Client(timeout=30) as client:
+            for i in range(3):
+                assert post(client, nodes[i % 2].url, [wc.upsert(f"real/{i}")]).status_code == 200
+        secret = cluster.accounts.mac_secret_file.read_bytes().strip()
+        subject = f"{stream}.{KB}"
+
+        def forged(cid: str) -> bytes:
+            return encode_delivery(KB, [upsert(cid, 1, title="forged")], None)
+
+        other = Signer(b"some other secret, 32 bytes long")
+        right = Signer(secret)
+        wrong_mac = {"Kbgraph-Mac": "0" * 64}
+        by_other: dict[str, str] = {}
+        other.sign(subject, forged("forged/other"), by_other)
+        changed: dict[str, str] = {}
+        right.sign(subject, forged("forged/x"), changed)  # signed, then the payload changed
+        decision = {}
+        skip_payload = b'{"type":"skip","position":2,"reason":"forged"}'
+        other.sign(f"{stream}._decision", skip_payload, decision)
+
+        async def publish() -> None:
+            nc = await cluster.connect()
+            try:
+                js = nc.jetstream(timeout=5)
+                await js.publish(subject, forged("forged/none"))
+                await js.publish(subject, forged("forged/wrong"), headers=wrong_mac)
+                await js.publish(subject, forged("forged/other"), headers=by_other)
+                await js.publish(subject, forged("forged/y"), headers=changed)
+                await js.publish(f"{stream}._decision", skip_payload, headers=decision)
+            finally:
+                await nc.close()
+
+        asyncio.run(publish())
+        with httpx.Client(timeout=30) as client:
+            for i in range(3, 6):
+                assert post(client, nodes[i % 2].url, [wc.upsert(f"real/{i}")]).status_code == 200
+        final = wait_caught_up(nodes, cluster)
+        assert final == 3 + 5 + 3
+        refused = notes(nodes[0])
+        assert [seq for seq, *_ in refused] == [4, 5, 6, 7, 8]
+        assert all(kind == "refused" and "no valid MAC" in detail for _, kind, detail in refused)
+        with httpx.Client(timeout=30) as client:
+            for node in nodes:
+                assert notes(node) == refused
+                (count,) = metric_lines(node, 'kbgraph_stream_messages_noted_total{kind="refused"')
+                assert count.endswith(" 5.0")
+                for cid in ("forged/none", "forged/wrong", "forged/other", "forged/x", "forged/y"):
+                    answer = client.get(f"{node.url}/v1/kbs/{KB}/concepts/{cid}", headers=AUTH)
+                    assert answer.status_code == 404, answer.text
+                status = client.get(f"{node.url}/v1/kbs/{KB}/status", headers=AUTH)
+                assert status.headers["X-KB-Seq"] == "6"
+                assert client.get(f"{node.url}/readyz").status_code == 200
+        assert_same_bytes(nodes, 6, [f"real/{i}" for i in range(6)])
+
+        anonymous = Node(tmp_path / "anonymous", cluster, stream, credentials=False)
+        anonymous.launch()
+        nodes.append(anonymous)
+        answer = readyz_saying(anonymous, "JetStream refused this node's credentials")
+        assert "uthorization" in answer.text, answer.text
+        assert anonymous.position() == 0
+
+
+def stream_state(cluster: NatsCluster, stream: str) -> tuple[int, int]:
+    """(first, last) sequence the stream holds."""
+
+    async def read() -> tuple[int, int]:
+        nc = await cluster.connect()
+        try:
+            state = (await nc.jetstream(timeout=5).stream_info(stream)).state
+            return int(state.first_seq), int(state.last_seq)
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def wait_positions(cluster: NatsCluster, stream: str, positions: list[int]) -> None:
+    """Until the live nodes' reported positions (``<stream>-nodes``) are ``positions``."""
+
+    async def read() -> list[int]:
+        nc = await cluster.connect()
+        try:
+            kv = await nc.jetstream(timeout=5).key_value(f"{stream}-nodes")
+            return sorted([int((await kv.get(key)).value) for key in await kv.keys()])
+        finally:
+            await nc.close()
+
+    deadline, found = time.monotonic() + READY_SECONDS, None
+    while time.monotonic() < deadline:
+        found = asyncio.run(read())
+        if found == positions:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"positions {found}, not {positions}")
+
+
+def wait_log(node: Node, text: str) -> str:
+    """The node's first log line naming ``text``, once there."""
+    deadline = time.monotonic() + READY_SECONDS
+    while time.monotonic() < deadline:
+        assert node.proc is not None
+        lines = [line for line in node.proc.tail().splitlines() if text in line]
+        if lines:
+            return lines[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no log line with {text}")
+
+
+def test_snapshots_trim_the_stream_and_a_fresh_node_starts_from_one(
+    shared_cluster: NatsCluster, tmp_path: Path
+) -> None:
+    """A node publishes snapshots of its store to the Object Store bucket and trims the stream
+    below them and below every live node (a paused node holds it back); a fresh node restores
+    the newest snapshot, follows from its position and answers as the others; a snapshot that
+    is not the cluster's (no valid MAC) or was made with other decision rules is refused."""
+    cluster, stream = shared_cluster, "t-snap"
+    every = "snapshot_every_seconds = 1\nsnapshots_keep = 1\n"
+    node = Node(tmp_path / "a", cluster, stream, log_extra=every)
+    node.start()
+    nodes = [node]
+    try:
+        with httpx.Client(timeout=30) as client:
+            for i in range(30):
+                links = [f"snap/{i - 1}"] if i else []
+                answer = post(client, node.url, [wc.upsert(f"snap/{i}", links=links)])
+                assert answer.status_code == 200
+        deadline = time.monotonic() + READY_SECONDS
+        while stream_state(cluster, stream)[0] <= 30 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        first, last = stream_state(cluster, stream)
+        assert (first, last) == (31, 30), "the stream was not trimmed below the snapshot"
+        with httpx.Client(timeout=30) as client:
+            for i in range(30, 35):
+                assert post(client, node.url, [wc.upsert(f"snap/{i}")]).status_code == 200
+
+        fresh = Node(tmp_path / "fresh", cluster, stream)  # no store at all
+        fresh.start()
+        nodes.append(fresh)
+        assert fresh.proc is not None and "restored from snapshot" in fresh.proc.tail()
+        final = wait_caught_up(nodes, cluster)
+        assert final == 35 and fresh.position() == 35
+        assert_same_bytes(nodes, 35, [f"snap/{i}" for i in range(35)])
+
+        # a live node behind holds the trim back: the fresh node (no snapshots of its own)
+        # paused at 35 while A goes on to 40 and snapshots there
+        wait_positions(cluster, stream, [35, 35])
+        assert fresh.proc is not None
+        os.killpg(fresh.proc.pid, signal.SIGSTOP)
+        try:
+            with httpx.Client(timeout=30) as client:
+                for i in range(35, 40):
+                    assert post(client, node.url, [wc.upsert(f"snap/{i}")]).status_code == 200
+            kept = wait_log(node, "snapshot-00000000000000000040")
+            assert "the stream kept from 36" in kept, kept
+            assert stream_state(cluster, stream) == (36, 40)
+        finally:
+            os.killpg(fresh.proc.pid, signal.SIGCONT)
+        wait_positions(cluster, stream, [40, 40])
+        with httpx.Client(timeout=30) as client:
+            assert post(client, node.url, [wc.upsert("snap/40")]).status_code == 200
+        line = wait_log(node, "snapshot-00000000000000000041")  # the paused node moved on
+        assert int(line.rsplit("kept from ", 1)[1]) in (41, 42), line  # 42: it reported 41
+
+        other = Node(tmp_path / "other", cluster, stream)
+        other.config.write_text(
+            other.config.read_text().replace(
+                'path = "kb.db"\n', 'path = "kb.db"\ndedupe_keys = 5\n'
+            )
+        )
+        refused = subprocess.run(
+            [sys.executable, "-m", "kbgraph", "serve", "--config", str(other.config)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert refused.returncode == 2, refused.stderr
+        assert "dedupe_keys=5" in refused.stderr and "not restored" in refused.stderr
+        assert not (other.folder / "kb.db").exists()
+
+        async def forge() -> None:  # a newer "snapshot" put by someone without the secret
+            nc = await cluster.connect()
+            try:
+                obs = await nc.jetstream(timeout=5).object_store(f"{stream}-snapshots")
+                await obs.put(
+                    f"snapshot-{99:020d}",
+                    b"not a store",
+                    meta=api.ObjectMeta(headers={"Kbgraph-Position": "99"}),
+                )
+            finally:
+                await nc.close()
+
+        for n in nodes:
+            n.stop()
+        asyncio.run(forge())
+        forged = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kbgraph",
+                "serve",
+                "--config",
+                str(write_node_config(tmp_path / "forged", cluster, stream)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert forged.returncode == 2 and "no valid MAC" in forged.stderr, forged.stderr
+        snapshots_equal(nodes)
+    finally:
+        for n in nodes:
+            n.stop()

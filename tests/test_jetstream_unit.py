@@ -4,6 +4,8 @@ store's side (``Store.submit_from_log``: positions in order, decisions timed by 
 from __future__ import annotations
 
 import concurrent.futures
+import ssl
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,18 +13,21 @@ import pytest
 from kbgraph import cli
 from kbgraph.config import ConfigError, parse_config
 from kbgraph.jetstream import decode_delivery, encode_delivery
+from kbgraph.jetstream.wire import NotPublishable, pack, unpack
 from kbgraph.store import DeliveryResult, ReplayRefused, Store, WebhookMessage
-from kbgraph.store.positions import LogOutOfOrder
+from kbgraph.store.group import GroupWriter
+from kbgraph.store.positions import LogOutOfOrder, MessageFailed
 from tests.kb_events import link_added, upsert
 
 STREAM = "kbgraph"
+MAC = 'mac_secret_env = "KBGRAPH_TEST_MAC"\n'  # the cluster secret every jetstream node needs
 
 
 def test_log_config_defaults_and_jetstream() -> None:
     assert parse_config("").log.kind == "sqlite"
     config = parse_config(
         '[log]\nkind = "jetstream"\nservers = ["nats://127.0.0.1:4222", "nats://10.0.0.2:4222"]\n'
-        'stream = "kb-graph"\nreplicas = 3\n'
+        f'stream = "kb-graph"\nreplicas = 3\n{MAC}'
     )
     assert config.log.kind == "jetstream"
     assert config.log.servers == ["nats://127.0.0.1:4222", "nats://10.0.0.2:4222"]
@@ -47,7 +52,7 @@ def test_log_config_errors_name_the_key(text: str, message: str) -> None:
 
 def test_jetstream_serve_takes_one_worker(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     path = tmp_path / "kbgraph.toml"
-    path.write_text('[log]\nkind = "jetstream"\n')
+    path.write_text(f'[log]\nkind = "jetstream"\n{MAC}')
     assert cli.main(["serve", "--config", str(path), "--workers", "2"]) == 2
     assert "one worker per node" in capsys.readouterr().err
 
@@ -113,15 +118,18 @@ def test_binding_window_is_the_logs_time_not_the_clock(tmp_path: Path) -> None:
         assert submit(store, "two", [upsert("a")], 3, at=1601.0, message=message).result().seq == 1
 
 
-def test_readiness_says_why_not(tmp_path: Path) -> None:
+def test_readiness_says_why_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not ready while connecting, while behind the stream's last sequence as of the start,
     while disconnected, and while the store fails to apply; ready otherwise."""
     from kbgraph.config import LogConfig
     from kbgraph.jetstream import JetStreamLog
 
+    monkeypatch.setenv("KBGRAPH_TEST_MAC", "a cluster secret of 32 bytes....")
     with Store(tmp_path / "kb.db") as store:
         submit(store, "kb", [upsert("a")], 1).result()
-        follower = JetStreamLog(LogConfig(kind="jetstream"), store)
+        follower = JetStreamLog(
+            LogConfig(kind="jetstream", mac_secret_env="KBGRAPH_TEST_MAC"), store
+        )
         assert follower.applied == 1  # resumes from the store's recorded position
         assert "connecting" in (follower.problem() or "")
         follower.target, follower.connected = 5, True
@@ -139,10 +147,150 @@ def test_local_writers_refuse_a_jetstream_node(
 ) -> None:
     """``kbgraph import`` into a node's own store would fork it from the stream: refused."""
     config = tmp_path / "kbgraph.toml"
-    config.write_text('[log]\nkind = "jetstream"\n')
+    config.write_text(f'[log]\nkind = "jetstream"\n{MAC}')
     vault = tmp_path / "vault"
     vault.mkdir()
     (vault / "a.md").write_text("# A\n")
     code = cli.main(["import", str(vault), "--kb", "notes", "--config", str(config)])
     assert code != 0
     assert "send with --url to a node instead" in capsys.readouterr().err
+
+
+def note(store: Store, seq: int, kind: str, detail: str):
+    future: concurrent.futures.Future[DeliveryResult] = concurrent.futures.Future()
+    store.submit_note_from_log(
+        (STREAM, seq),
+        kind,
+        detail,
+        lambda r, e: future.set_exception(e) if e else future.set_result(r),
+    )
+    return future
+
+
+def test_a_noted_message_takes_its_position_and_applies_nothing(tmp_path: Path) -> None:
+    with Store(tmp_path / "kb.db") as store:
+        submit(store, "kb", [upsert("a")], 1).result()
+        assert note(store, 2, "skipped", "by the decision at 4: why").result().applied == 0
+        with pytest.raises(LogOutOfOrder):  # in order like any delivery
+            note(store, 2, "decision", "again").result()
+        futures = [submit(store, "kb", [upsert("b")], 3), note(store, 4, "decision", "skip 2")]
+        assert futures[0].result().seq == 2 and futures[1].result().applied == 0
+        assert store.log_position(STREAM) == 4 and store.kb_seq("kb") == 2
+        assert store.stream_note(STREAM, 2) == ("skipped", "by the decision at 4: why")
+        assert store.stream_note(STREAM, 3) is None  # applied: no note
+        assert store.stream_notes(STREAM) == [
+            (2, "skipped", "by the decision at 4: why"),
+            (4, "decision", "skip 2"),
+        ]
+
+
+def test_a_message_the_store_cannot_apply_is_named_and_nothing_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure that is not the delivery's own refusal names the message (position, KB,
+    error) to every member of its group, and the group commits nothing."""
+    original = GroupWriter.apply
+
+    def apply(self, conn, group):
+        if any(e.subject == "bad" for p in group for e in p.events):
+            raise OSError("disk on fire")
+        return original(self, conn, group)
+
+    monkeypatch.setattr(GroupWriter, "apply", apply)
+    with Store(tmp_path / "kb.db") as store:
+        held, waiting = threading.Event(), threading.Event()
+
+        def hold(*_: object) -> None:  # the writer waits here: the next two make one group
+            waiting.set()
+            held.wait()
+
+        store.submit_from_log("kb", [upsert("z")], None, 1.0, (STREAM, 1), hold)
+        assert waiting.wait(10)
+        futures = [
+            submit(store, "kb", [upsert("a")], 2),
+            submit(store, "other", [upsert("bad")], 3),
+        ]
+        held.set()
+        for future in futures:
+            with pytest.raises(MessageFailed, match=r"position 3 \(kb other\): OSError") as caught:
+                future.result()
+            assert (caught.value.seq, caught.value.kb) == (3, "other")
+        assert store.log_position(STREAM) == 1 and store.kb_seq("kb") == 1
+        assert submit(store, "kb", [upsert("a")], 2).result().seq == 2  # alone, it applies
+
+
+def test_a_delivery_is_checked_before_it_is_published() -> None:
+    """What every node will decode is decoded here first: a KB name no node accepts never
+    reaches the stream, and a big delivery travels deflated and reads back the same."""
+    with pytest.raises(NotPublishable, match="kb name"):
+        pack("Not A KB", [upsert("a")], None)
+    events = [upsert(f"c{i}", text="word " * 2000) for i in range(10)]
+    payload, headers = pack("kb", events, None)
+    assert headers == {"Kbgraph-Encoding": "deflate"} and len(payload) < 20_000
+    assert unpack(payload, headers) == ("kb", events, None)
+
+
+@pytest.mark.parametrize("key", ["password", "token", "nkey_seed", "mac_secret"])
+def test_a_secret_in_clear_is_refused_naming_the_key(key: str) -> None:
+    text = f'[log]\nkind = "jetstream"\n{MAC}{key} = "hunter2"\n'
+    if key == "mac_secret":
+        text = text.replace(MAC, "")
+    with pytest.raises(ConfigError, match=f"log.{key}: a secret is never written in the config"):
+        parse_config(text)
+
+
+def test_jetstream_needs_the_cluster_secret_and_one_way_to_log_in() -> None:
+    with pytest.raises(ConfigError, match=r"log.mac_secret_file or log.mac_secret_env: required"):
+        parse_config('[log]\nkind = "jetstream"\n')
+    with pytest.raises(ConfigError, match="log: one of user/password, token"):
+        parse_config(
+            f'[log]\nkind = "jetstream"\n{MAC}user = "n"\npassword_env = "P"\ntoken_env = "T"\n'
+        )
+    with pytest.raises(ConfigError, match=r"log.user and log.password_file"):
+        parse_config(f'[log]\nkind = "jetstream"\n{MAC}user = "n"\n')
+    with pytest.raises(ConfigError, match=r"log.tls_cert_file and log.tls_key_file"):
+        parse_config(f'[log]\nkind = "jetstream"\n{MAC}tls_cert_file = "c.pem"\n')
+
+
+def test_secrets_come_from_files_and_variables_into_nats_py_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kbgraph.jetstream.connect import SecretMissing, secrets_problem, security_options, signer
+
+    (tmp_path / "pw").write_text("s3cret\n")
+    config = parse_config(
+        f'[log]\nkind = "jetstream"\n{MAC}user = "node-a"\npassword_file = "pw"\n', tmp_path
+    ).log
+    monkeypatch.delenv("KBGRAPH_TEST_MAC", raising=False)
+    assert "the variable KBGRAPH_TEST_MAC is not set" in (secrets_problem(config) or "")
+    monkeypatch.setenv("KBGRAPH_TEST_MAC", "short")
+    assert "under 16 bytes" in (secrets_problem(config) or "")
+    monkeypatch.setenv("KBGRAPH_TEST_MAC", "a cluster secret of 32 bytes....")
+    assert secrets_problem(config) is None
+    assert security_options(config) == {"user": "node-a", "password": "s3cret"}
+    monkeypatch.setenv("NATS_TOKEN", "tok")
+    token = parse_config(f'[log]\nkind = "jetstream"\n{MAC}token_env = "NATS_TOKEN"\n').log
+    assert security_options(token) == {"token": "tok"}
+    (tmp_path / "seed").write_text("SUAMK2FG4MI6UE3ACF3FK3OIQBCEIEZV7NSWFFEW63UXMRLFM2XLAXK4GY\n")
+    with pytest.raises(ConfigError, match="one of"):  # one way to log in
+        parse_config(
+            f'[log]\nkind = "jetstream"\n{MAC}nkey_seed_file = "seed"\ncreds_file = "n.creds"\n',
+            tmp_path,
+        )
+    seeded_log = parse_config(
+        f'[log]\nkind = "jetstream"\n{MAC}nkey_seed_file = "seed"\n', tmp_path
+    ).log
+    assert security_options(seeded_log)["nkeys_seed_str"].startswith("SUAMK2")
+    missing = parse_config(f'[log]\nkind = "jetstream"\n{MAC}token_file = "nope"\n', tmp_path).log
+    with pytest.raises(SecretMissing, match=r"log.token_file: cannot read"):
+        security_options(missing)
+    tls = parse_config(
+        f'[log]\nkind = "jetstream"\n{MAC}servers = ["tls://127.0.0.1:4222"]\n', tmp_path
+    ).log
+    assert isinstance(security_options(tls)["tls"], ssl.SSLContext)
+    one, other = signer(config), signer(token)
+    headers: dict[str, str] = {}
+    one.sign("s.kb", b"payload", headers)
+    assert other.valid("s.kb", b"payload", headers)  # the same secret: the same MAC
+    assert not one.valid("s.kb", b"payloaD", headers) and not one.valid("s.kc", b"payload", headers)
+    assert not one.valid("s.kb", b"payload", {})

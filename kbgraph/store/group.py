@@ -64,6 +64,7 @@ class Pending:
     # this machine's clock, and (stream, sequence) is recorded in the same transaction.
     at: float | None = None
     position: tuple[str, int] | None = None
+    note: tuple[str, str] | None = None  # (kind, detail): a logged message that applies nothing
 
 
 class GroupWriter:
@@ -97,7 +98,7 @@ class GroupWriter:
             now = clock if pending.at is None else pending.at
             pending.resent = False
             message = pending.message
-            if message is None:
+            if message is None or pending.note is not None:
                 continue
             row = conn.execute(sql.MESSAGE_GET, message).fetchone()
             if row is not None and row[1] >= now - BINDING_SECONDS:
@@ -155,11 +156,15 @@ class GroupWriter:
         self.bind_messages(conn, group)
         per_kb: dict[str, list[list[Event]]] = {}
         for pending in group:
-            per_kb.setdefault(pending.kb, []).append(pending.events)
+            if pending.note is None:
+                per_kb.setdefault(pending.kb, []).append(pending.events)
         works = {kb: self.load_kb(conn, kb, deliveries) for kb, deliveries in per_kb.items()}
         entries: list[tuple[str, int, Event, bool]] = []
         results = []
         for pending in group:
+            if pending.note is not None:  # recorded with the positions, applies nothing
+                results.append(DeliveryResult(0, 0, 0, 0, 0, 0))
+                continue
             kb, events = pending.kb, pending.events
             work = works[kb]
             applied, duplicates, stale, ignored = decide(events, work.keys, work.subjects)

@@ -1,6 +1,11 @@
 """Where this store stands in a replicated log (NATS JetStream): one position per stream,
 recorded in the same transaction as the state it produced, so a restart resumes exactly after
-the last message applied and a gap or a repeat is refused."""
+the last message applied and a gap or a repeat is refused.
+
+A message that applies nothing still takes its position, with a note saying why
+(``stream_note``): a message skipped by an operator's decision recorded in the stream, the
+decision itself, a message refused for a missing or wrong MAC. Every node notes the same
+message the same way, so the notes are part of what nodes hold alike."""
 
 from __future__ import annotations
 
@@ -9,17 +14,44 @@ from collections.abc import Sequence
 from typing import Final, Protocol
 
 from kbgraph.store import statements as sql
-from kbgraph.store.model import DeliveryResult, KBLimitReached, ReplayRefused
+from kbgraph.store.model import DeliveryResult, KBLimitReached, ReplayRefused, WebhookMessage
 
 DECIDED: Final = (ReplayRefused, KBLimitReached)  # a delivery's own refusal: a decision
+
+
+NOTE_PUT: Final = (
+    "INSERT INTO stream_note (stream, seq, kind, detail, message_id, message_digest)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
+SKIPPED_MESSAGES: Final = (
+    "SELECT message_id, message_digest FROM stream_note"
+    " WHERE stream = ? AND kind = 'skipped' AND message_id IS NOT NULL"
+)
+NOTE_GET: Final = "SELECT kind, detail FROM stream_note WHERE stream = ? AND seq = ?"
+NOTES: Final = "SELECT seq, kind, detail FROM stream_note WHERE stream = ? ORDER BY seq"
 
 
 class LogOutOfOrder(RuntimeError):
     """A delivery from a replicated log does not follow the position the store recorded."""
 
 
+class MessageFailed(RuntimeError):
+    """The store could not apply the message at ``seq`` of ``stream`` (for a reason another
+    node may share: I/O, a bug, an SQLite difference); nothing of its group committed."""
+
+    def __init__(self, stream: str, seq: int, kb: str, cause: BaseException) -> None:
+        super().__init__(f"stream {stream} position {seq} (kb {kb}): {cause!r}")
+        self.stream = stream
+        self.seq = seq
+        self.kb = kb
+        self.cause = cause
+
+
 class Positioned(Protocol):
+    kb: str
     position: tuple[str, int] | None  # (stream, sequence) of a delivery from a replicated log
+    note: tuple[str, str] | None  # (kind, detail) of a message that applies nothing
+    message: WebhookMessage | None
 
 
 def check(conn: sqlite3.Connection, group: Sequence[Positioned]) -> dict[str, int]:
@@ -45,10 +77,15 @@ def record(
     outcomes: list[tuple[DeliveryResult | None, BaseException | None]],
     last: dict[str, int],
 ) -> None:
-    """Store the positions with the state, unless a logged delivery failed for a reason that
-    another node would not share (I/O, a bug): then the whole group must not commit."""
+    """Store the positions (and the notes) with the state, unless a logged delivery failed for
+    a reason that is not its own refusal (I/O, a bug): then the whole group must not commit,
+    and ``MessageFailed`` names the message."""
     for pending, (_, exc) in zip(group, outcomes, strict=True):
         if pending.position is not None and exc is not None and not isinstance(exc, DECIDED):
-            raise exc
+            raise MessageFailed(*pending.position, pending.kb, exc) from exc
+    for pending in group:
+        if pending.note is not None and pending.position is not None:
+            message = pending.message or (None, None)
+            conn.execute(NOTE_PUT, (*pending.position, *pending.note, *message))
     for stream, seq in last.items():
         conn.execute(sql.POSITION_SET, (stream, seq))

@@ -12,7 +12,9 @@ from typing import Final
 # keyed by webhook-id and body digest (independent senders may pick the same webhook-id);
 # 6: meta (the store's id, where the log starts after a cut); no link_dst index (nothing read
 # it; every link write paid for it); kb.keys and accepted.n (the retention of dedupe keys);
-# 7: a concept's declared links are a column of its row (a JSON array, sorted), not link rows
+# 7: a concept's declared links are a column of its row (a JSON array, sorted), not link rows;
+# stream_note (the messages of a replicated log that applied nothing, and why) is added to 7
+# as it is: a new table that older code never reads, so no version of its own
 SCHEMA_VERSION: Final = 7
 
 _TABLES: Final = """
@@ -69,6 +71,15 @@ CREATE TABLE IF NOT EXISTS log_position (
     stream TEXT PRIMARY KEY,
     seq INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS stream_note (
+    stream TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    message_id TEXT,  -- a skipped delivery's signed webhook message: its re-sends are skipped
+    message_digest BLOB,
+    PRIMARY KEY (stream, seq)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value NOT NULL

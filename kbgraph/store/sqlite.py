@@ -265,6 +265,36 @@ class Store:
         """
         self._submit(Pending(kb, list(events), resolve, message, at=at, position=position))
 
+    def submit_note_from_log(
+        self,
+        position: tuple[str, int],
+        kind: str,
+        detail: str,
+        resolve: Callable[[DeliveryResult | None, BaseException | None], None],
+        message: WebhookMessage | None = None,
+    ) -> None:
+        """Queue a message of a replicated log that applies nothing: its position is taken and
+        ``(kind, detail)`` noted with it (``stream_note``), in order with the deliveries, with
+        the signed webhook message of a delivery it skips."""
+        self._submit(Pending("", [], resolve, message, position=position, note=(kind, detail)))
+
+    def skipped_messages(self, stream: str) -> set[WebhookMessage]:
+        """The signed webhook messages of the deliveries skipped in ``stream``."""
+        with self._reader() as conn:
+            rows = conn.execute(positions.SKIPPED_MESSAGES, (stream,)).fetchall()
+        return {WebhookMessage(row[0], row[1]) for row in rows}
+
+    def stream_note(self, stream: str, seq: int) -> tuple[str, str] | None:
+        """(kind, detail) noted at ``seq`` of ``stream``, or None (it applied, or not reached)."""
+        with self._reader() as conn:
+            row = conn.execute(positions.NOTE_GET, (stream, seq)).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def stream_notes(self, stream: str) -> list[tuple[int, str, str]]:
+        """Every (seq, kind, detail) noted for ``stream``, in order."""
+        with self._reader() as conn:
+            return [tuple(row) for row in conn.execute(positions.NOTES, (stream,))]
+
     def log_position(self, stream: str) -> int:
         """The last sequence of ``stream`` whose delivery this store applied (0: none)."""
         with self._reader() as conn:

@@ -1,0 +1,36 @@
+"""The log on NATS JetStream: every node a full replica (``[log] kind = "jetstream"``).
+
+The stream is the one total order of deliveries. A node that takes a delivery does not decide
+it: it publishes the delivery as ONE message (the KB, the events as the log encodes them, the
+signed webhook message) and awaits JetStream's acknowledgement, which a stream of R replicas
+gives once a quorum stored it. Every node follows the stream in order from the position its
+own SQLite store recorded and applies each message with the single store's decision code
+(``Store.submit_from_log``: ``decide`` and the webhook-id binding, timed by the message's
+stream timestamp, never the node's clock), recording the stream sequence in the same
+transaction as the state it produced. Same messages, same order, same code: every node
+reaches the same state and the same per-KB ``seq``, and the node that took a delivery answers
+with the result its own follower computed for that message.
+
+Along its jobs: ``wire`` (what a message carries), ``connect`` (the NATS connection, the
+stream and its decision rules), ``follower`` (reading and applying, failures and operators'
+decisions), ``node`` (``JetStreamLog``: a node's lifecycle and publishing), ``admin``
+(``kbgraph cluster`` commands).
+"""
+
+from kbgraph.jetstream.connect import RulesDiffer, decision_rules
+from kbgraph.jetstream.follower import ApplyFailed, DeliverySkipped, LogUnavailable, StreamBehind
+from kbgraph.jetstream.node import DeliveryTooLarge, JetStreamLog
+from kbgraph.jetstream.wire import decode_delivery, encode_delivery
+
+__all__ = [
+    "ApplyFailed",
+    "DeliverySkipped",
+    "DeliveryTooLarge",
+    "JetStreamLog",
+    "LogUnavailable",
+    "RulesDiffer",
+    "StreamBehind",
+    "decision_rules",
+    "decode_delivery",
+    "encode_delivery",
+]

@@ -1,0 +1,149 @@
+"""``kbgraph cluster skip``: an operator's decision, recorded in the stream, that the message at
+one position applies nothing on any node (the way forward when every node fails on it)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Final
+
+import msgspec
+import nats.js.errors
+
+from kbgraph.config import Config, ConfigError, LogConfig, load_config
+from kbgraph.jetstream import snapshots, wire
+from kbgraph.jetstream.connect import connect, decision_rules, signer
+from kbgraph.jetstream.node import NODE_ENV
+
+RESTORE_SECONDS: Final = 600.0  # fetching and unpacking the newest snapshot, at most
+CONNECT_SECONDS: Final = 20.0  # NATS not answering by then: serve, and /readyz says why
+
+
+class DecisionRefused(ValueError):
+    """The decision would not do what it says (no such message, or decided already)."""
+
+
+async def skip(config: LogConfig, position: int, reason: str) -> int:
+    """Publish "skip ``position``" with ``reason``; the decision's own stream sequence.
+
+    Checked first: the message exists and is a delivery, and no decision skips it already. A
+    retry of the command within JetStream's duplicate window publishes nothing new."""
+    if not reason.strip():
+        raise DecisionRefused("--reason: say why (it is recorded in every node's store)")
+    signing = signer(config)
+    nc = await asyncio.wait_for(connect(config, "kbgraph-admin", reconnect=False), CONNECT_SECONDS)
+    try:
+        js = nc.jetstream(timeout=5)
+        stream, subject = config.stream, wire.decision_subject(config.stream)
+        try:
+            raw = await js.get_msg(stream, position)
+        except nats.js.errors.NotFoundError:
+            raise DecisionRefused(f"stream {stream} holds no message at {position}") from None
+        if raw.subject == subject:
+            raise DecisionRefused(f"position {position} is a decision, not a delivery")
+        after = position + 1
+        while True:
+            try:
+                found = await js.get_msg(stream, after, subject=subject, next=True)
+            except nats.js.errors.NotFoundError:
+                break
+            valid = signing.valid(subject, found.data or b"", found.headers or {})
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                if valid and wire.decode_decision(found.data or b"").position == position:
+                    raise DecisionRefused(
+                        f"position {position} is skipped already, by the decision at {found.seq}"
+                    )
+            after = int(found.seq) + 1
+        payload = wire.encode_decision(wire.Skip(position, reason))
+        headers = {wire.MSG_ID: f"skip-{position}"}
+        signing.sign(subject, payload, headers)
+        ack = await js.publish(subject, payload, headers=headers)
+        return int(ack.seq)
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.close()
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``kbgraph cluster skip`` on the CLI's subcommands."""
+    cluster = sub.add_parser("cluster", help="operate a JetStream cluster of nodes")
+    commands = cluster.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
+    cmd = commands.add_parser(
+        "skip",
+        help="record in the stream that the message at POSITION applies nothing on any node",
+        description="Run it only once every node's /readyz names the same failing position:"
+        " a node that applied the message would then differ, and stops.",
+    )
+    cmd.add_argument("--config", required=True, help="a node's TOML config (its [log])")
+    cmd.add_argument("--position", required=True, type=int, help="the stream sequence to skip")
+    cmd.add_argument("--reason", required=True, help="why (noted in every node's store)")
+    cmd.set_defaults(func=cmd_skip)
+
+
+def cmd_skip(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"kbgraph: config {args.config}: {exc}", file=sys.stderr)
+        return 2
+    if config.log.kind != "jetstream":
+        print(f'kbgraph: config {args.config}: [log] kind is not "jetstream"', file=sys.stderr)
+        return 2
+    try:
+        seq = asyncio.run(skip(config.log, args.position, args.reason))
+    except DecisionRefused as exc:
+        print(f"kbgraph: cluster skip: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        print(f"kbgraph: cluster skip: not recorded: {exc!r}", file=sys.stderr)
+        return 1
+    print(f"recorded at position {seq}: skip {args.position} ({args.reason})")
+    return 0
+
+
+def restore_before_serving(config: Config) -> str | None:
+    """Before ``kbgraph serve`` opens the store: a fresh or far-behind node (the stream no
+    longer holds the next message it needs) restores the newest snapshot. The reason it must
+    not start, or None (restored, not needed, or NATS not reachable: the node says so)."""
+
+    node = secrets.token_hex(6)  # the serving node reports under the same key
+    os.environ[NODE_ENV] = node
+
+    async def run() -> None:
+        nc = await asyncio.wait_for(
+            connect(config.log, "kbgraph-restore", reconnect=False), CONNECT_SECONDS
+        )
+        try:
+            settings = SimpleNamespace(
+                max_kbs=config.limits.max_kbs,
+                named_kbs=frozenset(config.webhooks.kbs),
+                dedupe_keys=config.store.dedupe_keys,
+            )
+            signing = signer(config.log)
+            await snapshots.prepare(
+                nc.jetstream(timeout=30),
+                config.log.stream,
+                signing,
+                decision_rules(settings, signing),
+                Path(config.store.path),
+                config.store.checkpoint_folder,
+                node,
+            )
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(run(), RESTORE_SECONDS))
+    except snapshots.SnapshotRefused as exc:
+        return str(exc)
+    except Exception as exc:  # NATS down, say: the node starts and says why on /readyz
+        logging.getLogger("kbgraph.jetstream").warning("no snapshot restored: %r", exc)
+    return None

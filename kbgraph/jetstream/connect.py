@@ -1,0 +1,184 @@
+"""Reaching the stream: the NATS connection a node (or an admin command) opens, and the stream
+with the decision rules its nodes share."""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol
+
+import nats
+import nats.js.errors
+from nats.js import api
+
+from kbgraph.config import LogConfig
+from kbgraph.jetstream.wire import Signer
+
+log = logging.getLogger("kbgraph.jetstream")
+
+DUPLICATE_WINDOW_SECONDS: Final = 120.0  # JetStream drops a re-publish with the same Msg-Id
+RULES_KEY: Final = "kbgraph_decision_rules"  # stream metadata: what every node decides with
+
+
+class SecretMissing(RuntimeError):
+    """A secret the config points to (a file, a variable) is not there."""
+
+
+def read_secret(config: LogConfig, key: str) -> bytes | None:
+    """The secret ``log.<key>_file`` or ``log.<key>_env`` names (stripped), if configured."""
+    path, env = getattr(config, f"{key}_file"), getattr(config, f"{key}_env")
+    if path:
+        try:
+            value = open(path, "rb").read().strip()  # noqa: SIM115 - read at once
+        except OSError as exc:
+            raise SecretMissing(f"log.{key}_file: cannot read {path}: {exc.strerror}") from None
+        if not value:
+            raise SecretMissing(f"log.{key}_file: {path} is empty")
+        return value
+    if env:
+        value = os.environb.get(env.encode(), b"").strip()
+        if not value:
+            raise SecretMissing(f"log.{key}_env: the variable {env} is not set")
+        return value
+    return None
+
+
+def security_options(config: LogConfig) -> dict[str, Any]:
+    """nats-py's own connect options for the configured credentials and TLS."""
+    options: dict[str, Any] = {}
+    password = read_secret(config, "password")
+    if config.user and password is not None:
+        options["user"], options["password"] = config.user, password.decode()
+    token = read_secret(config, "token")
+    if token is not None:
+        options["token"] = token.decode()
+    seed = read_secret(config, "nkey_seed")
+    if seed is not None:
+        options["nkeys_seed_str"] = seed.decode()
+    if config.creds_file:
+        options["user_credentials"] = config.creds_file
+    tls_urls = any(url.startswith("tls://") for url in config.servers)
+    if config.tls_ca_file or config.tls_cert_file or tls_urls:
+        context = ssl.create_default_context(cafile=config.tls_ca_file or None)
+        if config.tls_cert_file:
+            context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+        options["tls"] = context
+    return options
+
+
+def secrets_problem(config: LogConfig) -> str | None:
+    """Why the node could not read its secrets or TLS files (checked before serving)."""
+    try:
+        signer(config)
+        security_options(config)
+    except (SecretMissing, OSError, ssl.SSLError) as exc:
+        return str(exc)
+    return None
+
+
+class RulesDiffer(RuntimeError):
+    """This node's decision settings differ from those the stream's nodes decide with."""
+
+
+class RuleSettings(Protocol):
+    """What ``decision_rules`` reads (a ``Store`` has it)."""
+
+    max_kbs: int | None
+    named_kbs: frozenset[str]
+    dedupe_keys: int
+
+
+def decision_rules(store: RuleSettings, signer: Signer | None = None) -> str:
+    """The settings a delivery's decision depends on besides the stream: every node must have
+    the same, or nodes would disagree on the same message (a KB created or refused, a key
+    remembered or forgotten, a message's MAC valid or not)."""
+    names = ",".join(sorted(store.named_kbs))
+    rules = f"max_kbs={store.max_kbs}; dedupe_keys={store.dedupe_keys}; webhooks.kbs=[{names}]"
+    return rules if signer is None else f"{rules}; mac={signer.fingerprint()}"
+
+
+def signer(config: LogConfig) -> Signer:
+    secret = read_secret(config, "mac_secret")
+    if secret is None:
+        raise SecretMissing("log.mac_secret_file or log.mac_secret_env: not configured")
+    try:
+        return Signer(secret)
+    except ValueError as exc:
+        raise SecretMissing(f"log.mac_secret: {exc}") from None
+
+
+async def _quiet(exc: Exception) -> None:
+    log.debug("nats: %r", exc)
+
+
+async def connect(
+    config: LogConfig,
+    name: str,
+    *,
+    disconnected: Callable[[], Awaitable[None]] | None = None,
+    reconnected: Callable[[], Awaitable[None]] | None = None,
+    error: Callable[[Exception], Awaitable[None]] | None = None,
+    reconnect: bool = True,
+) -> Any:
+    """A NATS connection to the configured servers, with the configured credentials and TLS
+    (nats-py's own options)."""
+    options: dict[str, Any] = {
+        **security_options(config),
+        "servers": list(config.servers),
+        "name": name,
+        # one-shot (an admin command, the restore): each server twice, then NoServersError
+        # (nats-py's 0 means "no limit" while connecting)
+        "max_reconnect_attempts": -1 if reconnect else 1,
+        "reconnect_time_wait": 0.2,
+        "connect_timeout": 2,
+        "error_cb": error or _quiet,
+    }
+    if disconnected is not None:
+        options["disconnected_cb"] = disconnected
+    if reconnected is not None:
+        options["reconnected_cb"] = reconnected
+    return await nats.connect(**options)
+
+
+async def ensure_stream(js: Any, config: LogConfig, rules: str) -> int:
+    """Create the stream if missing (every node may try: it is idempotent); its last seq.
+
+    The stream's metadata holds the decision rules (``decision_rules``) of the first node
+    that found none there; a node whose own differ raises ``RulesDiffer`` and follows
+    nothing (``/readyz`` names both), rather than decide some message otherwise."""
+    stream = config.stream
+    wanted = api.StreamConfig(
+        name=stream,
+        subjects=[f"{stream}.*"],
+        num_replicas=config.replicas,
+        storage=api.StorageType.FILE,
+        retention=api.RetentionPolicy.LIMITS,
+        duplicate_window=DUPLICATE_WINDOW_SECONDS,
+        metadata={RULES_KEY: rules},
+    )
+    try:
+        info = await js.stream_info(stream)
+    except nats.js.errors.NotFoundError:
+        info = await js.add_stream(wanted)
+    stated = (info.config.metadata or {}).get(RULES_KEY)
+    if stated is None:  # a stream made by other means, or before the rules were stated
+        info.config.metadata = {**(info.config.metadata or {}), RULES_KEY: rules}
+        info = await js.update_stream(info.config)
+        stated = (info.config.metadata or {}).get(RULES_KEY)
+    if stated != rules:
+        raise RulesDiffer(
+            f"this node decides with {rules}, the nodes of stream {stream} with"
+            f" {stated}: every node must decide alike ([limits] max_kbs, [store]"
+            " dedupe_keys, the [webhooks.kbs] names, [log] mac_secret), so this one follows"
+            " nothing"
+        )
+    if info.config.num_replicas != config.replicas:
+        log.warning(
+            "stream %s has %s replicas, the config says %s: kept as it is",
+            stream,
+            info.config.num_replicas,
+            config.replicas,
+        )
+    return int(info.state.last_seq)

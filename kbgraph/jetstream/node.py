@@ -1,0 +1,300 @@
+"""One node's end of the stream: ``append`` publishes a delivery and awaits the result this
+node's own follower computes for it (``kbgraph.jetstream.follower``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import nats.errors
+import nats.js.errors
+
+from kbgraph.config import LogConfig
+from kbgraph.events import Event
+from kbgraph.jetstream import snapshots, wire
+from kbgraph.jetstream.connect import RulesDiffer, connect, decision_rules, ensure_stream, signer
+from kbgraph.jetstream.follower import (
+    ApplyFailed,
+    DeliverySkipped,
+    Diverged,
+    Follower,
+    LogUnavailable,
+    Stuck,
+)
+from kbgraph.store import DeliveryResult, Store, WebhookMessage
+
+log = logging.getLogger("kbgraph.jetstream")
+
+APPLY_WAIT_SECONDS: Final = 30.0  # a published delivery not applied here by then: 503
+NODE_ENV: Final = "KBGRAPH_NODE_ID"  # set by kbgraph serve: its start-up report's key
+REPORT_SECONDS: Final = 5.0  # this node's position to "<stream>-nodes" this often (it is live)
+
+
+class DeliveryTooLarge(ValueError):
+    """The delivery, compressed, is over the NATS servers' ``max_payload`` (413)."""
+
+
+class JetStreamLog(Follower):
+    """One node's end of the stream: ``append`` publishes, the follower applies."""
+
+    def __init__(
+        self,
+        config: LogConfig,
+        store: Store,
+        on_applied: Callable[[], None] = lambda: None,
+        checkpoints: Path | None = None,
+    ) -> None:
+        self.config = config
+        self.checkpoints = checkpoints  # the projection's, published with snapshots
+        self.signer = signer(config)  # raises SecretMissing, naming the key: no start-up
+        self.store = store
+        self.on_applied = on_applied
+        self.stream = config.stream
+        self.applied = store.log_position(config.stream)  # last sequence applied here
+        self.target: int | None = None  # the stream's last sequence when this node started
+        self.connected = False
+        self.error: str | None = "connecting to JetStream"
+        self.failure: str | None = None  # why following fails, until a message applies
+        self.stuck: Stuck | None = None  # the message that fails to apply here, if one does
+        self._skips: dict[int, tuple[int, str]] = {}
+        self._refusals: dict[int, Exception] = {}
+        self.skipped_messages = store.skipped_messages(config.stream)
+        self._node = os.environ.get(NODE_ENV) or secrets.token_hex(6)
+        self._ids = itertools.count(1)
+        self._waiters: dict[str, asyncio.Future[DeliveryResult]] = {}
+        self._nc: Any = None
+        self._js: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._upkeep_task: asyncio.Task[None] | None = None
+        self.snapshot_at = 0  # the position of the last snapshot this node published
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect and follow in the background (``problem()`` says when it has caught up)."""
+        self._task = asyncio.create_task(self._run(), name="kbgraph-jetstream-follower")
+        self._upkeep_task = asyncio.create_task(self._upkeep(), name="kbgraph-jetstream-upkeep")
+
+    async def close(self) -> None:
+        for task in (self._upkeep_task, self._task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+
+    def problem(self) -> str | None:
+        """Why this node is not ready: not connected (yet), failing to follow (a message its
+        store cannot apply, or the stream no longer holds what it needs), or behind the
+        stream's last sequence as of its start (a fresh node catches up first)."""
+        if self.target is None:
+            return self.error or "connecting to JetStream"
+        if not self.connected:
+            return "disconnected from JetStream: reconnecting"
+        if self.failure is not None:
+            return f"following stream {self.stream} fails: {self.failure}"
+        if self.applied < self.target:
+            return f"catching up with stream {self.stream}: at {self.applied} of {self.target}"
+        return None
+
+    async def _connect(self) -> None:
+        async def disconnected() -> None:
+            self.connected = False
+
+        async def reconnected() -> None:
+            self.connected = True
+
+        async def error(exc: Exception) -> None:  # nats-py retries; /readyz says why
+            log.debug("nats: %r", exc)
+            if "authorization" in str(exc).lower():  # kept: it says the most
+                self.error = f"JetStream refused this node's credentials: {exc}"
+            elif self.target is None and "credentials" not in (self.error or ""):
+                self.error = f"JetStream not reachable: {exc!r}"
+
+        self._nc = await connect(
+            self.config,
+            f"kbgraph-{self._node}",
+            disconnected=disconnected,
+            reconnected=reconnected,
+            error=error,
+        )
+        self.connected = True
+        self._js = self._nc.jetstream(timeout=5)
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                if self._nc is None or self._nc.is_closed:
+                    await self._connect()
+                if self.target is None:
+                    self.target = await ensure_stream(
+                        self._js, self.config, decision_rules(self.store, self.signer)
+                    )
+                    self.error = None
+                    log.info(
+                        "following stream %s from %s (last %s)",
+                        self.stream,
+                        self.applied,
+                        self.target,
+                    )
+                await self._follow()
+            except asyncio.CancelledError:
+                raise
+            except Diverged as exc:
+                log.error("stream %s: %s", self.stream, exc)
+                return  # nothing this node applies from here on would be alike
+            except Exception as exc:
+                if isinstance(exc, RulesDiffer):
+                    self.error = str(exc)
+                elif self.target is None:
+                    self.error = f"JetStream not reachable: {exc!r}"
+                    if self._nc is not None and not self._nc.is_connected:
+                        with contextlib.suppress(Exception):
+                            await self._nc.close()
+                        self._nc = None
+                if not isinstance(exc, ApplyFailed):  # ApplyFailed was said once already
+                    log.warning(
+                        "following stream %s: %r (again in %.1f s)", self.stream, exc, backoff
+                    )
+                await asyncio.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+            else:
+                backoff = 0.1
+
+    # --- snapshots and trimming (kbgraph.jetstream.snapshots) ------------------------------
+
+    async def _upkeep(self) -> None:
+        """Report this node's position (it is live: the stream is not trimmed past it), and
+        once per ``snapshot_every_seconds`` while it is ready and has applied something new:
+        publish a snapshot, keep the newest ``snapshots_keep``, trim the stream below what
+        they and every live node covered."""
+        every = self.config.snapshot_every_seconds
+        due = time.monotonic() + every
+        pause = min(REPORT_SECONDS, every) if every else REPORT_SECONDS
+        while True:
+            if self._js is None or self.target is None or not self.connected:
+                await asyncio.sleep(0.2)  # reported as soon as it can be
+                continue
+            try:
+                await snapshots.report(self._js, self.stream, self._node, self.applied)
+                if every and time.monotonic() >= due and self.problem() is None:
+                    due = time.monotonic() + every
+                    if self.applied > self.snapshot_at:
+                        await self._snapshot()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("stream %s: snapshot or trim failed: %r", self.stream, exc)
+            await asyncio.sleep(pause)
+
+    async def _snapshot(self) -> None:
+        path = Path(self.store.path)
+        position, data = await asyncio.to_thread(
+            snapshots.take, path, self.checkpoints, self.stream
+        )
+        rules = decision_rules(self.store, self.signer)
+        name = await snapshots.publish(
+            self._js, self.stream, self.signer, rules, position, data, self.config.snapshots_keep
+        )
+        self.snapshot_at = position
+        kept = await snapshots.trim(self._js, self.stream)
+        log.info(
+            "stream %s: snapshot %s (%s bytes) published; the stream kept from %s",
+            self.stream,
+            name,
+            len(data),
+            kept,
+        )
+
+    # --- publishing ---------------------------------------------------------------------
+
+    async def append(
+        self, kb: str, events: list[Event], message: WebhookMessage | None
+    ) -> DeliveryResult:
+        """Publish one delivery; once a quorum stored it and this node applied it, its result.
+
+        Raises the store's refusals (``ReplayRefused``, ``KBLimitReached``) as the follower
+        decided them, and ``LogUnavailable`` when the stream did not acknowledge in time, this
+        node has not applied the message within ``APPLY_WAIT_SECONDS`` (a retry of the
+        delivery is then answered as duplicates, or applied if it never got in), or this node
+        cannot follow the stream now (nothing is published then).
+        """
+        if self._js is None:
+            raise LogUnavailable("not connected to JetStream yet")
+        if self.target is None and self.error is not None:  # e.g. its rules differ
+            raise LogUnavailable(self.error)
+        if self.stuck is not None or (self._task is not None and self._task.done()):
+            raise LogUnavailable(f"following stream {self.stream} fails: {self.failure}")
+        if message is not None and message in self.skipped_messages:  # nothing published
+            raise DeliverySkipped(
+                f"webhook-id {message.id[:64]!r}: this delivery was skipped by an operator's"
+                " decision on every node (kbgraph cluster skip); send it anew, changed"
+            )
+        payload, headers = wire.pack(kb, events, message)
+        limit = self._nc.max_payload - 1024  # room for the headers
+        if len(payload) > limit:
+            raise DeliveryTooLarge(
+                f"delivery of {len(payload)} bytes (compressed) is over the stream's"
+                f" message limit of {limit} bytes (nats-server max_payload): send it in parts"
+            )
+        subject = f"{self.stream}.{kb}"
+        self.signer.sign(subject, payload, headers)
+        msg_id = f"{self._node}-{next(self._ids)}"
+        headers[wire.MSG_ID] = msg_id
+        waiter: asyncio.Future[DeliveryResult] = asyncio.get_running_loop().create_future()
+        self._waiters[msg_id] = waiter
+        try:
+            await self._publish(subject, payload, headers)
+            try:
+                return await asyncio.wait_for(asyncio.shield(waiter), APPLY_WAIT_SECONDS)
+            except TimeoutError:
+                raise LogUnavailable(
+                    "stored in the stream, not yet applied on this node: retry"
+                ) from None
+        finally:
+            self._waiters.pop(msg_id, None)
+            if not waiter.done():
+                waiter.cancel()
+            elif not waiter.cancelled():
+                waiter.exception()
+
+    async def _publish(self, subject: str, payload: bytes, headers: dict[str, str]) -> int:
+        """Publish until acknowledged (same ``Nats-Msg-Id``: JetStream keeps one copy) or the
+        configured timeout passes; the stream sequence."""
+        deadline = time.monotonic() + self.config.publish_timeout_seconds
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LogUnavailable("the stream did not acknowledge the delivery in time")
+            try:
+                ack = await self._js.publish(
+                    subject, payload, timeout=min(2.0, remaining), headers=headers
+                )
+                return int(ack.seq)
+            except (
+                nats.errors.TimeoutError,
+                nats.errors.NoRespondersError,
+                nats.errors.ConnectionClosedError,
+                nats.errors.ConnectionReconnectingError,
+                nats.js.errors.NoStreamResponseError,
+                nats.js.errors.ServiceUnavailableError,
+                TimeoutError,
+            ) as exc:
+                log.debug("publish to %s: %r, retrying", subject, exc)
+                await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+            except nats.js.errors.APIError as exc:
+                if exc.code is not None and exc.code >= 500:
+                    await asyncio.sleep(0.1)
+                    continue
+                raise LogUnavailable(f"the stream refused the delivery: {exc}") from exc

@@ -1,0 +1,171 @@
+"""A JetStream cluster that runs for months: stream bytes with trimming, and an empty node
+ready from a snapshot (issue 25; the parts built so far).
+
+1. A 3-server NATS cluster on loopback (TLS, accounts: ``tests.nats_cluster``) and node A with
+   ``snapshot_every_seconds`` set; A takes ``--concepts`` concepts in 500-event deliveries.
+2. Writes go on for ``--seconds`` at ``--rate`` single-event deliveries/s while the stream's
+   bytes and messages are sampled every 2 s: with trimming they stay bounded by what came in
+   since the last snapshots, not by the history (the load's bytes are trimmed away too).
+3. An empty node B starts: the time from its process start to ``/readyz`` 200 (it restores the
+   newest snapshot, loads its checkpoint, follows the stream's rest).
+
+Not measured here (not built yet): agent req/s with 1-3 nodes and 1-2 workers per node, and
+the faults under load. The last line is one JSON object. Everything shares this machine.
+
+    .venv/bin/python loadtest/bench_cluster.py [--concepts 100000] [--seconds 60] [--rate 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from loadtest.bench_ingest import SECRET, Concepts, free_port, start_server, stop_server  # noqa: E402
+from tests import webhook_client as wc  # noqa: E402
+from tests.nats_cluster import STREAM, NatsCluster  # noqa: E402
+
+BATCH = 500
+
+
+async def load(port: int, concepts: int, connections: int = 4) -> float:
+    """``concepts`` upserts in ``BATCH``-event deliveries; the seconds it took."""
+    source = Concepts("load", 1)
+    batches = [
+        [source.next() for _ in range(min(BATCH, concepts - i))] for i in range(0, concepts, BATCH)
+    ]
+    url = f"http://127.0.0.1:{port}/v1/kbs/bench/events"
+    started = time.perf_counter()
+
+    async def worker(mine: list[list[dict[str, Any]]]) -> None:
+        async with httpx.AsyncClient(timeout=120) as client:
+            for events in mine:
+                body, headers = wc.delivery(SECRET, events)
+                answer = await client.post(url, content=body, headers=headers)
+                if answer.status_code != 200:
+                    raise SystemExit(f"load: {answer.status_code} {answer.text[:200]}")
+
+    await asyncio.gather(*(worker(batches[n::connections]) for n in range(connections)))
+    return time.perf_counter() - started
+
+
+async def stream_state(cluster: NatsCluster) -> tuple[int, int, int]:
+    """(bytes, messages, first sequence) the stream holds now."""
+    nc = await cluster.connect()
+    try:
+        state = (await nc.jetstream(timeout=10).stream_info(STREAM)).state
+        return int(state.bytes), int(state.messages), int(state.first_seq)
+    finally:
+        await nc.close()
+
+
+async def write_and_sample(
+    port: int, cluster: NatsCluster, seconds: float, rate: float
+) -> list[dict[str, int]]:
+    """Single-event deliveries at ``rate``/s for ``seconds``; the stream sampled every 2 s."""
+    source = Concepts("run", 2)
+    url = f"http://127.0.0.1:{port}/v1/kbs/bench/events"
+    samples: list[dict[str, int]] = []
+    stop = asyncio.Event()
+
+    async def writer() -> None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            sent, started = 0, time.monotonic()
+            while not stop.is_set():
+                body, headers = wc.delivery(SECRET, source.next())
+                await client.post(url, content=body, headers=headers)
+                sent += 1
+                await asyncio.sleep(max(0.0, started + sent / rate - time.monotonic()))
+
+    task = asyncio.create_task(writer())
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        size, messages, first = await stream_state(cluster)
+        samples.append(
+            {
+                "t": round(time.monotonic() - started),
+                "bytes": size,
+                "messages": messages,
+                "first": first,
+            }
+        )
+        await asyncio.sleep(2.0)
+    stop.set()
+    await task
+    return samples
+
+
+async def snapshot_sizes(cluster: NatsCluster) -> list[int]:
+    nc = await cluster.connect()
+    try:
+        obs = await nc.jetstream(timeout=10).object_store(f"{STREAM}-snapshots")
+        return [int(info.size) for info in await obs.list(ignore_deletes=True)]
+    finally:
+        await nc.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concepts", type=int, default=100_000)
+    parser.add_argument("--seconds", type=float, default=60.0, help="the write phase, sampled")
+    parser.add_argument("--rate", type=float, default=50.0, help="deliveries/s in that phase")
+    parser.add_argument("--snapshot-every", type=float, default=10.0)
+    args = parser.parse_args()
+    figures: dict[str, Any] = {"concepts": args.concepts, "cores": os.cpu_count()}
+    log = f"snapshot_every_seconds = {args.snapshot_every}\nsnapshots_keep = 2\n"
+    with tempfile.TemporaryDirectory(prefix="kbgraph-bench-cluster-") as folder:
+        root = Path(folder)
+        cluster = NatsCluster(root / "nats", 3)
+        nodes = []
+        try:
+            cluster.start()
+            port_a = free_port()
+            nodes.append(start_server(root / "a", port_a, cluster.log_toml(STREAM) + log))
+            seconds = asyncio.run(load(port_a, args.concepts))
+            figures["load_seconds"] = round(seconds, 1)
+            loaded = asyncio.run(stream_state(cluster))
+            figures["stream_after_load"] = {"bytes": loaded[0], "messages": loaded[1]}
+            print("loaded:", figures["load_seconds"], "s; stream", loaded)
+            samples = asyncio.run(write_and_sample(port_a, cluster, args.seconds, args.rate))
+            half = len(samples) // 2
+            figures["stream_during_writes"] = {
+                "samples": samples,
+                "max_bytes_first_half": max(s["bytes"] for s in samples[:half]),
+                "max_bytes_second_half": max(s["bytes"] for s in samples[half:]),
+                "rate_per_s": args.rate,
+                "seconds": args.seconds,
+            }
+            print("stream while writing:", [(s["t"], s["bytes"], s["first"]) for s in samples])
+            port_b = free_port()
+            started = time.monotonic()
+            nodes.append(start_server(root / "b", port_b, cluster.log_toml(STREAM)))
+            figures["empty_node_ready_seconds"] = round(time.monotonic() - started, 1)
+            figures["snapshot_bytes"] = asyncio.run(snapshot_sizes(cluster))
+            print("empty node B ready from a snapshot in", figures["empty_node_ready_seconds"], "s")
+        finally:
+            for proc in nodes:
+                stop_server(proc)
+            cluster.stop()
+    during = figures["stream_during_writes"]
+    figures["aims"] = {
+        "stream_bytes_flat": during["max_bytes_second_half"]
+        <= 1.5 * during["max_bytes_first_half"],
+        "empty_node_ready_le_30s": figures["empty_node_ready_seconds"] <= 30.0,
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
