@@ -38,6 +38,7 @@ from kbgraph.health import WriteProbe
 from kbgraph.ingest import error_response
 from kbgraph.names import is_kb_name
 from kbgraph.openapi import document as openapi_document
+from kbgraph.origins import HostOriginCheck
 from kbgraph.projection import KBProjection, Projections, Snapshot
 from kbgraph.store import Store
 from kbgraph.threads import ToolThreads
@@ -265,14 +266,27 @@ async def status_handler(request: Request) -> Response:
 
 class MCPEndpoint:
     """``/v1/kbs/{kb}/mcp``: the gate answers refusals as the API does (401, 404 JSON), then
-    hands the request, its caller in the scope, to the MCP SDK's session manager."""
+    hands a POST with a JSON body, its caller in the scope, to the MCP SDK's session manager.
+
+    Stateless, the endpoint offers no event stream: ``GET`` (and ``DELETE``, there being no
+    session) answer ``405`` as the MCP specification allows, so no stream can be held open.
+    """
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         try:
             projection, rules = await gate(request)
-            if scope["method"] == "POST":  # the SDK would read any size: bound it first
-                receive = replay(await read_body(request), receive)
+            if scope["method"] != "POST":
+                raise HTTPError(
+                    405,
+                    f"{scope['method']} not allowed: this MCP endpoint is stateless, without "
+                    "event streams or sessions; POST JSON-RPC messages",
+                    {"Allow": "POST"},
+                )
+            content_type = request.headers.get("content-type", "")
+            if content_type.split(";")[0].strip().lower() != "application/json":
+                raise HTTPError(415, f"Content-Type {content_type!r}: expected application/json")
+            receive = replay(await read_body(request), receive)  # the SDK would read any size
         except (HTTPError, BodyRefused) as exc:
             await error_response(exc.status, exc.message, exc.headers)(scope, receive, send)
             return
@@ -325,6 +339,14 @@ async def readyz(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    """Prometheus's exposition: its counts are over every KB, so with authentication on only
+    an admin token or one with ``metrics = true`` reads them (a scraper's bearer token)."""
+    try:
+        grant = authenticate(request)
+    except HTTPError as exc:
+        return error_response(exc.status, exc.message, exc.headers)
+    if not grant.metrics and not grant.admin:
+        return error_response(403, "this token may not read /metrics: needs admin or metrics")
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -412,6 +434,11 @@ def create_app(config: Config) -> Starlette:
         },
     )
     app.router.redirect_slashes = False  # its redirect would echo the Host header: 404 instead
+    app.add_middleware(
+        HostOriginCheck,
+        auth_off=not config.tokens,
+        allowed_origins=frozenset(config.server.allowed_origins),
+    )
     app.state.config = config
     app.state.write_probe = WriteProbe(config.store.path)
     app.state.tokens = config.token_index()

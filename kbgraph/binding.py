@@ -65,7 +65,19 @@ def _binary_event(body: bytes, headers: Mapping[str, str]) -> Event:
     content_type = headers.get("content-type", "")
     kind = media_type(content_type) or "(none)"
     mode = f"binary mode (a ce-specversion header, Content-Type {kind})"
-    ce = {name: value for name, value in headers.items() if name.startswith("ce-")}
+    ce: dict[str, str] = {}
+    repeated: set[str] = set()
+    for name, value in headers.items():  # Starlette's headers list a repeated header each time
+        if name.startswith("ce-"):
+            if name in ce:
+                repeated.add(name)
+            ce[name] = value
+    if repeated:
+        raise DeliveryError(
+            422,
+            f"{mode}: header {', '.join(sorted(repeated))} sent more than once: an attribute"
+            " has one value",
+        )
     missing = [f"ce-{name}" for name in REQUIRED if f"ce-{name}" not in ce]
     if missing:
         raise DeliveryError(422, f"{mode}: missing header {', '.join(missing)}")

@@ -23,11 +23,14 @@ replicas = 3
 [server]                       # optional
 max_body_bytes = 16777216
 min_seq_wait_seconds = 5.0
+allowed_origins = []           # e.g. ["http://localhost:6274"]: see kbgraph.origins
 
 [limits]                       # optional; the defaults, see docs/operations.md "Limits"
 max_request_bytes = 1048576
 max_header_bytes = 16384
 header_timeout_seconds = 10.0
+body_timeout_seconds = 10.0
+min_body_bytes_per_second = 65536
 keep_alive_seconds = 5.0
 max_connections = 1000
 max_kbs = 1000
@@ -101,6 +104,8 @@ class WebhooksConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class ServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1)] = DEFAULT_MAX_BODY_BYTES
     min_seq_wait_seconds: Annotated[float, msgspec.Meta(ge=0)] = 5.0
+    # browser origins besides the service's own that may call it (auth off) or its MCP endpoint
+    allowed_origins: list[str] = []
 
 
 class LimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -109,6 +114,10 @@ class LimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_request_bytes: Annotated[int, msgspec.Meta(ge=1)] = 1 << 20  # agent API bodies: 413
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 << 10  # request head: 431
     header_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0  # head not complete
+    # a request body must end within body_timeout_seconds plus one second per
+    # min_body_bytes_per_second bytes received: a trickled body cannot hold a connection
+    body_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    min_body_bytes_per_second: Annotated[int, msgspec.Meta(ge=1)] = 64 << 10
     keep_alive_seconds: Annotated[float, msgspec.Meta(gt=0)] = 5.0  # idle between requests
     max_connections: Annotated[int, msgspec.Meta(ge=1)] = 1000  # per worker process
     max_kbs: Annotated[int, msgspec.Meta(ge=1)] = 1000  # a delivery creating one more: 403
@@ -140,6 +149,7 @@ class TokenConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     token_sha256: str | None = None
     admin: bool = False
     rules: list[RuleConfig] = []
+    metrics: bool = False  # may read /metrics (counts over every KB); admin tokens may too
 
     def sha256(self) -> str:
         """The hex sha256 of the token, the key it is looked up by."""
@@ -155,6 +165,7 @@ class TokenGrant(msgspec.Struct, frozen=True):
     name: str
     admin: bool
     rules: dict[str, RuleSet]  # kb -> canonical rules; empty for admin
+    metrics: bool = False  # may read /metrics
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -184,6 +195,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
                 name=token.name,
                 admin=token.admin,
                 rules={kb: canonical(rules) for kb, rules in sorted(per_kb.items())},
+                metrics=token.admin or token.metrics,
             )
         return index
 

@@ -63,25 +63,43 @@ def mentions(
     index: SearchIndex, text: str, mask: np.ndarray, node: int, linked: set[int]
 ) -> dict[int, int]:
     """Visible concept -> offset of its first mention in ``text`` outside the names of
-    ``linked`` (visible concepts ``node`` links to); ``node`` itself never counts."""
+    ``linked`` (visible concepts ``node`` links to); ``node`` itself never counts.
+
+    Two walks of the names' trie over the text's tokens: the first marks the tokens inside a
+    linked concept's name, the second takes each other concept's first mention that touches
+    none of them. A name's holders are looked up once per call, not once per occurrence.
+    """
     tokens, starts = _tokens_with_offsets(text)
-    lengths = sorted(index.name_lengths)
-    found: list[tuple[int, int, int]] = []  # (first token, end token, node)
-    for i in range(len(tokens)):
-        for length in lengths:
-            if i + length > len(tokens):
-                break
-            for v in index.named(tuple(tokens[i : i + length])):
-                if v != node and mask[v]:
-                    found.append((i, i + length, v))
-    covered = [(i, end) for i, end, v in found if v in linked]
+    trie = index.name_trie()
+    holders: dict[str, tuple[bool, list[int]]] = {}  # key -> (a linked holder?, candidates)
+
+    def of(key: str) -> tuple[bool, list[int]]:
+        found = holders.get(key)
+        if found is None:
+            visible = [v for v in index.named_key(key) if v != node and mask[v]]
+            found = holders[key] = (
+                any(v in linked for v in visible),
+                [v for v in visible if v not in linked],
+            )
+        return found
+
+    depth = [0] * (len(tokens) + 1)  # +1 where a linked name starts, -1 where it ends
+    for i, end, key in trie.matches(tokens) if linked else ():
+        if of(key)[0]:
+            depth[i] += 1
+            depth[end] -= 1
+    covered = [0] * (len(tokens) + 1)  # covered[k]: tokens before k inside a linked name
+    inside = 0
+    for k in range(len(tokens)):
+        inside += depth[k]
+        covered[k + 1] = covered[k] + (inside > 0)
     out: dict[int, int] = {}
-    for i, end, v in sorted(found):
-        if v in linked or v in out:
+    for i, end, key in trie.matches(tokens):
+        candidates = of(key)[1]
+        if not candidates or covered[end] - covered[i]:
             continue
-        if any(a < end and i < b for a, b in covered):
-            continue
-        out[v] = starts[i]
+        for v in candidates:
+            out.setdefault(v, starts[i])
     return out
 
 

@@ -3,10 +3,12 @@
 Checks, in order, each refusing the whole delivery with nothing stored:
 KB name (422) -> the signature headers, before a body byte is read (401: missing, or a
 timestamp outside the tolerance) -> body over the limit (413: Content-Length first, then while
-streaming) -> room among the bodies in flight (503) -> UTF-8 (400) -> the webhook signature
-with the KB's secrets (401) -> the content mode and its events (``kbgraph.binding``: 415 / 400
-/ 422) -> the store: the same signed message (webhook-id and body) already accepted for
-another KB, or re-sent with new events (401), a KB beyond ``max_kbs`` (403). A 200 is sent
+streaming) -> room among the bodies in flight, taken as the bytes arrive (503) -> the body
+complete within the server's body deadline (else the connection closes) -> UTF-8 (400) ->
+the webhook signature with the KB's secrets (401) -> the content mode and its events
+(``kbgraph.binding``: 415 / 400 / 422) -> the store: the same signed message (webhook-id
+and body) already accepted for another KB, or re-sent with new events (401), a KB beyond
+``max_kbs`` (403). A 200 is sent
 only after the store's commit is durable (over JetStream: after a quorum of the stream's
 replicas stored the delivery and this node's follower applied it, ``kbgraph.jetstream``);
 then ``app.state.on_commit()`` wakes this process's projection follower when the delivery
@@ -81,25 +83,45 @@ class _TooLarge(Exception):
     pass
 
 
+class _Busy(Exception):
+    pass
+
+
 class InflightBytes:
     """Delivery bodies being read or decoded in this process, bounded (event loop only).
 
-    A delivery reserves its declared size (else the body limit) before its body is read, so
-    slow or stalled uploads cannot pile up memory; one delivery alone is always let in.
+    A delivery takes its bytes as they arrive (``Reservation``), not what it declares, so a
+    client that declares a large body and trickles it holds only what it sent (and the server's
+    body deadline, ``kbgraph.server``, ends it); one delivery alone is always let in.
     """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
 
+    def reservation(self) -> Reservation:
+        return Reservation(self)
+
+
+class Reservation:
+    """One delivery's share of ``InflightBytes``: ``take`` as bytes arrive, ``release`` once."""
+
+    def __init__(self, pool: InflightBytes) -> None:
+        self.pool = pool
+        self.held = 0
+
     def take(self, size: int) -> bool:
-        if self.used and self.used + size > self.limit:
+        """Hold ``size`` more bytes; False when other deliveries hold the room."""
+        pool = self.pool
+        if pool.used > self.held and pool.used + size > pool.limit:
             return False
-        self.used += size
+        pool.used += size
+        self.held += size
         return True
 
-    def give(self, size: int) -> None:
-        self.used -= size
+    def release(self) -> None:
+        self.pool.used -= self.held
+        self.held = 0
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
@@ -108,8 +130,9 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     )
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refusing it (``_TooLarge``) as soon as it passes ``limit`` bytes."""
+async def _read_body(request: Request, limit: int, room: Reservation | None) -> bytes:
+    """The body, refusing it (``_TooLarge``) as soon as it passes ``limit`` bytes, or
+    (``_Busy``) as soon as the deliveries in flight hold the room it needs."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -123,6 +146,8 @@ async def _read_body(request: Request, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise _TooLarge
+        if room is not None and not room.take(len(chunk)):
+            raise _Busy
         chunks.append(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
@@ -182,31 +207,38 @@ async def _handle(request: Request) -> Response:
     server = getattr(config, "server", None)
     limit: int = getattr(server, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
     declared = headers.get("content-length", "")
-    size = min(int(declared), limit) if declared.isdigit() and len(declared) < 19 else limit
-    if declared.isdigit() and size < int(declared):
+    if declared.isdigit() and (len(declared) >= 19 or int(declared) > limit):
         return error_response(413, f"body over the limit of {limit} bytes")
     inflight: InflightBytes | None = getattr(state, "inflight", None)
-    if inflight is not None and not inflight.take(size):
-        return error_response(
-            503,
-            f"ingest busy: {inflight.used} bytes of deliveries in flight (limit {inflight.limit}),"
-            " retry later",
-            {"Retry-After": "1", "Connection": "close"},
-        )
+    room = None if inflight is None else inflight.reservation()
     try:
-        return await _take(request, state, kb, verifier, limit)
+        return await _take(request, state, kb, verifier, limit, room)
     finally:
-        if inflight is not None:
-            inflight.give(size)
+        if room is not None:
+            room.release()
 
 
 async def _take(
-    request: Request, state: object, kb: str, verifier: SignatureVerifier, limit: int
+    request: Request,
+    state: object,
+    kb: str,
+    verifier: SignatureVerifier,
+    limit: int,
+    room: Reservation | None,
 ) -> Response:
     try:
-        body = await _read_body(request, limit)
+        body = await _read_body(request, limit, room)
     except _TooLarge:
         return error_response(413, f"body over the limit of {limit} bytes")
+    except _Busy:
+        assert room is not None
+        pool = room.pool
+        return error_response(
+            503,
+            f"ingest busy: {pool.used} bytes of deliveries in flight (limit {pool.limit}),"
+            " retry later",
+            {"Retry-After": "1", "Connection": "close"},
+        )
     except ClientDisconnect:
         return error_response(400, "client disconnected before the body was complete")
     headers = request.headers

@@ -182,18 +182,27 @@ def document(extra_paths: dict[str, Any] | None = None) -> dict[str, Any]:
         "status", "The KB's visible concept and link counts.", "StatusResponse",
         [KB_PARAM, MIN_SEQ], 401, 404, 503,
     )  # fmt: skip
-    mcp_errors = {k: v for k, v in _answers(None, 401, 404, 413, 503).items() if k != "200"}
+    mcp_errors = {k: v for k, v in _answers(None, 401, 403, 404, 413, 415, 503).items()
+                  if k != "200"}  # fmt: skip
+    not_offered = {k: v for k, v in _answers(None, 401, 404, 405).items() if k != "200"}
     paths["/v1/kbs/{kb}/mcp"] = {
-        method: {
-            "operationId": f"mcp_{method}",
+        "post": {
+            "operationId": "mcp_post",
             "summary": "MCP streamable HTTP (stateless, JSON answers): the tools as MCP tools.",
             "parameters": [KB_PARAM],
-            **({"requestBody": {"required": True, "content": {"application/json": {}}}}
-               if method == "post" else {}),
+            "requestBody": {"required": True, "content": {"application/json": {}}},
             "responses": {"200": {"description": "a JSON-RPC answer"}, **mcp_errors},
-        }
-        for method in ("get", "post", "delete")
-    }  # fmt: skip
+        },
+        **{
+            method: {
+                "operationId": f"mcp_{method}",
+                "summary": "Not offered (405): stateless, no event stream and no session.",
+                "parameters": [KB_PARAM],
+                "responses": not_offered,
+            }
+            for method in ("get", "delete")
+        },
+    }
     paths["/v1/kbs/{kb}/events"] = _events_path()
     unauthenticated = {"security": []}
     paths["/v1/tools"] = _get("tools", "The HTTP tools and their input schemas.", None, [])
@@ -201,9 +210,12 @@ def document(extra_paths: dict[str, Any] | None = None) -> dict[str, Any]:
     paths["/readyz"] = _get(
         "readyz", "Ready: projection built, follower running, store writable.", None, [], 503
     )
-    paths["/metrics"] = _get("metrics", "Prometheus metrics.", None, [])
+    paths["/metrics"] = _get(
+        "metrics", "Prometheus metrics: an admin token or one with metrics = true.", None, [],
+        401, 403,
+    )  # fmt: skip
     paths["/openapi.json"] = _get("openapi", "This document.", None, [])
-    for path in ("/v1/tools", "/healthz", "/readyz", "/metrics", "/openapi.json"):
+    for path in ("/v1/tools", "/healthz", "/readyz", "/openapi.json"):
         paths[path]["get"].update(unauthenticated)
     paths.update(extra_paths or {})
     return {

@@ -9,9 +9,15 @@ it: a connection that never sends a request is never closed, and a 100 MB header
 - ``header_timeout_seconds``: from the moment a connection waits for a request (just opened,
   or its previous response sent) to the end of the request's head; past it the connection
   closes. Trickling bytes does not extend it.
+- ``body_timeout_seconds`` and ``min_body_bytes_per_second``: from the end of the head, the
+  body must end within ``body_timeout_seconds`` plus one second per
+  ``min_body_bytes_per_second`` bytes received so far; past it the connection closes (the app
+  sees the client gone: a 400 that frees whatever the request held, such as the webhook's
+  in-flight budget). A body trickled a byte a second holds nothing for long.
 - ``max_connections``: a new connection past the bound closes the connection that has waited
-  longest for a request (idle keep-alive or half-sent); with none waiting, the new connection
-  gets ``503`` and closes. Idle sockets therefore cannot lock out working clients.
+  longest for the client (idle keep-alive, half-sent head or half-sent body); with none
+  waiting, the new connection gets ``503`` and closes. Idle or trickling sockets therefore
+  cannot lock out working clients.
 
 uvicorn's own ``timeout_keep_alive`` closes a connection idle after a response. The limits
 come from the config named by ``KBGRAPH_CONFIG`` (as for the app), read once per process.
@@ -54,9 +60,11 @@ def _refusal(status: int, reason: str, message: str) -> bytes:
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
-    """``HttpToolsProtocol`` plus a head size bound, a head deadline and a connection bound."""
+    """``HttpToolsProtocol`` plus a head size bound, head and body deadlines and a connection
+    bound."""
 
-    # Per worker process: connections waiting for a request, the longest-waiting first.
+    # Per worker process: connections waiting for the client (a head, or the rest of a body),
+    # the longest-waiting first.
     _waiting: ClassVar[OrderedDict[BoundedHttpToolsProtocol, None]] = OrderedDict()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -64,12 +72,17 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         bounds = limits()
         self._max_head = bounds.max_header_bytes
         self._head_timeout = bounds.header_timeout_seconds
+        self._body_timeout = bounds.body_timeout_seconds
+        self._body_rate = float(bounds.min_body_bytes_per_second)
         self._max_connections = bounds.max_connections
         self._head_bytes: int | None = 0  # bytes of the head being read; None while in a body
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._head_deadline: float | None = None  # loop time the current head must end by
+        self._timer: asyncio.TimerHandle | None = None
+        # loop time the current head, or body, must end by; None when waiting for neither
+        self._deadline: float | None = None
+        self._body_bytes = 0  # of the body being read (while _head_bytes is None)
+        self._body_started = 0.0
 
-    # -- connection bound and head deadline --------------------------------------------------
+    # -- connection bound, head and body deadlines ---------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -84,30 +97,41 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._wait_for_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._head_done()
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._stop_waiting()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         super().connection_lost(exc)
 
     def _wait_for_head(self) -> None:
+        self._wait_until(self.loop.time() + self._head_timeout)
+
+    def _wait_for_body(self) -> None:
+        self._body_bytes = 0
+        self._body_started = self.loop.time()
+        self._wait_until(self._body_started + self._body_timeout)
+
+    def _wait_until(self, deadline: float) -> None:
         self._waiting[self] = None
-        self._head_deadline = self.loop.time() + self._head_timeout
-        if self._head_timer is None:  # one timer per connection, re-armed only when it fires
-            self._head_timer = self.loop.call_at(self._head_deadline, self._head_expired)
+        self._deadline = deadline
+        if self._timer is not None and self._timer.when() > deadline:
+            self._timer.cancel()  # a body's deadline may come before the head's
+            self._timer = None
+        if self._timer is None:  # one timer per connection, re-armed when it fires early
+            self._timer = self.loop.call_at(deadline, self._expired)
 
-    def _head_done(self) -> None:
+    def _stop_waiting(self) -> None:
         self._waiting.pop(self, None)
-        self._head_deadline = None
+        self._deadline = None
 
-    def _head_expired(self) -> None:
-        self._head_timer = None
-        if self._head_deadline is None:  # a request came in time
+    def _expired(self) -> None:
+        self._timer = None
+        if self._deadline is None:  # the head or body came in time
             return
-        if self.loop.time() < self._head_deadline:  # waiting again since: sleep on
-            self._head_timer = self.loop.call_at(self._head_deadline, self._head_expired)
+        if self.loop.time() < self._deadline:  # waiting again since, or bytes came: sleep on
+            self._timer = self.loop.call_at(self._deadline, self._expired)
             return
-        self._head_done()
+        self._stop_waiting()
         if not self.transport.is_closing():
             self.transport.close()
 
@@ -115,7 +139,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         while data:
-            if self._head_bytes is None:  # in a body: the app bounds it
+            if self._head_bytes is None:  # in a body: the app bounds its size, we its time
+                if self._deadline is not None:
+                    self._body_bytes += len(data)
+                    allowed = self._body_timeout + self._body_bytes / self._body_rate
+                    self._deadline = self._body_started + allowed
                 super().data_received(data)
                 return
             room = self._max_head - self._head_bytes
@@ -125,7 +153,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if self.transport.is_closing():
                 return
             if data and self._head_bytes is not None and self._head_bytes >= self._max_head:
-                self._head_done()
+                self._stop_waiting()
                 if self.cycle is None or self.cycle.response_complete:  # else mid-response
                     message = f"request head over the limit of {self._max_head} bytes"
                     refusal = _refusal(431, "Request Header Fields Too Large", message)
@@ -135,10 +163,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_bytes = None
-        self._head_done()
+        self._stop_waiting()
         super().on_headers_complete()
+        if not self.transport.is_closing():
+            self._wait_for_body()  # ended at once by on_message_complete when there is none
 
     def on_message_complete(self) -> None:
+        self._stop_waiting()
         super().on_message_complete()
         self._head_bytes = 0  # the next head (pipelined or not) is counted from here
         if self.cycle.response_complete and not self.transport.is_closing():

@@ -229,7 +229,8 @@ def _hybrid(snap: Snapshot, view: View, node: int, limit: int) -> list[Candidate
     """
     g, mask = view.graph, view.mask
     start, length = int(g.out_off[node]), int(g.out_len[node])
-    linked = {int(v) for v in g.out[start : start + length] if mask[v]}
+    outs = g.out[start : start + length]
+    linked = set(outs[mask[outs] != 0].tolist())  # in numpy: hidden out-links cost ~nothing
     n_visible = snap.index.visible_stats(mask)[0]
     found = evidence.gather(snap.index, snap.texts[node], mask, node, linked, n_visible, g.n)
     total = np.zeros(g.n, np.float64)

@@ -7,6 +7,7 @@ import json
 import pytest
 from starlette.testclient import TestClient
 
+from kbgraph.config import parse_config
 from tests.conftest import ADMIN, INFRA, OTHER, RUNBOOKS, Service
 from tests.kb_events import delete, upsert
 
@@ -365,7 +366,7 @@ def test_service_endpoints(service: Service) -> None:
     assert service.client.get("/readyz").json() == {"status": "ready"}
     homelab(service)
     service.tool(ADMIN, KB, "graph_context", {"query": "dns"}, 1)
-    metrics = service.client.get("/metrics")
+    metrics = service.call(ADMIN, "GET", "/metrics")
     assert metrics.status_code == 200
     assert 'kbgraph_request_seconds_count{route="graph_context",status="200"}' in metrics.text
     spec = service.client.get("/openapi.json").json()
@@ -380,6 +381,18 @@ def test_service_endpoints(service: Service) -> None:
     assert listing["graph_path"]["advanced"] is True
     assert listing["graph_context"]["advanced"] is False
     assert json.dumps(listing["link_suggest"]["input_schema"]).count('"id"') >= 1
+
+
+def test_metrics_need_an_admin_or_metrics_token(service: Service) -> None:
+    """/metrics counts deliveries and requests over every KB: not for just any caller."""
+    assert service.client.get("/metrics").status_code == 401
+    narrowed = service.call(INFRA, "GET", "/metrics")
+    assert narrowed.status_code == 403
+    assert narrowed.json() == {"error": "this token may not read /metrics: needs admin or metrics"}
+    assert service.call(ADMIN, "GET", "/metrics").status_code == 200
+    scraper = parse_config('[[tokens]]\nname = "scraper"\ntoken = "s"\nmetrics = true\n')
+    (grant,) = scraper.token_index().values()
+    assert (grant.metrics, grant.admin, grant.rules) == (True, False, {})  # sees no KB
 
 
 def test_every_error_is_json(service: Service) -> None:

@@ -180,3 +180,17 @@ def test_binary_mode_stores_ids_in_nfc(svc: Service) -> None:
     assert (stored.id, stored.links) == (nfc, [nfc + "/x"])
     again = post(svc, *wc.delivery(SECRET, wc.upsert(nfc)))  # one concept: version 1 is stale
     assert again.json()["stale"] == 1
+
+
+def test_a_repeated_ce_header_is_refused_naming_it(svc: Service) -> None:
+    body, headers = binary(wc.upsert("notes/a", title="A"))
+    raw = [(k.encode(), v.encode()) for k, v in headers.items()]
+    for name in ("ce-subject", "ce-id"):
+        twice = [*raw, (name.encode(), b"notes/other")]
+        response = svc.client.post(f"/v1/kbs/{KB}/events", content=body, headers=twice)
+        assert response.status_code == 422
+        assert response.json()["error"].endswith(
+            f"header {name} sent more than once: an attribute has one value"
+        )
+    assert state(svc) == (None, [])  # nothing stored
+    assert post(svc, body, headers).status_code == 200

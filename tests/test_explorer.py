@@ -321,3 +321,34 @@ def screenshot_path(name: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(folder / name, ignore_errors=True)
     return folder / name
+
+
+def test_dot_segments_in_an_id_never_leave_the_kb(browser: webdriver.Chrome, served: tuple) -> None:
+    """An id that climbs out of its path ("x/../../../elsewhere/concepts/c") is fetched as
+    itself, never as another KB's concept the browser's ".." handling would reach."""
+    base, _ = served
+    climbing = "x/../../../elsewhere/concepts/c"
+    for kb, cid, title in (("homelab", climbing, "Climber"), ("elsewhere", "c", "Elsewhere")):
+        body, headers = wc.delivery(SECRET, [wc.upsert(cid, title=title)])
+        sent = httpx.post(f"{base}/v1/kbs/{kb}/events", content=body, headers=headers)
+        assert sent.status_code == 200
+    open_page(browser, base, ADMIN)
+    fetched = browser.execute_async_script(
+        """const [id, token, done] = arguments;
+        window.kbgraphExplorer.state.kb = "homelab";
+        const path = window.kbgraphExplorer.conceptPath(id);
+        fetch(path, { headers: { Authorization: `Bearer ${token}`, "X-Min-Seq": "1" } })
+          .then((r) => r.json()).then((data) => done([path, data]));""",
+        climbing,
+        ADMIN,
+    )
+    path, data = fetched
+    assert path == "/v1/kbs/homelab/concepts/x%2F..%2F..%2F..%2Felsewhere%2Fconcepts%2Fc"
+    assert (data["id"], data["title"]) == (climbing, "Climber")
+    for alone in (".", ".."):
+        refused = browser.execute_script(
+            "try { window.kbgraphExplorer.conceptPath(arguments[0]); return null; }"
+            " catch (e) { return e.message; }",
+            alone,
+        )
+        assert refused == f'concept id "{alone}" cannot be opened here'

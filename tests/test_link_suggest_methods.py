@@ -9,8 +9,10 @@ import random
 import networkx as nx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kbgraph.evidence import _shares, mentions
+from kbgraph.evidence import _shares, _tokens_with_offsets, mentions
 from kbgraph.search import SearchIndex
 from kbgraph.tools import MENTION_WEIGHT
 from tests.conftest import ADMIN, INFRA, Service
@@ -150,3 +152,95 @@ def test_question_whose_only_match_is_hidden(service: Service) -> None:
     }
     hits = service.call(INFRA, "GET", f"/v1/kbs/{KB}/search", seq, params={"q": "zebra"})
     assert hits.json()["hits"] == []
+
+
+def oracle_mentions(
+    index: SearchIndex, text: str, mask: np.ndarray, node: int, linked: set[int]
+) -> dict[int, int]:
+    """The definition before issue 28 (every name length at every token), kept as the oracle."""
+    tokens, starts = _tokens_with_offsets(text)
+    lengths = sorted(index.name_lengths)
+    found: list[tuple[int, int, int]] = []
+    for i in range(len(tokens)):
+        for length in lengths:
+            if i + length > len(tokens):
+                break
+            for v in index.named(tuple(tokens[i : i + length])):
+                if v != node and mask[v]:
+                    found.append((i, i + length, v))
+    covered = [(i, end) for i, end, v in found if v in linked]
+    out: dict[int, int] = {}
+    for i, end, v in sorted(found):
+        if v in linked or v in out:
+            continue
+        if any(a < end and i < b for a, b in covered):
+            continue
+        out[v] = starts[i]
+    return out
+
+
+_word = st.sampled_from(["a", "b", "c", "Ab", "é"])
+_name = st.lists(_word, min_size=1, max_size=4).map(" ".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    docs=st.lists(st.tuples(_name, st.lists(_name, max_size=3)), min_size=1, max_size=8),
+    removed=st.sets(st.integers(0, 7), max_size=3),
+    text=st.lists(st.one_of(_word, st.sampled_from([" ", ", ", "-"])), max_size=60).map(" ".join),
+    hidden=st.sets(st.integers(0, 7), max_size=4),
+    linked=st.sets(st.integers(0, 7), max_size=3),
+    node=st.integers(0, 8),
+    first_use_early=st.booleans(),
+)
+def test_trie_mentions_equal_the_old_definition(
+    docs, removed, text, hidden, linked, node, first_use_early
+) -> None:
+    index = SearchIndex()
+    mask = np.ones(9, np.uint8)
+    if first_use_early:
+        index.name_trie()  # built empty, then kept up to date by put and remove
+    for i, (title, aliases) in enumerate(docs):
+        index.put(i, title, "", aliases)
+    for i in removed:
+        index.remove(i)
+    for i in hidden:
+        mask[i] = 0
+    visible_linked = {v for v in linked if mask[v]}
+    got = mentions(index, text, mask, node, visible_linked)
+    assert got == oracle_mentions(index, text, mask, node, visible_linked)
+    meta, arrays = index.arrays()  # a checkpoint's index builds its trie on first use
+    vocabularies = {
+        part: (meta[part], {k: i for i, k in enumerate(meta[part])})
+        for part in ("terms", "names", "tags")
+    }
+    loaded = SearchIndex.from_arrays(meta, vocabularies, arrays)
+    assert mentions(loaded, text, mask, node, visible_linked) == got
+
+
+def test_mentions_work_is_bounded_by_the_text_not_the_name_lengths() -> None:
+    """The issue's name bomb: hidden aliases of 1 to 200 words over a long text. The trie's
+    edges are looked up a few times per token (counted, not timed), where trying every name
+    length at every token made 200 lookups per token."""
+    index = SearchIndex()
+    words = [f"w{i}" for i in range(400)]
+    for k in range(4):
+        aliases = [" ".join(words[k : k + n]) for n in range(k * 50 + 1, k * 50 + 51)]
+        index.put(k, f"bomb {k}", "", aliases)
+    text = " ".join(words[i % 400] for i in range(10_000))
+    mask = np.zeros(4, np.uint8)  # every name hidden
+
+    class Counted(dict):
+        lookups = 0
+
+        def get(self, key, default=None):
+            Counted.lookups += 1
+            return super().get(key, default)
+
+    trie = index.name_trie()
+    trie._edges = Counted(trie._edges)
+    assert mentions(index, text, mask, node=9, linked=set()) == {}
+    assert mentions(index, text, np.ones(4, np.uint8), node=9, linked=set()) == {
+        k: text.index(words[k]) for k in range(4)
+    }
+    assert Counted.lookups <= 2 * 2 * 6 * 10_000  # two calls of two walks: under 6 per token

@@ -295,3 +295,45 @@ def test_stdio_refuses_a_token_without_a_rule_and_answers_a_missing_kb(served: S
 
     result = run(main)
     assert result.is_error and result.content[0].text == "not found: kb nosuchkb"
+
+
+def test_http_offers_no_stream_and_refuses_in_json(served: Served) -> None:
+    """Stateless: GET (with or without Last-Event-ID) and DELETE answer 405 at once, so no
+    token can hold event streams open; a POST that is not JSON is refused in JSON too."""
+    url = f"{served.base}/v1/kbs/{KB}/mcp"
+    auth = {"Authorization": f"Bearer {INFRA}", "Accept": "text/event-stream"}
+    for method, extra in (("GET", {}), ("GET", {"Last-Event-ID": "0"}), ("DELETE", {})):
+        response = httpx.request(method, url, headers={**auth, **extra}, timeout=10)
+        assert response.status_code == 405, (method, extra, response.text)
+        assert response.headers["allow"] == "POST"
+        assert response.json()["error"].startswith(f"{method} not allowed")
+    listing = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}'
+    for content_type in (None, "text/plain"):
+        headers = {"Authorization": f"Bearer {INFRA}", "Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        response = httpx.post(url, content=listing, headers=headers, timeout=10)
+        assert response.status_code == 415
+        assert response.json() == {
+            "error": f"Content-Type {content_type or ''!r}: expected application/json"
+        }
+
+
+def test_http_checks_the_origin(served: Served) -> None:
+    """The MCP specification: servers must validate Origin (DNS rebinding). An Origin other
+    than the service's own is refused; none, or its own, passes."""
+    url = f"{served.base}/v1/kbs/{KB}/mcp"
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    headers = {"Authorization": f"Bearer {INFRA}", "Accept": "application/json, text/event-stream"}
+    evil = httpx.post(url, json=listing, headers={**headers, "Origin": "http://evil.example"})
+    assert evil.status_code == 403
+    assert evil.json() == {
+        "error": "Origin 'http://evil.example' is not this service's origin nor an allowed one"
+    }
+    for origin in ({}, {"Origin": served.base}):
+        ok = httpx.post(url, json=listing, headers={**headers, **origin})
+        assert ok.status_code == 200, ok.text
+        assert len(ok.json()["result"]["tools"]) == 5
+    # the rest of the API, where a browser never sends the token by itself, is not checked
+    api = served.http(INFRA, "GET", f"/v1/kbs/{KB}/status")
+    assert api.status_code == 200

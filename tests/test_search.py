@@ -248,11 +248,9 @@ unicode_text = st.lists(
     ),
 )
 def test_first_hit_equals_the_token_by_token_scan(text: str, words: list[str]) -> None:
-    SearchIndex().put(0, "", text)  # snippets look for the forms the index has seen
     terms = query_terms(" ".join(words))
     assert first_hit(text, terms) == oracle_first_hit(text, terms)
     upper = text.upper()
-    SearchIndex().put(0, "", upper)
     assert first_hit(upper, terms) == oracle_first_hit(upper, terms)
 
 
@@ -268,6 +266,18 @@ def test_query_terms_are_capped() -> None:
 
 def test_snippet_of_a_long_run_without_breaks_finds_the_later_word() -> None:
     text = "b" * (1 << 20) + " bb tail"
-    SearchIndex().put(0, "", text)
     cut = snippet(text, query_terms("bb"))  # "bb" first occurs inside the run: one scan on
     assert cut == "…" + "b" * (SNIPPET_WIDTH // 4 - 1) + " bb tail"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    words=st.lists(
+        st.sampled_from(["dns", "Wi-Fi", "e-mail", "the", "backups", "a-b-c", "x", "café", "-"])
+        | st.text(alphabet="ab-", min_size=1, max_size=4),
+        max_size=60,
+    )
+)
+def test_query_terms_are_analyze_cut_to_the_cap(words: list[str]) -> None:
+    query = " ".join(words)
+    assert query_terms(query) == list(dict.fromkeys(analyze(query)))[:MAX_QUERY_TERMS]

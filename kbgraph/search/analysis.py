@@ -4,8 +4,10 @@ Tokens are runs of letters and digits after NFKD, dropping combining marks and c
 (``Café`` = ``cafe``); English stop words are dropped (a question's "how do I" matches nothing,
 and a query of stop words alone matches nothing); every other token is reduced to its Snowball
 English stem (PyStemmer), so "backups" finds "backup", "working" finds "works". Stems are
-cached per token, so indexing pays the stemmer once per distinct word. A query is only ever
-split into terms, so no character in it is syntax.
+cached per token, so indexing pays the stemmer once per distinct word; the cache is filled by
+indexing only (a query's words are stemmed and forgotten, so no request can grow it), and an
+answer never depends on what it holds. A query is only ever split into terms, so no
+character in it is syntax.
 """
 
 from __future__ import annotations
@@ -71,36 +73,57 @@ class _Stemmers(threading.local):
 
 
 _stemmers = _Stemmers()
-# token -> its term; "" for a stop word. Filled on first sight of a token, never changed.
+# token -> its term; "" for a stop word. Filled by indexing on first sight of a token (up to
+# STEM_CACHE_MAX tokens), never changed: a speed-up only, every answer is the same without it.
 _terms: dict[str, str] = dict.fromkeys(STOP_WORDS, "")
-# term -> the tokens seen that give it (what snippets look for in a text).
-_forms: dict[str, list[str]] = {}
 
 
 def term(token: str) -> str:
-    """The term of one folded token: its stem, or "" for a stop word."""
+    """The term of one folded token: its stem, or "" for a stop word (cached: indexing)."""
     found = _terms.get(token)
     if found is None:
         found = _stemmers.stemmer.stemWord(token)
         if len(_terms) < STEM_CACHE_MAX:
             _terms[token] = found
-            _forms.setdefault(found, []).append(token)
     return found
 
 
-def analyze(text: str) -> list[str]:
+def stem(token: str) -> str:
+    """``term`` without adding to the cache: for what a request brings."""
+    found = _terms.get(token)
+    return _stemmers.stemmer.stemWord(token) if found is None else found
+
+
+def analyze(text: str, remember: bool = True) -> list[str]:
     """The terms of ``text`` in order: folded tokens without stop words, stemmed; then the
-    joined form of each hyphenated word ("Wi-Fi" also gives "wifi", "e-mail" "email")."""
+    joined form of each hyphenated word ("Wi-Fi" also gives "wifi", "e-mail" "email").
+    ``remember=False`` (a query) leaves the stem cache as it is."""
     tokens = tokenize(text)
     if "-" in text:
         tokens += ["".join(tokenize(word)) for word in _COMPOUND.findall(fold(text))]
     found = list(map(_terms.get, tokens))
     if None in found:  # a token seen for the first time
-        found = [term(token) if t is None else t for token, t in zip(tokens, found, strict=True)]
+        of = term if remember else stem
+        found = [of(token) if t is None else t for token, t in zip(tokens, found, strict=True)]
     return list(filter(None, found))
 
 
 def query_terms(query: str) -> list[str]:
     """The first ``MAX_QUERY_TERMS`` distinct terms of a query, in order of first appearance
-    (bounding the work of one query: postings and snippet scans are per term)."""
-    return list(dict.fromkeys(analyze(query)))[:MAX_QUERY_TERMS]
+    (bounding the work of one query: postings and snippet scans are per term).
+
+    ``analyze(query)``'s terms, stemmed only until that many are found: a query of 20,000
+    words costs its tokenising, not 20,000 stems."""
+    found: dict[str, None] = {}
+    for tokens in (tokenize(query), None):
+        if tokens is None:  # then the joined forms of hyphenated words, as ``analyze`` adds
+            if "-" not in query:
+                break
+            tokens = ["".join(tokenize(word)) for word in _COMPOUND.findall(fold(query))]
+        for token in tokens:
+            t = stem(token)
+            if t:
+                found[t] = None
+                if len(found) == MAX_QUERY_TERMS:
+                    return list(found)
+    return list(found)

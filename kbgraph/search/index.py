@@ -32,6 +32,7 @@ from numba import njit
 
 from kbgraph.postings import Postings
 from kbgraph.search.analysis import analyze, fold, query_terms, tokenize
+from kbgraph.search.nametrie import NAME_SEP, NameTrie
 
 W_TITLE: Final = 12.0
 B_TITLE: Final = 0.3
@@ -110,7 +111,7 @@ class _Scratch(threading.local):
 
 _scratch = _Scratch()
 _FIELD = 1 << 32  # a posting's hits packed as title_hits * _FIELD + text_hits
-_NAME_SEP = "\x1f"  # joins a name's tokens into one key (tokens are letters and digits)
+_NAME_SEP = NAME_SEP
 
 
 class SearchIndex:
@@ -132,6 +133,7 @@ class SearchIndex:
         self._text_len = np.zeros(1024, dtype=np.float64)
         self._present = np.zeros(1024, dtype=np.uint8)  # 1 where a document is indexed
         self._stats: dict[tuple[int, int], tuple[np.ndarray, int, float, float]] = {}
+        self._trie: NameTrie | None = None  # the names as a trie, built on first use
 
     @staticmethod
     def _analyzed(
@@ -164,6 +166,8 @@ class SearchIndex:
         self.names.put(node, [(key, 1) for key in name_keys])
         for key in name_keys:
             self.name_lengths[key.count(_NAME_SEP) + 1] += 1
+            if self._trie is not None:
+                self._trie.add(key)
         self.tags.put(node, [(key, 1) for key in tag_keys])
         self._set_lengths(node, title_len, text_len)
 
@@ -204,6 +208,8 @@ class SearchIndex:
             self.name_lengths[length] -= 1
             if not self.name_lengths[length]:
                 del self.name_lengths[length]
+            if self._trie is not None:
+                self._trie.discard(key)
         self.terms.remove(node)
         self.names.remove(node)
         self.tags.remove(node)
@@ -243,6 +249,18 @@ class SearchIndex:
     def tag_nodes(self, tag: str) -> np.ndarray:
         return self.tags.holders(tag)[0]
 
+    def name_trie(self) -> NameTrie:
+        """Every name key (once per concept holding it) as a ``NameTrie``."""
+        if self._trie is None:
+            self._trie = NameTrie(
+                key for key, holders in self.names.as_dict().items() for _ in holders
+            )
+        return self._trie
+
+    def named_key(self, key: str) -> list[int]:
+        """The documents with the name of key ``key`` (from ``name_trie``)."""
+        return self.names.holders(key)[0].tolist()
+
     def named(self, tokens: tuple[str, ...]) -> list[int]:
         """The documents with a name (title or alias) of exactly these folded tokens."""
         return self.names.holders(_NAME_SEP.join(tokens))[0].tolist()
@@ -255,6 +273,9 @@ class SearchIndex:
         """
         empty = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64))
         postings = [self.terms.holders(t) for t in query_terms(query)]
+        # hidden holders dropped first, in numpy: the work after this is the visible's only
+        # (a term many hidden concepts hold costs about what an absent one does)
+        postings = [(n[keep], h[keep]) for n, h in postings if len(n) for keep in [mask[n] != 0]]
         postings = [p for p in postings if len(p[0])]
         if not postings:
             return empty

@@ -7,7 +7,7 @@ from typing import Final
 
 import numpy as np
 
-from kbgraph.search.analysis import _ASCII_ALNUM, _ASCII_TOKEN, _TOKEN, _forms, fold, term
+from kbgraph.search.analysis import _ASCII_ALNUM, _ASCII_TOKEN, _TOKEN, fold, stem, tokenize
 
 SNIPPET_WIDTH: Final = 160
 
@@ -49,21 +49,23 @@ def _first_ascii_hit(lowered: str, forms: Sequence[str]) -> int:
 def first_hit(text: str, terms: Sequence[str]) -> int:
     """Where the first token of ``text`` whose term is one of ``terms`` starts (0: none is).
 
-    ASCII text is searched for the tokens seen so far that give those terms (every indexed
-    text went through ``term``, so its forms are known), in linear time. Other text folds
-    each distinct token once (in one batch), then walks the tokens only when one matches.
+    A function of ``text`` and ``terms`` alone (no state another request or concept leaves):
+    each distinct token of the text is stemmed once, then ASCII text is searched for the
+    tokens that give those terms, in linear time; other text folds each distinct token once
+    (in one batch), then walks the tokens only when one matches.
     """
     if not terms:
         return 0
-    if text.isascii():  # lower-casing keeps every offset
-        return _first_ascii_hit(text.lower(), [f for t in terms for f in _forms.get(t, ())])
     wanted = set(terms)
+    if text.isascii():  # lower-casing keeps every offset
+        forms = [token for token in set(tokenize(text)) if stem(token) in wanted]
+        return _first_ascii_hit(text.lower(), forms) if forms else 0
     distinct = list(set(_TOKEN.findall(text)))
     folded = fold("\n".join(distinct)).split("\n")  # a token never holds a newline
     hits = {
         token
         for token, f in zip(distinct, folded, strict=True)
-        if any(term(t) in wanted for t in _TOKEN.findall(f))
+        if any(stem(t) in wanted for t in _TOKEN.findall(f))
     }
     if hits:
         for match in _TOKEN.finditer(text):

@@ -35,7 +35,13 @@
   }
 
   const kbPath = (rest) => `/v1/kbs/${encodeURIComponent(state.kb)}${rest}`;
-  const conceptPath = (id) => kbPath(`/concepts/${id.split("/").map(encodeURIComponent).join("/")}`);
+  // The whole id is one path segment ("/" as %2F): a browser removes "." and ".." segments,
+  // encoded or not, so an id's "../../other/concepts/x" must never become segments. An id
+  // that is "." or ".." alone cannot be put in a path at all.
+  function conceptPath(id) {
+    if (id === "." || id === "..") throw new Error(`concept id "${id}" cannot be opened here`);
+    return kbPath(`/concepts/${encodeURIComponent(id)}`);
+  }
   const label = (item) => item.title || item.id;
 
   function el(tag, text, className) {
@@ -355,7 +361,9 @@
     drawRings();
   });
   setInterval(refresh, 3000);
-  window.kbgraphExplorer = { get cy() { return cy; }, get state() { return state; } };
+  window.kbgraphExplorer = {
+    get cy() { return cy; }, get state() { return state; }, conceptPath,
+  };
 
   if (state.token) {
     $("token").value = state.token;

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import yaml
@@ -42,6 +42,25 @@ class ParsedNote:
     problems: list[str] = field(default_factory=list)
 
 
+def _next(state: StateInline, needle: str, start: int) -> int:
+    """``state.src.find(needle, start)``, remembered per inline source: the rule runs at every
+    ``[`` and ``!``, and a fresh scan to the end from each made ``"![[a" * 80000`` quadratic.
+    A scan from ``p`` that found ``f`` answers every start in ``[p, f]`` (no match between)."""
+    memo: dict[str, tuple[str, int, int]] = state.env.setdefault("wikilink_next", {})
+    src = state.src
+    seen = memo.get(needle)
+    if (
+        seen is not None
+        and seen[0] is src
+        and seen[1] <= start
+        and (seen[2] < 0 or start <= seen[2])
+    ):
+        return seen[2]
+    found = src.find(needle, start)
+    memo[needle] = (src, start, found)
+    return found
+
+
 def _wikilink_rule(state: StateInline, silent: bool) -> bool:
     """``[[...]]`` or ``![[...]]`` on one line: one ``wikilink`` token, target in ``meta``."""
     src, pos = state.src, state.pos
@@ -49,12 +68,13 @@ def _wikilink_rule(state: StateInline, silent: bool) -> bool:
     if not embed and not src.startswith("[[", pos):
         return False
     start = pos + (3 if embed else 2)
-    end = src.find("]]", start)
+    end = _next(state, "]]", start)
     if end < 0:
         return False
-    inner = src[start:end]
-    if "\n" in inner or "[[" in inner:
+    # no line break and no other "[[" inside (one can end at end - 1 only if src[end] == "[")
+    if 0 <= _next(state, "\n", start) < end or 0 <= _next(state, "[[", start) < end:
         return False
+    inner = src[start:end]
     if not silent:
         token = state.push("wikilink", "", 0)
         # in a table cell the label's pipe is escaped: [[target\|label]]
@@ -75,6 +95,21 @@ def _parser() -> MarkdownIt:
 _MD = _parser()
 # ``yaml.safe_load``'s loader, in C when PyYAML was built with libyaml (~10x faster)
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# YAML aliases (``*name``) a front matter may use: a few share a value; many build an "alias
+# bomb" whose structure, walked or turned into text, is exponentially large
+MAX_YAML_ALIASES: Final = 32
+
+
+def load_front_matter(text: str) -> Any:
+    """The front matter's YAML, safely loaded, after PyYAML's own event stream showed it uses
+    at most ``MAX_YAML_ALIASES`` aliases (else ``yaml.YAMLError``)."""
+    aliases = 0
+    for event in yaml.parse(text, Loader=_SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_YAML_ALIASES:
+                raise yaml.YAMLError(f"more than {MAX_YAML_ALIASES} aliases (*name)")
+    return yaml.load(text, Loader=_SafeLoader)
 
 
 def parse(source: str) -> ParsedNote:
@@ -85,12 +120,12 @@ def parse(source: str) -> ParsedNote:
         fm = tokens[0]
         note.body_start = _line_start(source, fm.map[1]) if fm.map else len(source)
         try:
-            loaded = yaml.load(fm.content, Loader=_SafeLoader) if fm.content.strip() else {}
+            loaded = load_front_matter(fm.content) if fm.content.strip() else {}
         except yaml.YAMLError as exc:
             note.problems.append(f"front matter is not valid YAML ({_first_line(exc)})")
             loaded = {}
-        if isinstance(loaded, dict):
-            note.front_matter = {str(k): v for k, v in loaded.items()}
+        if isinstance(loaded, dict):  # keys that are not text (numbers, dates) name no field
+            note.front_matter = {k: v for k, v in loaded.items() if isinstance(k, str)}
         elif loaded is not None:
             note.problems.append("front matter is not a mapping")
     for token in tokens:

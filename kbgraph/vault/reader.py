@@ -12,12 +12,19 @@
   empty); text: the body without the front matter.
 - A file that cannot be read (vanished, no permission, not UTF-8) is reported as unreadable:
   sync leaves what it sent for it alone, it is not a deletion.
+- Only what lies inside the vault is read (issue 28): a symlinked note whose real path leaves
+  the vault, a symlinked folder (never followed), anything but a regular file (a named pipe,
+  a device), a note over the size bound (checked with ``fstat`` before a byte is read, and the
+  read stops past it) and a file or folder whose name is not valid UTF-8 are skipped, each
+  with the reason in the report. Such a note previously sent is deleted, as a removed one.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
+import stat
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +40,9 @@ from kbgraph.vault.resolve import Resolver
 
 STATUSES: Final = frozenset(get_args(Status))
 PROGRESS_EVERY: Final = 250
-PARSER_VERSION: Final = b"1\0"  # part of the parse cache key: raise it when parsing changes
+PARSER_VERSION: Final = b"2\0"  # part of the parse cache key: raise it when parsing changes
+# a note's file may be larger than its text (CRLF line ends, a BOM, front matter), not more so
+MAX_NOTE_BYTES: Final = 2 * MAX_TEXT_BYTES + 4096
 _hash_encoder = msgspec.msgpack.Encoder()
 
 
@@ -71,19 +80,80 @@ def is_ignored(relative: str) -> bool:
     return any(part.startswith(".") for part in relative.split("/"))
 
 
-def walk(root: Path) -> tuple[list[str], list[str]]:
-    """(markdown paths, other file paths) under ``root``, relative, ``/``-separated, sorted."""
+def _shown(relative: str) -> str:
+    """A path for the report, its bytes that are not UTF-8 shown as ``\\xNN``."""
+    return os.fsencode(relative).decode("utf-8", "backslashreplace")
+
+
+def _valid_name(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # os.walk's surrogate escapes of bytes that are not UTF-8
+        return False
+    return True
+
+
+def walk(root: Path, skipped: list[tuple[str, str]] | None = None) -> tuple[list[str], list[str]]:
+    """(markdown paths, other file paths) under ``root``, relative, ``/``-separated, sorted.
+
+    Symlinked folders are never entered; names that are not UTF-8 are left out. Both are
+    added to ``skipped`` (path, why) when given.
+    """
     notes: list[str] = []
     files: list[str] = []
+    refused: list[tuple[str, str]] = []
     for folder, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         base = Path(folder).relative_to(root).as_posix()
+
+        def rel(name: str, base: str = base) -> str:
+            return name if base == "." else f"{base}/{name}"
+
+        kept = []
+        for d in dirs:
+            if d.startswith("."):
+                continue
+            if not _valid_name(d):
+                refused.append((_shown(rel(d)), "folder name is not valid UTF-8"))
+            elif os.path.islink(os.path.join(folder, d)):
+                refused.append((rel(d), "symlinked folder: not followed"))
+            else:
+                kept.append(d)
+        dirs[:] = sorted(kept)
         for name in names:
             if name.startswith("."):
                 continue
-            relative = name if base == "." else f"{base}/{name}"
-            (notes if name.endswith(".md") else files).append(relative)
+            if not _valid_name(name):
+                refused.append((_shown(rel(name)), "file name is not valid UTF-8"))
+                continue
+            (notes if name.endswith(".md") else files).append(rel(name))
+    if skipped is not None:
+        skipped.extend(sorted(refused))
     return sorted(notes), sorted(files)
+
+
+def read_note(root: Path, real_root: str, path: str, limit: int) -> bytes | str:
+    """The bytes of note ``path``, or why it is not read: a symlink whose real path leaves
+    the vault, not a regular file, or over ``limit`` bytes (never read whole)."""
+    full = os.path.join(root, path)
+    real = os.path.realpath(full)
+    if os.path.commonpath([real, real_root]) != real_root:
+        return "symlink to a file outside the vault: not read"
+    # O_NONBLOCK: opening a named pipe must not wait for a writer; O_NOFOLLOW: the real path
+    # checked above is what is opened, not a link put in its place since
+    fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return "not a regular file: not read"
+        if info.st_size > limit:
+            return f"over {limit} bytes: not read"
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            raw = handle.read(limit + 1)
+        if len(raw) > limit:
+            return f"over {limit} bytes: not read"
+        return raw
+    finally:
+        os.close(fd)
 
 
 class NoteFields(msgspec.Struct, frozen=True, array_like=True):
@@ -109,8 +179,9 @@ def read_vault(
     ``cache`` maps a file content's sha256 to its parsed fields: hits skip parsing, misses
     are added (the caller may persist it, see ``Manifest.parse_cache``).
     """
-    paths, files = walk(root)
     out = VaultRead()
+    paths, files = walk(root, out.skipped)
+    real_root = os.path.realpath(root)
     ids: dict[str, str] = {}  # id -> path
     for path in paths:
         nid = unicodedata.normalize("NFC", path[:-3])
@@ -126,7 +197,10 @@ def read_vault(
         if progress is not None and (done % PROGRESS_EVERY == 0 or done == len(ids)):
             progress(done, len(ids))
         try:
-            raw = (root / path).read_bytes()
+            raw = read_note(root, real_root, path, MAX_NOTE_BYTES)
+            if isinstance(raw, str):
+                out.skipped.append((path, raw))
+                continue
             source = raw.decode("utf-8").removeprefix("\ufeff")
         except (OSError, UnicodeDecodeError) as exc:
             out.skipped.append((path, f"unreadable: {exc.__class__.__name__}"))
@@ -204,18 +278,23 @@ def _note(
     return NoteState(nid, path, data, digest, unresolved)
 
 
+_SCALARS: Final = (str, int, float, bool, datetime.date)
+
+
 def _scalar(value: Any) -> str:
-    """A front-matter scalar as text (numbers and dates too); lists and mappings give ""."""
-    if value is None or isinstance(value, (list, dict)):
+    """A front-matter scalar as text (numbers and dates too); lists, mappings give "" (a YAML
+    structure is never turned into text: shared by aliases, its text can be exponential)."""
+    if value is None or not isinstance(value, _SCALARS):
         return ""
     return str(value).strip()
 
 
 def _strings(value: Any, *, split_spaces: bool) -> list[str]:
-    """A front-matter list, or a string of comma (and for tags space) separated items."""
+    """A front-matter list of scalars, or a string of comma (and for tags space) separated
+    items; anything else (a mapping, a list's nested lists) gives nothing."""
     if value is None:
         return []
-    items = value if isinstance(value, list) else str(value).split(",")
+    items = value if isinstance(value, list) else _scalar(value).split(",")
     out: list[str] = []
     for item in items:
         text = _scalar(item)

@@ -14,7 +14,9 @@ after any sequence of syncs equals a fresh import of the final folder.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -160,29 +162,43 @@ def watch(
     watchfiles groups a burst (an editor's temp file + rename, several writes) into one
     batch: it waits until nothing changed for ``WATCH_STEP_MS``, at most ``WATCH_DEBOUNCE_MS``.
     Every run re-reads the vault, so a half-written note read now is sent again once its last
-    write lands. An error is reported and watching goes on.
+    write lands. An error is reported and watching goes on, an error of the watcher itself too
+    (it cannot name a file whose name is not UTF-8): then it starts again after one run.
     """
     import watchfiles
 
-    resolved = root.resolve()
+    resolved = Path(os.path.realpath(root))
 
     def relevant(_change: watchfiles.Change, path: str) -> bool:
+        # the folder resolved, not the file: a note may be a symlink (even a loop), which the
+        # reader judges; Path.resolve() raises on a loop
+        where = Path(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
         try:
-            relative = Path(path).resolve().relative_to(resolved).as_posix()
+            relative = where.relative_to(resolved).as_posix()
         except ValueError:
             return False
         return not is_ignored(relative)
 
-    for _changes in watchfiles.watch(
-        root,
-        watch_filter=relevant,
-        debounce=WATCH_DEBOUNCE_MS,
-        step=WATCH_STEP_MS,
-        stop_event=stop_event,
-        rust_timeout=500,
-        raise_interrupt=False,
-    ):
+    def run_reporting() -> None:
         try:
             run()
         except Exception as exc:
             on_error(exc)
+
+    while stop_event is None or not stop_event.is_set():
+        try:
+            for _changes in watchfiles.watch(
+                root,
+                watch_filter=relevant,
+                debounce=WATCH_DEBOUNCE_MS,
+                step=WATCH_STEP_MS,
+                stop_event=stop_event,
+                rust_timeout=500,
+                raise_interrupt=False,
+            ):
+                run_reporting()
+            return
+        except RuntimeError as exc:  # watchfiles' Rust side, e.g. a name that is not UTF-8
+            on_error(exc)
+            time.sleep(WATCH_STEP_MS / 1000)
+            run_reporting()  # the changes of the lost batch: a run reads the whole vault

@@ -1,0 +1,79 @@
+"""``Host`` and ``Origin`` checks against DNS rebinding and cross-site requests (issue 28).
+
+A web page a user opens may make their browser send requests to ``127.0.0.1``, or, after
+rebinding its own name to ``127.0.0.1``, to this service under the page's name. So:
+
+- **authentication off** (allowed on loopback only): every request's ``Host`` must name a
+  loopback host (``localhost``, ``127.0.0.1``, ``[::1]``, any port; a request without one, not
+  sent by a browser, passes), else ``421``; an ``Origin``, when sent, must be this same origin
+  (``http://`` plus the request's own ``Host``) or one of ``[server] allowed_origins``, else
+  ``403``.
+- **authentication on**: a browser never sends the bearer token by itself, so only the MCP
+  endpoint checks ``Origin`` (the MCP specification asks streamable HTTP servers to), the same
+  way; ``Host`` is whatever name the service is published under.
+
+The MCP SDK's ``TransportSecuritySettings`` holds fixed host and origin lists and answers in
+plain text, for its own endpoint only: these checks cover the whole API, answer JSON like every
+other refusal, and compare an ``Origin`` with the request's own ``Host``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from kbgraph.ingest import error_response
+
+LOOPBACK_NAMES: Final = frozenset({"localhost", "127.0.0.1", "[::1]"})
+_HOST: Final = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]]+)(?::([0-9]{1,5}))?")
+MCP_PATH: Final = re.compile(r"/v1/kbs/[^/]+/mcp")
+
+
+def is_loopback_host(host: str) -> bool:
+    """``host`` (a ``Host`` header: name and optional port) names a loopback address."""
+    match = _HOST.fullmatch(host.strip())
+    return match is not None and match.group(1).lower() in LOOPBACK_NAMES
+
+
+def origin_problem(headers: Headers, allowed: frozenset[str]) -> str | None:
+    """Why the request's ``Origin`` is refused: not this origin nor an allowed one."""
+    origin = headers.get("origin")
+    if origin is None:
+        return None
+    host = headers.get("host", "")
+    same = {f"http://{host}".lower(), f"https://{host}".lower()} if host else set()
+    if origin.lower() in same or origin in allowed:
+        return None
+    return f"Origin {origin[:200]!r} is not this service's origin nor an allowed one"
+
+
+class HostOriginCheck:
+    """ASGI middleware: the checks above, before any route runs."""
+
+    def __init__(self, app: ASGIApp, auth_off: bool, allowed_origins: frozenset[str]) -> None:
+        self.app = app
+        self.auth_off = auth_off
+        self.allowed = allowed_origins
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            problem = self.problem(scope)
+            if problem is not None:
+                await error_response(*problem)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def problem(self, scope: Scope) -> tuple[int, str] | None:
+        headers = Headers(scope=scope)
+        if self.auth_off:
+            host = headers.get("host")
+            if host is not None and not is_loopback_host(host):
+                shown = host[:200]
+                return 421, f"Host {shown!r}: authentication is off, so only loopback names"
+        elif not MCP_PATH.fullmatch(scope["path"]):
+            return None
+        why = origin_problem(headers, self.allowed)
+        return None if why is None else (403, why)
