@@ -22,12 +22,14 @@ import msgspec
 from kbgraph.events import (
     BATCH_TYPES,
     SINGLE_TYPES,
+    TOO_DEEP,
     DeliveryError,
     Event,
     check_event,
     decode_delivery,
     media_type,
     name_where,
+    raise_if_too_deep,
 )
 
 ATTRIBUTES: Final = ("specversion", "id", "source", "type", "subject", "time", "dataschema")
@@ -98,7 +100,8 @@ def _binary_event(body: bytes, headers: Mapping[str, str]) -> Event:
     except msgspec.DecodeError as exc:
         raise DeliveryError(400, f"malformed JSON: {exc}") from None
     except RecursionError:
-        raise DeliveryError(400, "malformed JSON: nested too deeply") from None
+        raise DeliveryError(400, TOO_DEEP) from None
+    raise_if_too_deep(data)
     try:
         event = msgspec.convert({**attributes, "data": data}, Event)
     except msgspec.ValidationError as exc:

@@ -19,8 +19,18 @@ import msgspec
 
 from kbgraph.events import Event, decode_from_log, encode_for_log
 
-NUL_ESCAPE: Final = b"\\u0000"  # how msgspec writes U+0000 in JSON
+NUL_ESCAPE: Final = "\\u0000"  # how msgspec writes U+0000 in JSON
 _rows_encoder = msgspec.json.Encoder()
+
+
+def json_text(value: object) -> str | None:
+    """``value`` as JSON text for SQLite's JSON functions; None when it holds U+0000 (they cut
+    text there: the caller falls back to a row-by-row statement). Always ``str``, never
+    ``bytes``: SQLite binds bytes as a BLOB, and from 3.45 its JSON functions read a BLOB as
+    binary JSONB, so a payload such as ``[[12]]`` fails as malformed (or, on some builds, the
+    statement never returns)."""
+    text = _rows_encoder.encode(value).decode()
+    return None if NUL_ESCAPE in text else text
 
 
 class LogRecord(NamedTuple):
@@ -74,7 +84,8 @@ class SqliteLog:
         """Append (kb, seq, event, last_in_delivery) rows in the caller's transaction.
 
         Rows go in in the order given (commit order), so ``gid`` order is delivery order. The
-        encoded events travel as one blob, each row cut out of it by offset and length.
+        encoded events travel as one blob (substr() of a BLOB counts bytes), each row cut out of
+        it by offset and length; the rows' JSON travels as text (``json_text``).
         """
         if not entries:
             return
@@ -84,8 +95,8 @@ class SqliteLog:
         for (kb, seq, _, last), payload in zip(entries, payloads, strict=True):
             rows.append((kb, seq, offset, len(payload), int(last)))
             offset += len(payload)
-        meta = _rows_encoder.encode(rows)
-        if NUL_ESCAPE in meta:
+        meta = json_text(rows)
+        if meta is None:
             conn.executemany(
                 cls._INSERT,
                 [(e[0], e[1], p, e[3]) for e, p in zip(entries, payloads, strict=True)],

@@ -19,8 +19,13 @@ from pathlib import Path
 from typing import Final
 
 import anyio.to_thread
+from prometheus_client import Info
 
 _BUSY: Final = ("SQLITE_BUSY", "SQLITE_LOCKED")
+# Which SQLite this process's store runs on: its JSON functions changed in 3.45 (a BLOB is
+# read as JSONB), so an operator comparing nodes or reading a bug report wants to see it.
+SQLITE_INFO: Final = Info("kbgraph_sqlite", "The SQLite library the store runs on")
+SQLITE_INFO.info({"version": sqlite3.sqlite_version})
 
 
 def describe(exc: BaseException) -> str:

@@ -9,6 +9,14 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+# The SQLite builds of the tests' matrix (scripts/test.sh), each in its own folder: they are one
+# package (sqlean.py, a drop-in sqlite3 module) in several versions, swapped in by the tests only.
+[ "${KBGRAPH_SQLITE_MATRIX:-1}" = 0 ] || while read -r build; do
+    if [ -n "$build" ] && [ ! -d ".venv/sqlite/$build/sqlean" ]; then
+        .venv/bin/python -m pip install --quiet --disable-pip-version-check \
+            --target ".venv/sqlite/$build" "sqlean.py==$build"
+    fi
+done < tests/sqlite_swap/builds.txt
 if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
     if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
         echo "setup: installing chromium and chromium-driver (browser tests)" >&2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,12 @@ from kbgraph.events import Event
 settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
 settings.register_profile("dev", deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_report_header() -> str:
+    """Which SQLite this run is on (``scripts/test.sh`` runs a matrix of them)."""
+    return f"sqlite: {sqlite3.sqlite_version} (module {sqlite3.__name__}, {sqlite3.__file__})"
+
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 ADMIN = "admin-token"

@@ -5,9 +5,13 @@ of an event older than the cut still answers ``duplicates``."""
 
 from __future__ import annotations
 
+import logging
+import os
 import socket
 import tempfile
+import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kbgraph.access import RuleSet
-from kbgraph.projection import Projections, checkpoint
+from kbgraph.projection import Projections, checkpoint, follower
 from kbgraph.store import LogCut, Store
 from tests.kb_events import upsert
 from tests.test_projection import KB, deliveries_st, dump, rules_st
@@ -327,3 +331,94 @@ def test_the_forked_writer_holds_no_descriptor_of_the_parent(
         time.sleep(0.01)
     assert p.checkpoint_gid == 20  # the slowed child still wrote it
     store.close()
+
+
+FORK_WARNING = (  # CPython 3.12+'s words (Modules/posixmodule.c), pid aside
+    "This process (pid={}) is multi-threaded, use of fork() may lead to deadlocks in the child."
+)
+
+
+def test_the_fork_warning_alone_is_silenced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Python 3.12+ os.fork() in a process with threads warns; the checkpoint fork says
+    why that does not apply to its child (``follower._fork``) and silences exactly that."""
+
+    def warning_fork(message: str) -> Any:
+        def fork() -> int:
+            warnings.warn(message, DeprecationWarning, stacklevel=2)
+            return 4242
+
+        return fork
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        monkeypatch.setattr(os, "fork", warning_fork(FORK_WARNING.format(os.getpid())))
+        assert follower._fork() == 4242
+        monkeypatch.setattr(os, "fork", warning_fork("another deprecation"))
+        with pytest.raises(DeprecationWarning, match="another deprecation"):
+            follower._fork()
+
+
+def test_the_forked_child_writes_while_other_threads_hold_locks(tmp_path: Path) -> None:
+    """The real fork, with warnings as errors, while another thread holds a KB's read lock
+    and the store's writer thread runs: the child takes neither and writes the checkpoint."""
+    store = Store(tmp_path / "kb.db")
+    for i in range(20):
+        store.append(KB, [upsert(f"c{i}")])
+    p = projections(store, tmp_path / "ckpt", checkpoint_every=10)
+    kb = p.get(KB)
+    assert kb is not None
+    holding, release = threading.Event(), threading.Event()
+
+    def reader() -> None:
+        with kb.read():
+            holding.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        assert holding.wait(30)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            p._maybe_checkpoint()
+        assert p._writer is not None
+        deadline = time.monotonic() + 60
+        while p._reap_checkpoint():
+            assert time.monotonic() < deadline, "the forked writer hung"
+            time.sleep(0.01)
+        assert p.checkpoint_gid == 20
+    finally:
+        release.set()
+        thread.join()
+    restarted = projections(store, tmp_path / "ckpt")
+    assert restarted.loaded_from is not None and restarted.gid == 20
+    assert everything(restarted, [None]) == everything(p, [None])
+    store.close()
+
+
+def test_without_fork_checkpoints_are_written_in_the_follower(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A platform without os.fork: start-up says how checkpoints are written, and they are
+    (no AttributeError mid-run)."""
+    store = Store(tmp_path / "kb.db")
+    for i in range(20):
+        store.append(KB, [upsert(f"c{i}")])
+    monkeypatch.delattr(os, "fork")
+    p = Projections(store, checkpoints=tmp_path / "ckpt", checkpoint_every=10, log_retain=0)
+    with caplog.at_level(logging.WARNING, logger="kbgraph.projection.follower"):
+        p.start()
+    try:
+        assert "no os.fork on this platform" in caplog.text
+        p._stopping.set()
+        p._kick.set()
+        assert p._thread is not None
+        p._thread.join()
+        p._maybe_checkpoint()
+        assert p._writer is None and p.checkpoint_gid == 20 and store.log_start() == 20
+        assert [f.name for f in checkpoint.candidates(tmp_path / "ckpt")] == [
+            checkpoint.file_name(20)
+        ]
+    finally:
+        p.stop()
+        store.close()

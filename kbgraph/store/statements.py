@@ -3,8 +3,10 @@
 Bulk writes and lookups pass all their rows as ONE JSON parameter read with json_each: one
 sqlite3_step per statement instead of one per row. That matters beyond SQLite's own cost: the
 sqlite3 module releases and re-takes the GIL around every step, and each re-take can wait
-behind the event loop or the projection thread. SQLite's JSON functions cut text at U+0000,
-so a payload holding one falls back to ``executemany``, row by row.
+behind the event loop or the projection thread. The JSON parameter is always text, never a
+BLOB (``eventlog.json_text``: from SQLite 3.45 a BLOB is read as binary JSONB). SQLite's JSON
+functions cut text at U+0000, so a payload holding one falls back to ``executemany``, row by
+row.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from typing import Final, NamedTuple
 
 import msgspec
 
-from kbgraph.eventlog import NUL_ESCAPE
+from kbgraph.eventlog import json_text
 from kbgraph.store.decide import Subject
 
 _CHUNK: Final = 5_000  # ids per json_each lookup
-tags_encoder = msgspec.json.Encoder()  # tags, and the JSON rows of bulk statements
+tags_encoder = msgspec.json.Encoder()  # tags, aliases and links (stored as text: .decode())
 tags_decoder = msgspec.json.Decoder(list[str])
 links_decoder = tags_decoder
 rows_decoder = msgspec.json.Decoder(list[list])
@@ -42,8 +44,8 @@ class Lookup(NamedTuple):
 def bulk(conn: sqlite3.Connection, statement: Bulk, kid: int, rows: list[tuple]) -> None:
     if not rows:
         return
-    payload = tags_encoder.encode(rows)
-    if NUL_ESCAPE in payload:
+    payload = json_text(rows)
+    if payload is None:
         conn.executemany(statement.many, [(kid, *row) for row in rows])
     else:
         conn.execute(statement.json, (payload, kid) if statement.json_takes_kid else (payload,))
@@ -55,8 +57,8 @@ def lookup(
     out: list[list] = []
     for start in range(0, len(keys), _CHUNK):
         chunk = keys[start : start + _CHUNK]
-        payload = tags_encoder.encode(chunk)
-        if NUL_ESCAPE in payload:
+        payload = json_text(chunk)
+        if payload is None:
             for key in chunk:
                 params = (kid, *key) if isinstance(key, tuple) else (kid, key)
                 out.extend(list(row) for row in conn.execute(statement.one, params))
