@@ -20,6 +20,7 @@ from typing import Final
 import numpy as np
 
 _EMPTY: Final = (np.empty(0, np.int64), np.empty(0, np.int64))
+_ONE: Final = array("q", [1])
 ARRAY_NAMES: Final = ("key_off", "post_node", "post_hits", "node_off", "node_keys", "base_live")
 
 
@@ -251,6 +252,20 @@ class PostingsBuilder:
             rows += 1
         key_col.append(-1)  # a marker row (key -1): the node is held, even keyless
         hits_col.append(0)
+        self._node.extend((node,) * (rows + 1))
+
+    def add_keys(self, node: int, keys: Iterable[str]) -> None:
+        """``add`` with hits 1 for each key."""
+        key_id, intern = self.postings.key_id, self.postings._intern
+        key_col = self._key
+        rows = 0
+        for key in keys:
+            k = key_id.get(key)
+            key_col.append(intern(key) if k is None else k)
+            rows += 1
+        key_col.append(-1)
+        self._hits.extend(_ONE * rows)
+        self._hits.append(0)
         self._node.extend((node,) * (rows + 1))
 
     def build(self) -> Postings:

@@ -159,6 +159,7 @@ class KBProjection:
         ids = cols.ids
         index_of = dict(zip(ids, range(n0), strict=True))
         src, dst, missing_src, missing_names = _link_columns(cols.links, index_of)
+        cols.links = []  # the stored JSON texts are no longer needed: free them now
         for t in sorted(set(missing_names)):
             index_of[t] = len(ids)
             ids.append(t)

@@ -185,8 +185,8 @@ class SearchIndex:
         for node, *doc in docs:
             freq, name_keys, tag_keys, title_len, text_len = analyzed(*doc)
             terms.add(node, freq.items())
-            names.add(node, [(key, 1) for key in name_keys])
-            tags.add(node, [(key, 1) for key in tag_keys])
+            names.add_keys(node, name_keys)
+            tags.add_keys(node, tag_keys)
             for key in name_keys:
                 name_lengths[key.count(_NAME_SEP) + 1] += 1
             nodes.append(node)

@@ -9,6 +9,7 @@ from kbgraph.store.model import ColumnSnapshot, ConceptState, KBColumns, KBState
 from kbgraph.store.statements import tags_decoder, tags_encoder
 
 EMPTY: Final[list[str]] = []  # every empty tags/aliases list of a columnar load: never mutated
+_FETCH_ROWS: Final = 1 << 15
 _COLUMNS: Final = (
     "SELECT id, version, title, type, status, tags, text, aliases, links FROM concept"
     " WHERE kid = ? ORDER BY id"
@@ -59,9 +60,11 @@ def load_columns(conn: sqlite3.Connection) -> ColumnSnapshot:
     kbs = conn.execute("SELECT kid, name, seq FROM kb WHERE seq > 0").fetchall()
     out: dict[str, KBColumns] = {}
     for kid, name, seq in sorted(kbs, key=lambda row: row[1]):
-        rows = conn.execute(_COLUMNS, (kid,)).fetchall()
-        columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in range(9)]
-        del rows
+        columns: list[list] = [[] for _ in range(9)]
+        cursor = conn.execute(_COLUMNS, (kid,))
+        while rows := cursor.fetchmany(_FETCH_ROWS):  # a chunk of row tuples at a time
+            for column, values in zip(columns, zip(*rows, strict=True), strict=True):
+                column.extend(values)
         ids, versions, titles, types, statuses, tags, texts, aliases, links = columns
         out[name] = KBColumns(
             seq=seq,
