@@ -13,12 +13,14 @@ Keys are interned to ints for good (``keys``, ``key_id``), as concept ids are.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Final
 
 import numpy as np
 
 _EMPTY: Final = (np.empty(0, np.int64), np.empty(0, np.int64))
+_ONE: Final = array("q", [1])
 ARRAY_NAMES: Final = ("key_off", "post_node", "post_hits", "node_off", "node_keys", "base_live")
 
 
@@ -96,23 +98,10 @@ class Postings:
     @classmethod
     def built(cls, nodes: Iterable[tuple[int, Iterable[tuple[str, int]]]]) -> Postings:
         """Postings of these (node, items) made in one pass: all base, no overlay."""
-        self = cls()
-        node_col: list[int] = []
-        key_col: list[int] = []
-        hits_col: list[int] = []
-        intern = self._intern
+        builder = PostingsBuilder()
         for node, items in nodes:
-            for key, hits in items:
-                node_col.append(node)
-                key_col.append(intern(key))
-                hits_col.append(hits)
-            node_col.append(node)  # a marker row (key -1): the node is held, even keyless
-            key_col.append(-1)
-            hits_col.append(0)
-        self._install(
-            np.array(node_col, np.int64), np.array(key_col, np.int64), np.array(hits_col, np.int64)
-        )
-        return self
+            builder.add(node, items)
+        return builder.build()
 
     def _install(self, node: np.ndarray, key: np.ndarray, hits: np.ndarray) -> None:
         """The base from rows (node, key, hits) grouped by node, in each node's key order;
@@ -238,4 +227,53 @@ class Postings:
             setattr(postings, name, arrays[name])
         postings.base_live = np.array(arrays["base_live"], np.uint8)
         postings.count = int(np.count_nonzero(postings.base_live))
+        return postings
+
+
+class PostingsBuilder:
+    """Rows (node, key, hits) gathered as flat machine integers, then one ``Postings`` base
+    in one sort: what ``Postings.built`` does, without a Python object per posting."""
+
+    def __init__(self) -> None:
+        self.postings = Postings()
+        self._node = array("q")
+        self._key = array("q")
+        self._hits = array("q")
+
+    def add(self, node: int, items: Iterable[tuple[str, int]]) -> None:
+        """Hold ``node`` with these (key, hits) pairs (distinct keys, in the order to keep)."""
+        key_id, intern = self.postings.key_id, self.postings._intern
+        rows = 0
+        key_col, hits_col = self._key, self._hits
+        for key, hits in items:
+            k = key_id.get(key)
+            key_col.append(intern(key) if k is None else k)
+            hits_col.append(hits)
+            rows += 1
+        key_col.append(-1)  # a marker row (key -1): the node is held, even keyless
+        hits_col.append(0)
+        self._node.extend((node,) * (rows + 1))
+
+    def add_keys(self, node: int, keys: Iterable[str]) -> None:
+        """``add`` with hits 1 for each key."""
+        key_id, intern = self.postings.key_id, self.postings._intern
+        key_col = self._key
+        rows = 0
+        for key in keys:
+            k = key_id.get(key)
+            key_col.append(intern(key) if k is None else k)
+            rows += 1
+        key_col.append(-1)
+        self._hits.extend(_ONE * rows)
+        self._hits.append(0)
+        self._node.extend((node,) * (rows + 1))
+
+    def build(self) -> Postings:
+        postings = self.postings
+        postings._install(
+            np.frombuffer(self._node, np.int64),
+            np.frombuffer(self._key, np.int64),
+            np.frombuffer(self._hits, np.int64),
+        )
+        self._node, self._key, self._hits = array("q"), array("q"), array("q")
         return postings

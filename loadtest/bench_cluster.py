@@ -117,7 +117,9 @@ async def snapshot_sizes(cluster: NatsCluster) -> list[int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_cluster", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--concepts", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=60.0, help="the write phase, sampled")
     parser.add_argument("--rate", type=float, default=50.0, help="deliveries/s in that phase")

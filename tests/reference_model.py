@@ -16,6 +16,8 @@ from kbgraph.access import RuleSet, visible
 from kbgraph.events import ConceptDeleted, ConceptUpserted, Event, LinkAdded, LinkRemoved
 from kbgraph.names import collection_of
 from kbgraph.store import ConceptState, DeliveryResult, KBState, LogRecord, StoreSnapshot
+from kbgraph.store.load import columns_of
+from kbgraph.store.model import ColumnSnapshot
 
 
 @dataclass
@@ -132,6 +134,11 @@ class FakeStore:
                     end += 1
                 out = self._log[after_gid : end + 1]
             return out
+
+    def load_columns(self) -> ColumnSnapshot:
+        snapshot = self.load()
+        kbs = {kb: columns_of(state) for kb, state in snapshot.kbs.items()}
+        return ColumnSnapshot(snapshot.gid, kbs)
 
     def load(self) -> StoreSnapshot:
         with self._lock:

@@ -259,7 +259,7 @@ def snapshots_equal(nodes: list[Node], reference: Store | None = None) -> None:
 
 def metric_lines(node: Node, name: str) -> list[str]:
     """The node's ``/metrics`` samples of ``name`` (the lines, labels and value)."""
-    text = httpx.get(f"{node.url}/metrics", timeout=5).text
+    text = httpx.get(f"{node.url}/metrics", headers=AUTH, timeout=5).text
     return [line for line in text.splitlines() if line.startswith(name)]
 
 

@@ -58,7 +58,7 @@ from kbgraph.embeddings import Embedder
 from kbgraph.events import ConceptDeleted, ConceptUpserted, DeleteData, UpsertData
 from kbgraph.projection import checkpoint
 from kbgraph.projection.adjacency import compact
-from kbgraph.projection.kb import MIN_NODE_CAP, KBProjection
+from kbgraph.projection.kb import MIN_NODE_CAP, KBProjection, gc_paused
 from kbgraph.projection.masks import Mask, masked_degrees
 from kbgraph.search import SearchIndex
 from kbgraph.store import LogCut, LogRecord, Store
@@ -178,12 +178,15 @@ class Projections:
                 self.loaded_from = loaded.path
                 self.checkpoint_gid = loaded.gid
                 return loaded.kbs, loaded.gid
-        snapshot = self.store.load()
-        kbs = {}
-        for name, state in snapshot.kbs.items():
-            kb = KBProjection(name, index_factory=self._index_factory)
-            kb.build(state)
-            kbs[name] = kb
+        # Columns, no object per concept; the cyclic GC paused meanwhile (it would walk every
+        # list the build is making, again and again, for nothing: no cycle is made).
+        with gc_paused():
+            snapshot = self.store.load_columns()
+            kbs = {}
+            for name, columns in snapshot.kbs.items():
+                kb = KBProjection(name, index_factory=self._index_factory)
+                kb.build_columns(columns)
+                kbs[name] = kb
         return kbs, snapshot.gid
 
     def reload(self) -> None:

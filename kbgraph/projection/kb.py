@@ -38,6 +38,7 @@ only spread that state across modules.)
 
 from __future__ import annotations
 
+import gc
 import itertools
 import threading
 import time
@@ -46,6 +47,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Final
 
+import msgspec
 import numpy as np
 
 from kbgraph.access import RuleSet, visible
@@ -67,6 +69,8 @@ from kbgraph.projection.vectors import Vectors
 from kbgraph.rwlock import RWLock
 from kbgraph.search import SearchIndex
 from kbgraph.store import KBState, LogRecord
+from kbgraph.store.load import columns_of
+from kbgraph.store.model import KBColumns
 
 MAX_BATCH_EVENTS: Final = 2_000
 MAX_BATCH_SECONDS: Final = 0.005
@@ -148,21 +152,25 @@ class KBProjection:
     # --- building -----------------------------------------------------------------------
 
     def build(self, state: KBState) -> None:
-        """Build from a snapshot (vectorised). Call before the projection is shared."""
-        concepts = state.concepts
-        n0 = len(concepts)
-        ids = [c.id for c in concepts]
+        """Build from a snapshot (``build_columns`` of its columns). Call before the
+        projection is shared."""
+        self.build_columns(columns_of(state))
+
+    def build_columns(self, cols: KBColumns) -> None:
+        """Build from a KB's columns (vectorised, no object per concept). Call before the
+        projection is shared. The projection takes the column lists it is given."""
+        n0 = len(cols.ids)
+        ids = cols.ids
         index_of = dict(zip(ids, range(n0), strict=True))
-        counts = np.fromiter((len(c.links) for c in concepts), np.int64, n0)
-        flat = list(itertools.chain.from_iterable(c.links for c in concepts))
-        for t in sorted({t for t in flat if t not in index_of}):
+        src, dst, missing_src, missing_names = _link_columns(cols.links, index_of)
+        cols.links = []  # the stored JSON texts are no longer needed: free them now
+        for t in sorted(set(missing_names)):
             index_of[t] = len(ids)
             ids.append(t)
+        dst[missing_src] = np.fromiter(map(index_of.__getitem__, missing_names), np.int64)
+        del missing_src, missing_names
         n = len(ids)
         node_cap = max(MIN_NODE_CAP, 1 << (n - 1).bit_length())
-        src = np.repeat(np.arange(n0, dtype=np.int64), counts)
-        dst = np.fromiter(map(index_of.__getitem__, flat), np.int64, len(flat))
-        del flat
         order = np.array(sorted(range(n), key=ids.__getitem__), np.int64)
         rank = np.empty(n, np.int64)
         rank[order] = np.arange(n, dtype=np.int64)
@@ -186,20 +194,21 @@ class KBProjection:
         self.ids = ids
         self._keys = Keys(ids, node_cap)
         missing = n - n0
-        self.titles = [c.title for c in concepts] + [""] * missing
-        self.aliases = [c.aliases for c in concepts] + [[] for _ in range(missing)]
-        self.types = [c.type for c in concepts] + [""] * missing
-        self.statuses = [c.status for c in concepts] + [""] * missing
-        self.tags = [c.tags for c in concepts] + [[] for _ in range(missing)]
-        self.texts = [c.text for c in concepts] + [""] * missing
-        self.versions = [c.version for c in concepts] + [0] * missing
+        self.titles = cols.titles + [""] * missing
+        self.aliases = cols.aliases + [[] for _ in range(missing)]
+        self.types = cols.types + [""] * missing
+        self.statuses = cols.statuses + [""] * missing
+        self.tags = cols.tags + [[] for _ in range(missing)]
+        self.texts = cols.texts + [""] * missing
+        self.versions = cols.versions + [0] * missing
         self.collections = [self._collection(i) for i in ids]
         self._alive = np.zeros(node_cap, np.uint8)
         self._alive[:n0] = 1
         self._cls = np.zeros(node_cap, np.int32)
         self._cls[:n] = np.fromiter(map(self._class, self.collections, self.types), np.int32, n)
-        self.index.put_many((u, c.title, c.text, c.aliases, c.tags) for u, c in enumerate(concepts))
-        self.seq = state.seq
+        docs = zip(range(n0), cols.titles, cols.texts, cols.aliases, cols.tags, strict=False)
+        self.index.put_many(docs)
+        self.seq = cols.seq
 
     def _collection(self, concept_id: str) -> str:
         """collection_of, one shared string per collection (a million ids, a few names)."""
@@ -614,3 +623,55 @@ class KBProjection:
                 e.mask[u] = 0
                 e.deg[seen] -= 1
                 e.deg[u] = 0
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for a bulk build (it would walk every container the
+    build makes, over and over, and find no cycle), on again after, as it was."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+LINK_CHUNK: Final = 1 << 16  # concepts whose links are decoded at once
+_lists_decoder = msgspec.json.Decoder(list[list[str]])
+
+
+def _link_columns(
+    links: Sequence[str], index_of: dict[str, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """(src, dst, rows of dst still to resolve, their target ids) of every declared link:
+    the stored JSON lists decoded a chunk at a time, targets resolved through ``index_of``;
+    a target that is no concept gets dst -1 and is listed for the caller to intern."""
+    srcs: list[np.ndarray] = []
+    dsts: list[np.ndarray] = []
+    missing_rows: list[np.ndarray] = []
+    missing_names: list[str] = []
+    done = 0
+    get = index_of.get
+    decode = _lists_decoder.decode
+    for first in range(0, len(links), LINK_CHUNK):
+        lists = decode("[" + ",".join(links[first : first + LINK_CHUNK]) + "]")
+        counts = np.fromiter(map(len, lists), np.int64, len(lists))
+        flat = list(itertools.chain.from_iterable(lists))
+        del lists
+        dst = np.array([get(t, -1) for t in flat], np.int64)
+        gone = np.flatnonzero(dst < 0)
+        if len(gone):
+            missing_rows.append(gone + done)
+            missing_names.extend(flat[i] for i in gone.tolist())
+        srcs.append(np.repeat(np.arange(first, first + len(counts), dtype=np.int64), counts))
+        dsts.append(dst)
+        done += len(flat)
+    empty = np.zeros(0, np.int64)
+    return (
+        np.concatenate(srcs) if srcs else empty,
+        np.concatenate(dsts) if dsts else empty,
+        np.concatenate(missing_rows) if missing_rows else empty,
+        missing_names,
+    )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import threading
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
@@ -30,7 +31,7 @@ from typing import Final
 import numpy as np
 from numba import njit
 
-from kbgraph.postings import Postings
+from kbgraph.postings import Postings, PostingsBuilder
 from kbgraph.search.analysis import analyze, fold, query_terms, tokenize
 from kbgraph.search.nametrie import NAME_SEP, NameTrie
 
@@ -173,17 +174,31 @@ class SearchIndex:
 
     def put_many(self, docs: Iterable[tuple[int, str, str, Sequence[str], Sequence[str]]]) -> None:
         """Index an empty index's documents (node, title, text, aliases, tags) in one pass,
-        as flat arrays (``put`` one by one would hold them in the overlay)."""
+        as flat arrays (``put`` one by one would hold them in the overlay): each document
+        analysed once, its postings gathered as machine integers, each part built in one
+        sort."""
         assert self.terms.count == 0, "put_many builds an empty index"
-        analyzed = [(node, self._analyzed(*doc)) for node, *doc in docs]
-        self.terms = Postings.built((node, a[0].items()) for node, a in analyzed)
-        self.names = Postings.built((node, [(key, 1) for key in a[1]]) for node, a in analyzed)
-        self.tags = Postings.built((node, [(key, 1) for key in a[2]]) for node, a in analyzed)
-        for _, a in analyzed:
-            for key in a[1]:
-                self.name_lengths[key.count(_NAME_SEP) + 1] += 1
-        for node, a in analyzed:
-            self._set_lengths(node, a[3], a[4])
+        terms, names, tags = PostingsBuilder(), PostingsBuilder(), PostingsBuilder()
+        nodes, title_lens, text_lens = array("q"), array("d"), array("d")
+        name_lengths = self.name_lengths
+        analyzed = self._analyzed
+        for node, *doc in docs:
+            freq, name_keys, tag_keys, title_len, text_len = analyzed(*doc)
+            terms.add(node, freq.items())
+            names.add_keys(node, name_keys)
+            tags.add_keys(node, tag_keys)
+            for key in name_keys:
+                name_lengths[key.count(_NAME_SEP) + 1] += 1
+            nodes.append(node)
+            title_lens.append(title_len)
+            text_lens.append(text_len)
+        self.terms, self.names, self.tags = terms.build(), names.build(), tags.build()
+        if nodes:
+            at = np.frombuffer(nodes, np.int64)
+            self._set_lengths(int(at.max()), 0, 0)  # grown to hold the largest node
+            self._title_len[at] = np.frombuffer(title_lens, np.float64)
+            self._text_len[at] = np.frombuffer(text_lens, np.float64)
+            self._present[at] = 1
 
     def _set_lengths(self, node: int, title_len: int, text_len: int) -> None:
         if node >= len(self._present):

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import sqlite3
+from typing import Final
 
-from kbgraph.store.model import ConceptState, KBState, StoreSnapshot
-from kbgraph.store.statements import tags_decoder
+from kbgraph.store.model import ColumnSnapshot, ConceptState, KBColumns, KBState, StoreSnapshot
+from kbgraph.store.statements import tags_decoder, tags_encoder
+
+EMPTY: Final[list[str]] = []  # every empty tags/aliases list of a columnar load: never mutated
+_FETCH_ROWS: Final = 1 << 15
+_COLUMNS: Final = (
+    "SELECT id, version, title, type, status, tags, text, aliases, links FROM concept"
+    " WHERE kid = ? ORDER BY id"
+)
 
 
 def load_snapshot(conn: sqlite3.Connection) -> StoreSnapshot:
@@ -42,3 +50,62 @@ def load_snapshot(conn: sqlite3.Connection) -> StoreSnapshot:
 
 def _by_id(concept: ConceptState) -> str:
     return concept.id
+
+
+def load_columns(conn: sqlite3.Connection) -> ColumnSnapshot:
+    """``load_snapshot`` as columns, without an object per concept (call in a read
+    transaction). Rows come in ``(kid, id)`` index order: SQLite compares TEXT as UTF-8 bytes,
+    which orders strings as Python does (by code point)."""
+    gid = conn.execute("SELECT coalesce(max(gid), 0) FROM log").fetchone()[0]
+    kbs = conn.execute("SELECT kid, name, seq FROM kb WHERE seq > 0").fetchall()
+    out: dict[str, KBColumns] = {}
+    for kid, name, seq in sorted(kbs, key=lambda row: row[1]):
+        columns: list[list] = [[] for _ in range(9)]
+        cursor = conn.execute(_COLUMNS, (kid,))
+        while rows := cursor.fetchmany(_FETCH_ROWS):  # a chunk of row tuples at a time
+            for column, values in zip(columns, zip(*rows, strict=True), strict=True):
+                column.extend(values)
+        ids, versions, titles, types, statuses, tags, texts, aliases, links = columns
+        out[name] = KBColumns(
+            seq=seq,
+            ids=ids,
+            versions=versions,
+            titles=titles,
+            types=_shared(types),
+            statuses=_shared(statuses),
+            tags=_lists(tags),
+            texts=texts,
+            aliases=_lists(aliases),
+            links=links,
+        )
+    return ColumnSnapshot(gid=gid, kbs=out)
+
+
+def _lists(texts: list[str]) -> list[list[str]]:
+    """Stored JSON lists decoded, each empty one the shared ``EMPTY``."""
+    decode = tags_decoder.decode
+    return [EMPTY if t == "[]" else decode(t) for t in texts]
+
+
+def _shared(values: list[str]) -> list[str]:
+    """One string object per distinct value (a million concepts, a few types)."""
+    seen: dict[str, str] = {}
+    return [seen.setdefault(v, v) for v in values]
+
+
+def columns_of(state: KBState) -> KBColumns:
+    """A ``KBState`` as the columns ``load_columns`` gives (for stores kept in memory)."""
+    concepts = state.concepts
+    encode = tags_encoder.encode
+    return KBColumns(
+        seq=state.seq,
+        ids=[c.id for c in concepts],
+        versions=[c.version for c in concepts],
+        titles=[c.title for c in concepts],
+        types=[c.type for c in concepts],
+        statuses=[c.status for c in concepts],
+        tags=[list(c.tags) for c in concepts],
+        texts=[c.text for c in concepts],
+        aliases=[list(c.aliases) for c in concepts],
+        links=[encode(c.links).decode() for c in concepts],
+    )

@@ -65,3 +65,28 @@ class WebhookMessage(NamedTuple):
 
     id: str
     digest: bytes
+
+
+class KBColumns(msgspec.Struct):
+    """One KB's existing concepts as columns (the first build's input), sorted by id.
+
+    ``links`` stay the stored JSON texts (decoded by the build in chunks, so a million
+    concepts' eight million target strings never live at once); ``tags`` and ``aliases`` are
+    decoded, every empty one the same shared, never mutated, list.
+    """
+
+    seq: int
+    ids: list[str]
+    versions: list[int]
+    titles: list[str]
+    types: list[str]
+    statuses: list[str]
+    tags: list[list[str]]
+    texts: list[str]
+    aliases: list[list[str]]
+    links: list[str]  # JSON arrays of ids, as stored
+
+
+class ColumnSnapshot(msgspec.Struct):
+    gid: int  # the log position this state reflects; follow the log from here
+    kbs: dict[str, KBColumns]  # every KB with seq >= 1

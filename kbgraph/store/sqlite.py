@@ -51,8 +51,9 @@ from kbgraph.events import Event
 from kbgraph.store import logcut, positions, schema
 from kbgraph.store import statements as sql
 from kbgraph.store.group import GroupWriter, Pending
-from kbgraph.store.load import load_snapshot
+from kbgraph.store.load import load_columns, load_snapshot
 from kbgraph.store.model import (
+    ColumnSnapshot,
     DeliveryResult,
     LogCut,
     StoreBusy,
@@ -462,6 +463,11 @@ class Store:
         """The state of every KB with seq >= 1 and the gid it reflects, in one read snapshot."""
         with self._reader() as conn, read_transaction(conn):
             return load_snapshot(conn)
+
+    def load_columns(self) -> ColumnSnapshot:
+        """``load`` as columns, for a first build (``kbgraph.store.load.load_columns``)."""
+        with self._reader() as conn, read_transaction(conn):
+            return load_columns(conn)
 
     def kb_seq(self, kb: str) -> int:
         """The KB's current log position (0 for a KB with no applied event)."""

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import multiprocessing
 import os
 import stat
 import unicodedata
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, get_args
@@ -174,11 +176,15 @@ def read_vault(
     root: Path,
     cache: dict[str, NoteFields] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    workers: int | None = None,
 ) -> VaultRead:
     """Every note of the vault at ``root`` as a concept state, links resolved.
 
     ``cache`` maps a file content's sha256 to its parsed fields: hits skip parsing, misses
-    are added (the caller may persist it, see ``Manifest.parse_cache``).
+    are added (the caller may persist it, see ``Manifest.parse_cache``). Three passes: read
+    every note (bounded, as ``read_note`` says), parse the cache misses (``parse_all``: on
+    ``workers`` processes when there are many, default one per core), then resolve the
+    links in path order, so the result is the same whatever the number of workers.
     """
     out = VaultRead()
     paths, files = walk(root, out.skipped)
@@ -194,6 +200,7 @@ def read_vault(
         else:
             ids[nid] = path
     resolver = Resolver(ids, [unicodedata.normalize("NFC", f) for f in files])
+    sources: list[tuple[str, str, str, str]] = []  # (id, path, source, cache key)
     for done, (nid, path) in enumerate(ids.items(), 1):
         if progress is not None and (done % PROGRESS_EVERY == 0 or done == len(ids)):
             progress(done, len(ids))
@@ -213,13 +220,35 @@ def read_vault(
             continue
         key = hashlib.sha256(PARSER_VERSION + raw).hexdigest()
         out.content_keys.add(key)
-        fields = None if cache is None else cache.get(key)
-        if fields is None:
-            fields = note_fields(source)
-            if cache is not None:
-                cache[key] = fields
+        sources.append((nid, path, source, key))
+    known = {} if cache is None else cache
+    misses = list({key: source for _, _, source, key in sources if key not in known}.items())
+    parsed = dict(
+        zip([k for k, _ in misses], parse_all([s for _, s in misses], workers), strict=True)
+    )
+    for nid, path, source, key in sources:
+        fields = known.get(key) or parsed[key]
+        if cache is not None:
+            cache[key] = fields
         out.notes[nid] = _note(nid, path, source, fields, resolver, out)
     return out
+
+
+PARALLEL_MIN_NOTES: Final = 256  # fewer misses are parsed here (a worker costs its start)
+PARALLEL_CHUNK: Final = 64  # notes a worker parses per task
+
+
+def parse_all(sources: list[str], workers: int | None = None) -> list[NoteFields]:
+    """``note_fields`` of each source, in order: on ``workers`` processes (default: one per
+    core this process may run on) when there are at least ``PARALLEL_MIN_NOTES``, else here.
+    Workers are spawned, not forked (the caller may hold threads: a store's writer)."""
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    if workers < 2 or len(sources) < PARALLEL_MIN_NOTES:
+        return [note_fields(source) for source in sources]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        return list(pool.map(note_fields, sources, chunksize=PARALLEL_CHUNK))
 
 
 def note_fields(source: str) -> NoteFields:
