@@ -7,7 +7,7 @@ is shared, so CPU is the steadier figure), and the peak resident memory of the p
 alternate peer / this ``--rounds`` times; the last line is one JSON object with the medians,
 this over peer, and the aims of issue 26 (first start at 1M concepts <= 15 s, <= 1.2 GB).
 
-    .venv/bin/python -m loadtest.bench_first_build --filled STORE [--peer /work/main] [--rounds 1]
+    .venv/bin/python -m loadtest.bench_first_build --filled STORE --peer CHECKOUT [--rounds 1]
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from loadtest.report import child_json
 
 ROOT = Path(__file__).resolve().parent.parent
 AIMS = {"ready_s": 15.0, "peak_rss_mb": 1200.0}
@@ -48,14 +49,7 @@ def run(checkout: Path, filled: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kbgraph-first-") as tmp:
         db = Path(tmp) / "kb.db"
         shutil.copyfile(filled, db)
-        result = subprocess.run(
-            [str(checkout / ".venv/bin/python"), "-c", CHILD, str(db)],
-            cwd=checkout,
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-    return json.loads(result.stdout.strip().splitlines()[-1])
+        return child_json([str(checkout / ".venv/bin/python"), "-c", CHILD, str(db)], checkout)
 
 
 def main() -> None:
@@ -63,7 +57,9 @@ def main() -> None:
         prog="python -m loadtest.bench_first_build", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--filled", type=Path, required=True, help="a filled store to copy")
-    parser.add_argument("--peer", type=Path, default=Path("/work/main"))
+    parser.add_argument(
+        "--peer", type=Path, required=True, help="a checkout to compare with (with its .venv)"
+    )
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     runs: dict[str, list[dict[str, Any]]] = {"peer": [], "this": []}

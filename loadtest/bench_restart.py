@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from loadtest.report import child_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -112,14 +113,7 @@ def child(db: Path, folder: Path, phase: str) -> dict[str, Any]:
 
 def run_child(db: Path, folder: Path, phase: str) -> dict[str, Any]:
     command = [sys.executable, "-m", "loadtest.bench_restart", "--child", phase]
-    result = subprocess.run(
-        [*command, "--db", str(db), "--folder", str(folder)],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return child_json([*command, "--db", str(db), "--folder", str(folder)], ROOT)
 
 
 def main() -> None:

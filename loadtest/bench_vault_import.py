@@ -7,7 +7,7 @@ wall seconds and the CPU seconds of the process and its children (the parse work
 stores must hold the same concepts: their states are compared. The last line is one JSON
 object with the medians, this over peer, and the aim of issue 26 (100k notes in <= 30 s).
 
-    .venv/bin/python -m loadtest.bench_vault_import [--notes 100000] [--peer /work/main]
+    .venv/bin/python -m loadtest.bench_vault_import [--notes 100000] --peer CHECKOUT
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from loadtest.report import child_json
 
 ROOT = Path(__file__).resolve().parent.parent
 AIM_S_PER_100K = 30.0
@@ -50,14 +51,9 @@ print(json.dumps({"import_s": wall, "cpu_s": sum(u.ru_utime + u.ru_stime for u i
 
 def run(checkout: Path, vault: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kbgraph-vault-") as work:
-        result = subprocess.run(
-            [str(checkout / ".venv/bin/python"), "-c", CHILD, str(vault), work],
-            cwd=checkout,
-            check=True,
-            capture_output=True,
-            text=True,
+        return child_json(
+            [str(checkout / ".venv/bin/python"), "-c", CHILD, str(vault), work], checkout
         )
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -65,7 +61,9 @@ def main() -> None:
         prog="python -m loadtest.bench_vault_import", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--notes", type=int, default=100_000)
-    parser.add_argument("--peer", type=Path, default=Path("/work/main"))
+    parser.add_argument(
+        "--peer", type=Path, required=True, help="a checkout to compare with (with its .venv)"
+    )
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     from loadtest.bench_vault import generate

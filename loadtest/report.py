@@ -6,11 +6,18 @@ Latencies are kept in seconds and reported in milliseconds, rounded to 3 decimal
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+
+def child_json(command: list[str], cwd: Path) -> dict[str, Any]:
+    """Run a benchmark's child process and read the JSON object on its last output line."""
+    result = subprocess.run(command, cwd=cwd, check=True, capture_output=True, text=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def ms(seconds: float) -> float:
