@@ -18,8 +18,15 @@ export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 MATRIX_TESTS=(
     tests/test_sqlite_matrix.py tests/test_store_json_text.py tests/test_store.py
     tests/test_ingest.py tests/test_ingest_hardening.py tests/test_crash.py
-    tests/test_jetstream.py tests/test_jetstream_unit.py
+    tests/test_jetstream_unit.py
 )
+# Kept under .ci/run's 15 minutes: the JetStream cluster tests (4 minutes a build) run on the
+# machine's SQLite and on 3.45.1, the release whose JSONB reading halted clusters, not again on
+# the newest; every build runs the store, ingest, crash and JetStream unit tests, which hold
+# every statement the cluster's nodes run. The 75 s kill-and-restart cycle of three nodes runs
+# once, in the whole suite.
+MATRIX_SKIP="not test_kills_lose_no_acknowledged_delivery"
+MATRIX_CLUSTER_BUILDS="3.45.1"
 failed=()
 echo "== the whole suite on the machine's SQLite" >&2
 .venv/bin/python -m pytest "$@" || failed+=("the whole suite (machine's SQLite)")
@@ -27,10 +34,15 @@ if [ "${KBGRAPH_SQLITE_MATRIX:-1}" != 0 ]; then
     while read -r build; do
         [ -n "$build" ] || continue
         version=$(echo "$build" | cut -d. -f1-3)
-        echo "== SQLite $version (sqlean.py $build): ${MATRIX_TESTS[*]}" >&2
+        tests=("${MATRIX_TESTS[@]}")
+        if [[ " $MATRIX_CLUSTER_BUILDS " == *" $version "* ]]; then
+            tests+=(tests/test_jetstream.py)
+        fi
+        echo "== SQLite $version (sqlean.py $build): ${tests[*]}" >&2
         KBGRAPH_TEST_SQLITE="$PWD/.venv/sqlite/$build" KBGRAPH_TEST_SQLITE_VERSION="$version" \
             PYTHONPATH="$PWD/tests/sqlite_swap${PYTHONPATH:+:$PYTHONPATH}" \
-            .venv/bin/python -m pytest "${MATRIX_TESTS[@]}" || failed+=("SQLite $version")
+            .venv/bin/python -m pytest "${tests[@]}" -k "$MATRIX_SKIP" \
+            || failed+=("SQLite $version")
     done < tests/sqlite_swap/builds.txt
 fi
 if [ ${#failed[@]} -gt 0 ]; then
