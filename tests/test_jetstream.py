@@ -32,7 +32,7 @@ import msgspec
 import pytest
 from nats.js import api
 
-from kbgraph.jetstream import decode_delivery, encode_delivery
+from kbgraph.jetstream import decode_delivery, encode_delivery, snapshots
 from kbgraph.jetstream.wire import Signer
 from kbgraph.store import Store
 from tests import webhook_client as wc
@@ -813,8 +813,8 @@ def wait_positions(cluster: NatsCluster, stream: str, positions: list[int]) -> N
     async def read() -> list[int]:
         nc = await cluster.connect()
         try:
-            kv = await nc.jetstream(timeout=5).key_value(f"{stream}-nodes")
-            return sorted([int((await kv.get(key)).value) for key in await kv.keys()])
+            found = await snapshots.live_positions(nc.jetstream(timeout=5), stream)
+            return sorted(found.values())
         finally:
             await nc.close()
 

@@ -146,6 +146,28 @@ async def report(js: Any, stream: str, node: str, position: int) -> None:
     await kv.put(node, str(position).encode())
 
 
+async def live_positions(js: Any, stream: str) -> dict[str, int]:
+    """The live nodes' reported positions, by node name ({} when none has reported).
+
+    Read from the bucket's stream (its subjects, then each key's last value), not with
+    nats-py's ``KeyValue.keys()``: that watcher may signal "no more keys" before the entries
+    the server already pushed reach it (the consumer's ``num_pending`` is 0 while the client
+    has counted none delivered), and an empty answer would let a trim cut below a live node.
+    """
+    name = positions_bucket(stream)
+    try:
+        kv = await js.key_value(name)
+        info = await js.stream_info(f"KV_{name}", subjects_filter=f"$KV.{name}.>")
+    except nats.js.errors.NotFoundError:
+        return {}
+    found: dict[str, int] = {}
+    for subject in sorted(info.state.subjects or {}):
+        key = subject.removeprefix(f"$KV.{name}.")
+        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+            found[key] = int((await kv.get(key)).value)
+    return found
+
+
 async def trim(js: Any, stream: str) -> int:
     """Purge the stream below what the retained snapshots and every live node have covered;
     the first sequence kept (0: nothing to trim by)."""
@@ -154,12 +176,7 @@ async def trim(js: Any, stream: str) -> int:
     ]
     if not covered:
         return 0
-    with contextlib.suppress(nats.js.errors.NotFoundError):
-        kv = await js.key_value(positions_bucket(stream))
-        with contextlib.suppress(nats.js.errors.NoKeysError):
-            for key in await kv.keys():
-                with contextlib.suppress(nats.js.errors.KeyNotFoundError):
-                    covered.append(int((await kv.get(key)).value))
+    covered.extend((await live_positions(js, stream)).values())
     keep_from = min(covered) + 1
     if keep_from > 1:
         await js.purge_stream(stream, seq=keep_from)
