@@ -20,13 +20,18 @@ MATRIX_TESTS=(
     tests/test_ingest.py tests/test_ingest_hardening.py tests/test_crash.py
     tests/test_jetstream_unit.py
 )
-# Kept under .ci/run's 15 minutes: the JetStream cluster tests (4 minutes a build) run on the
-# machine's SQLite and on 3.45.1, the release whose JSONB reading halted clusters, not again on
-# the newest; every build runs the store, ingest, crash and JetStream unit tests, which hold
-# every statement the cluster's nodes run. The 75 s kill-and-restart cycle of three nodes runs
-# once, in the whole suite.
+# Kept under .ci/run's 15 minutes: the whole JetStream cluster file (4 minutes a build) runs
+# once, on the machine's SQLite. On 3.45.1, the release whose JSONB reading halted clusters, a
+# three-node cluster takes writes and decides as one store, and snapshots trim the stream and
+# restore a fresh node (SQLite's backup API); every build runs the store, ingest, crash and
+# JetStream unit tests, which hold every statement the cluster's nodes run. The 75 s
+# kill-and-restart cycle of three nodes runs once, in the whole suite.
 MATRIX_SKIP="not test_kills_lose_no_acknowledged_delivery"
 MATRIX_CLUSTER_BUILDS="3.45.1"
+MATRIX_CLUSTER_TESTS=(
+    "tests/test_jetstream.py::test_two_nodes_one_kb_decide_as_one_store"
+    "tests/test_jetstream.py::test_snapshots_trim_the_stream_and_a_fresh_node_starts_from_one"
+)
 failed=()
 echo "== the whole suite on the machine's SQLite" >&2
 .venv/bin/python -m pytest "$@" || failed+=("the whole suite (machine's SQLite)")
@@ -36,7 +41,7 @@ if [ "${KBGRAPH_SQLITE_MATRIX:-1}" != 0 ]; then
         version=$(echo "$build" | cut -d. -f1-3)
         tests=("${MATRIX_TESTS[@]}")
         if [[ " $MATRIX_CLUSTER_BUILDS " == *" $version "* ]]; then
-            tests+=(tests/test_jetstream.py)
+            tests+=("${MATRIX_CLUSTER_TESTS[@]}")
         fi
         echo "== SQLite $version (sqlean.py $build): ${tests[*]}" >&2
         KBGRAPH_TEST_SQLITE="$PWD/.venv/sqlite/$build" KBGRAPH_TEST_SQLITE_VERSION="$version" \
