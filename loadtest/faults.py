@@ -68,7 +68,8 @@ class Load:
     writers: int = 2
     readers: int = 1
     pause: float = 0.01  # between a writer's deliveries
-    writes: list[tuple[float, int, int]] = field(default_factory=list)  # (answered, node, code)
+    # (answered, node, code, sent): code 0 is no answer within WRITE_TIMEOUT
+    writes: list[tuple[float, int, int, float]] = field(default_factory=list)
     readyz: list[tuple[float, int, int]] = field(default_factory=list)  # (asked, node, code)
     reads: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -111,7 +112,7 @@ class Load:
         while time.monotonic() < deadline:
             after = [
                 at
-                for at, index, code in list(self.writes)
+                for at, index, code, _ in list(self.writes)
                 if code == 200 and at >= since and node in (None, index)
             ]
             if after:
@@ -129,28 +130,36 @@ class Load:
                 counts[key] = counts.get(key, 0) + 1
         return dict(sorted(out.items()))
 
-    def ready_while_refusing(self) -> float:
-        """The longest time any node said ready (``/readyz`` 200) while every delivery it
-        answered since had been refused (503 or no answer in time)."""
+    def ready_while_refusing(self, since: float) -> float:
+        """The longest time, from ``since`` (a fault's start) on, that a node said ready
+        (``/readyz`` 200) while refusing: from the sending of a delivery it did not take (503
+        or no answer in time) with none taken since, to the next it took, after its last
+        ``/readyz`` that was not 200."""
         longest = 0.0
-        nodes = {node for _, node, _ in self.readyz}
-        for node in nodes:
-            timeline = sorted(
-                [(at, "write", code) for at, n, code in self.writes if n == node]
-                + [(at, "readyz", code) for at, n, code in self.readyz if n == node]
-            )
-            refusing: float | None = None  # since when (the first refusal's answer)
-            honest_at = -float("inf")
-            for at, what, code in timeline:
-                if what == "write":
-                    if code == 200:
-                        refusing = None
-                    elif refusing is None:
-                        refusing = at
-                elif code != 200:
-                    honest_at = at
-                elif refusing is not None:
-                    longest = max(longest, at - max(refusing, honest_at))
+        for node in {n for _, n, _ in self.readyz}:
+            spans: list[tuple[float, float]] = []
+            opened: float | None = None
+            last_ok = since
+            for answered, n, code, sent in sorted(self.writes):
+                if n != node:
+                    continue
+                if code == 200:
+                    if opened is not None:
+                        spans.append((opened, answered))
+                    opened, last_ok = None, max(last_ok, answered)
+                elif opened is None:
+                    opened = max(sent, last_ok)
+            if opened is not None:
+                spans.append((opened, float("inf")))
+            samples = sorted((at, code) for at, n, code in self.readyz if n == node)
+            for start, end in spans:
+                honest = start
+                for at, code in samples:
+                    if start <= at <= end:
+                        if code != 200:
+                            honest = at
+                        else:
+                            longest = max(longest, at - honest)
         return round(longest, 2)
 
     def _writer(self, k: int) -> None:
@@ -190,7 +199,7 @@ class Load:
                 time.sleep(0.05)
                 continue
             index, url = live[next(turn) % len(live)]
-            text = ""
+            text, sent = "", time.monotonic()
             try:
                 answer = client.post(
                     f"{url}/v1/kbs/{self.kb}/events", content=body, headers=headers
@@ -198,7 +207,7 @@ class Load:
                 code, text = answer.status_code, answer.text
             except httpx.HTTPError:
                 code = 0  # no answer in time, or the node is gone
-            self.writes.append((time.monotonic(), index, code))
+            self.writes.append((time.monotonic(), index, code, sent))
             if code == 200:
                 self.acked[headers["webhook-id"]] = events
                 self.mine.append(headers["webhook-id"])
@@ -351,9 +360,8 @@ def run(nodes: int, seconds: float, writers: int, quiet: bool = False) -> dict[s
             say(f"fault {name} ...")
             with Load(targets, creds.secret, auth, KB, name, acked, writers=writers) as load:
                 load.wait_acked(20)
-                began = time.monotonic()
                 figures = strike(load)
-                ended = figures.pop("ended")
+                began, ended = figures.pop("began"), figures.pop("ended")
                 figures["taken_again_s"] = round(load.taken_again(ended), 2)
                 if "victim" in figures:
                     victim = figures.pop("victim")
@@ -366,13 +374,13 @@ def run(nodes: int, seconds: float, writers: int, quiet: bool = False) -> dict[s
             report = {
                 "fault": name,
                 "acknowledged": len(load.mine),
-                "retries": sum(1 for _, _, code in load.writes if code != 200),
+                "retries": sum(1 for _, _, code, _ in load.writes if code != 200),
                 "lost": result["lost"],
                 "divergent": result["divergent"],
                 "extra_applied": result["seq"] - events,
                 "seq": result["seq"],
                 "readyz": load.readyz_counts(began, time.monotonic()),
-                "ready_while_refusing_s": load.ready_while_refusing(),
+                "ready_while_refusing_s": load.ready_while_refusing(began),
                 "reads": len(load.reads),
                 "reads_5xx_other_than_503": sum(1 for c in load.reads if c >= 500 and c != 503),
                 "errors": load.errors[:3],
@@ -386,17 +394,19 @@ def run(nodes: int, seconds: float, writers: int, quiet: bool = False) -> dict[s
             index = cluster.leader(STREAM)
             proc = cluster.procs[index]
             assert proc is not None
+            began = time.monotonic()
             with paused(proc.pid, group=False):
                 time.sleep(seconds)
-            return {"ended": time.monotonic(), "paused_server": f"n{index}"}
+            return {"began": began, "ended": time.monotonic(), "paused_server": f"n{index}"}
 
         def node_pause(load: Load) -> dict[str, Any]:
             time.sleep(min(3.0, seconds))
             proc = services[1].proc
             assert proc is not None
+            began = time.monotonic()
             with paused(proc.pid, group=True):
                 time.sleep(seconds)
-            return {"ended": time.monotonic(), "victim": 1}
+            return {"began": began, "ended": time.monotonic(), "victim": 1}
 
         def kill(wipe: bool) -> Callable[[Load], dict[str, Any]]:
             def strike(load: Load) -> dict[str, Any]:
@@ -409,6 +419,7 @@ def run(nodes: int, seconds: float, writers: int, quiet: bool = False) -> dict[s
                 down.add(index)
                 proc = services[index].proc
                 assert proc is not None
+                began = time.monotonic()
                 os.killpg(proc.pid, signal.SIGKILL)  # mid-apply: the load streams in
                 proc.wait(30)
                 folder = services[index].config.parent
@@ -419,7 +430,7 @@ def run(nodes: int, seconds: float, writers: int, quiet: bool = False) -> dict[s
                 time.sleep(min(3.0, seconds))  # writes go on to the others
                 ended = time.monotonic()
                 ready = restart(index)
-                figures: dict[str, Any] = {"ended": ended, "victim": index}
+                figures: dict[str, Any] = {"began": began, "ended": ended, "victim": index}
                 figures["restart_ready_s"] = round(ready, 2)
                 if wipe:
                     figures["restored_from_snapshot"] = "restored from snapshot" in (
