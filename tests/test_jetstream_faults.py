@@ -10,7 +10,9 @@ again, the same webhook-id and body, to the next node, until one answers 200.
 After each fault: every delivery answered 200 is on every node and applied once (each
 carries new concepts: the KB's seq counts each event once), the nodes answer every tool with
 the same bytes at one ``X-Min-Seq``, writes are taken again (the seconds are printed), and
-``/readyz`` is ready again. While the stream does not answer, ``/readyz`` says so.
+``/readyz`` is ready again. While the stream does not answer, ``/readyz`` says so. The load
+(``loadtest.faults.Load``) and the check (``loadtest.faults.compare``) are the load test's.
+A node re-publishing a delivery that JetStream still holds "in process" asks again.
 
 The pauses are short (the load test's ``--faults`` pauses the leader for 10 s); one cluster
 and two nodes serve every test of the module, in order. Not in scripts/test.sh's SQLite
@@ -192,10 +194,12 @@ def test_node_killed_mid_apply_wiped_and_restored_from_a_snapshot(
             if path != victim.config:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
         load.wait_acked(5)
-        victim.start()  # while the writers go on
-        ended = time.monotonic()
+        victim.launch()  # while the writers go on; back once /healthz answers
         assert victim.proc is not None
-        assert "restored from snapshot" in victim.proc.tail()
+        restored = [line for line in list(victim.proc.log) if "restored from snapshot" in line]
+        assert restored, list(victim.proc.log)  # before serving, so in the log by now
+        wait_ready(victim.proc)
+        ended = time.monotonic()
         print(f"writes taken again {load.taken_again(ended):.2f} s after the node restarted")
         load.wait_acked(5)
     check_after(load, faults)
