@@ -56,7 +56,7 @@ def check_after(load: Load, faults: Faults) -> None:
     """Zero acknowledged loss, each delivery applied once, the same bytes on every node,
     every node ready, no answer but 200/503 (or none while a node is paused or killed)."""
     assert not load.errors, load.errors[:3]
-    assert {code for *_, code in load.writes} <= {0, 200, 503}
+    assert {code for _, _, code, _ in load.writes} <= {0, 200, 503}
     assert load.reads and set(load.reads) <= {200, 503}, set(load.reads)
     nodes = faults.nodes
     wait_caught_up(nodes, faults.cluster)
