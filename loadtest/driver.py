@@ -66,6 +66,8 @@ class Options:
     keep: bool = False  # keep the temp dir (config, store, server log)
     port: int | None = None  # the service's port (None: a free one)
     nodes: int = 1  # >1: that many nodes over a 3-server NATS JetStream cluster on loopback
+    faults: bool = False  # with nodes >= 3: the faults of loadtest.faults, under load
+    fault_seconds: float = 10.0  # how long a paused NATS leader or node stays paused
 
     def resolved(self) -> Options:
         """Short mode: a few seconds, a small crowd (values above the short ones are capped)."""
@@ -377,6 +379,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="kbgraph nodes over a 3-server NATS JetStream cluster on loopback (default 1: "
         "one service on SQLite alone)",
     )
+    parser.add_argument(
+        "--faults",
+        action="store_true",
+        help="with --nodes 3: pause the stream's NATS leader, pause a node, kill a node, "
+        "wipe a node (it restarts from a snapshot), each under load; checks after each",
+    )
+    parser.add_argument(
+        "--fault-seconds",
+        type=float,
+        default=defaults.fault_seconds,
+        help="how long a paused NATS leader or node stays paused (default %(default)s)",
+    )
     return parser  # fmt: skip
 
 
@@ -388,6 +402,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.nodes < 1 or (args.nodes > 1 and (args.workers != 1 or args.port is not None)):
         print("loadtest: --nodes >= 1; with --nodes > 1, one worker and no --port", file=sys.stderr)
         return 2
+    if args.faults:
+        if args.nodes < 3 or args.fault_seconds <= 0:
+            print("loadtest: --faults needs --nodes 3 (or more), --fault-seconds > 0",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        from loadtest import faults
+
+        result = faults.run(args.nodes, args.fault_seconds, max(1, args.writers),
+                            quiet=args.no_progress)  # fmt: skip
+        print(faults.table(result))
+        print(json.dumps({k: v for k, v in result.items() if k != "reports"},
+                         separators=(",", ":")))  # fmt: skip
+        return 0 if all(result["met"].values()) else 1
     if args.port is not None and not 1 <= args.port <= 65535:
         print(f"loadtest: --port {args.port}: expected 1-65535", file=sys.stderr)
         return 2

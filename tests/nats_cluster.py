@@ -34,7 +34,7 @@ from tests.nats_security import Accounts, Tls
 
 STREAM = "kbgraph"
 # every stream a test may use: each has a node user allowed that stream alone
-STREAMS = [STREAM, "t-two", "t-cut", "t-rules", "t-skip", "t-mac", "t-snap"]
+STREAMS = [STREAM, "t-two", "t-cut", "t-rules", "t-skip", "t-mac", "t-snap", "t-fault"]
 
 
 def nats_server_binary() -> str:
@@ -138,13 +138,13 @@ class NatsCluster:
         ``replicas`` (created here if missing), or AssertionError after ``timeout``."""
         asyncio.run(_ensure_stream(self, replicas, timeout))
 
-    def leader(self) -> int:
-        """The index of the server leading the stream (its raft group's leader)."""
+    def leader(self, stream: str = STREAM) -> int:
+        """The index of the server leading ``stream`` (its raft group's leader)."""
 
         async def ask() -> str:
             nc = await self.connect()
             try:
-                info = await nc.jetstream(timeout=5).stream_info(STREAM)
+                info = await nc.jetstream(timeout=5).stream_info(stream)
                 assert info.cluster is not None and info.cluster.leader
                 return info.cluster.leader
             finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import ssl
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,8 @@ def test_readiness_says_why_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         follower.target, follower.connected = 5, True
         assert follower.problem() == "catching up with stream kbgraph: at 1 of 5"
         follower.applied = 5
+        assert "has not answered for" in (follower.problem() or "")  # never asked yet
+        follower.answered_at = time.monotonic()  # the stream's leader answered just now
         assert follower.problem() is None
         follower.connected = False
         assert "disconnected" in (follower.problem() or "")

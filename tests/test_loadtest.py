@@ -153,3 +153,29 @@ def test_the_check_catches_a_delivery_the_service_never_got(
     assert not checks["zero_loss"]
     assert checks["applied_expected"] == checks["applied_found"] + 1
     assert any(s.startswith("ops/phantom") for s in checks["mismatch_samples"])
+
+
+def test_the_faults_readyz_figure_catches_a_node_ready_while_refusing() -> None:
+    """``Load.ready_while_refusing``: a node that keeps saying ready while the deliveries
+    sent to it fail counts from the first failed sending after the fault's start to its last
+    ready sample; a node that says not ready (or does not answer) meanwhile counts from then."""
+    from loadtest.faults import Load
+
+    def load(readyz: list[tuple[float, int, int]]) -> Load:
+        lying = Load(lambda: [], "whsec_x", {}, "kb", "t", {})
+        # node 0: taken at 1, refused (sent 2, no answer by 5; sent 6, 503 at 7), taken at 9
+        lying.writes = [
+            (1.0, 0, 200, 0.9),
+            (5.0, 0, 0, 2.0),
+            (7.0, 0, 503, 6.0),
+            (9.0, 0, 200, 8.5),
+        ]
+        lying.readyz = readyz
+        return lying
+
+    assert load([(t, 0, 200) for t in (1.5, 3.0, 5.0, 8.0)]).ready_while_refusing(0.0) == 6.0
+    assert load([(t, 0, 200) for t in (1.5, 3.0, 5.0, 8.0)]).ready_while_refusing(4.0) == 4.0
+    honest = [(1.5, 0, 200), (3.0, 0, 503), (5.0, 0, 0), (8.0, 0, 503), (9.5, 0, 200)]
+    assert load(honest).ready_while_refusing(0.0) == 0.0
+    late = [(3.0, 0, 503), (4.0, 0, 200), (8.0, 0, 200)]  # ready again at 4, still refusing
+    assert load(late).ready_while_refusing(0.0) == 5.0

@@ -36,6 +36,9 @@ log = logging.getLogger("kbgraph.jetstream")
 APPLY_WAIT_SECONDS: Final = 30.0  # a published delivery not applied here by then: 503
 NODE_ENV: Final = "KBGRAPH_NODE_ID"  # set by kbgraph serve: its start-up report's key
 REPORT_SECONDS: Final = 5.0  # this node's position to "<stream>-nodes" this often (it is live)
+WATCH_SECONDS: Final = 1.0  # the stream's leader asked this often whether it answers
+SILENT_SECONDS: Final = 4.0  # no answer from it for this long: /readyz says not ready
+IN_PROCESS: Final = 10158  # JetStream: a publish with this Msg-Id is being stored: ask again
 
 
 class DeliveryTooLarge(ValueError):
@@ -74,6 +77,8 @@ class JetStreamLog(Follower):
         self._js: Any = None
         self._task: asyncio.Task[None] | None = None
         self._upkeep_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self.answered_at = 0.0  # when the stream's leader last answered (time.monotonic)
         self.snapshot_at = 0  # the position of the last snapshot this node published
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -82,9 +87,10 @@ class JetStreamLog(Follower):
         """Connect and follow in the background (``problem()`` says when it has caught up)."""
         self._task = asyncio.create_task(self._run(), name="kbgraph-jetstream-follower")
         self._upkeep_task = asyncio.create_task(self._upkeep(), name="kbgraph-jetstream-upkeep")
+        self._watch_task = asyncio.create_task(self._watch(), name="kbgraph-jetstream-watch")
 
     async def close(self) -> None:
-        for task in (self._upkeep_task, self._task):
+        for task in (self._watch_task, self._upkeep_task, self._task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -96,7 +102,10 @@ class JetStreamLog(Follower):
     def problem(self) -> str | None:
         """Why this node is not ready: not connected (yet), failing to follow (a message its
         store cannot apply, or the stream no longer holds what it needs), or behind the
-        stream's last sequence as of its start (a fresh node catches up first)."""
+        stream's last sequence as of its start (a fresh node catches up first), or the
+        stream's leader has not answered for ``SILENT_SECONDS`` (``_watch``): paused, cut
+        off, being elected, or the NATS server this node is connected to hangs; writes are
+        refused (503) meanwhile, so the node says so rather than look ready."""
         if self.target is None:
             return self.error or "connecting to JetStream"
         if not self.connected:
@@ -105,6 +114,13 @@ class JetStreamLog(Follower):
             return f"following stream {self.stream} fails: {self.failure}"
         if self.applied < self.target:
             return f"catching up with stream {self.stream}: at {self.applied} of {self.target}"
+        silent = time.monotonic() - self.answered_at
+        if silent > SILENT_SECONDS:
+            return (
+                f"stream {self.stream} has not answered for {silent:.0f} s (its leader paused,"
+                " cut off or being elected, or this node's NATS server hangs): deliveries are"
+                " refused until it does"
+            )
         return None
 
     async def _connect(self) -> None:
@@ -142,6 +158,7 @@ class JetStreamLog(Follower):
                         self._js, self.config, decision_rules(self.store, self.signer)
                     )
                     self.error = None
+                    self.answered_at = time.monotonic()
                     log.info(
                         "following stream %s from %s (last %s)",
                         self.stream,
@@ -171,6 +188,22 @@ class JetStreamLog(Follower):
                 backoff = min(2.0, backoff * 2)
             else:
                 backoff = 0.1
+
+    async def _watch(self) -> None:
+        """Ask the stream's leader whether it answers, every ``WATCH_SECONDS`` (``problem``
+        reads when it last did). A paused or cut-off leader, or a hung server this node's
+        connection stays on, closes no connection: only a request that goes unanswered
+        shows it."""
+        while True:
+            if self._js is not None and self.target is not None:
+                try:
+                    await asyncio.wait_for(self._js.stream_info(self.stream), SILENT_SECONDS)
+                    self.answered_at = time.monotonic()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.debug("stream %s does not answer: %r", self.stream, exc)
+            await asyncio.sleep(WATCH_SECONDS)
 
     # --- snapshots and trimming (kbgraph.jetstream.snapshots) ------------------------------
 
@@ -281,6 +314,7 @@ class JetStreamLog(Follower):
                 ack = await self._js.publish(
                     subject, payload, timeout=min(2.0, remaining), headers=headers
                 )
+                self.answered_at = time.monotonic()
                 return int(ack.seq)
             except (
                 nats.errors.TimeoutError,
@@ -294,7 +328,9 @@ class JetStreamLog(Follower):
                 log.debug("publish to %s: %r, retrying", subject, exc)
                 await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
             except nats.js.errors.APIError as exc:
-                if exc.code is not None and exc.code >= 500:
+                # 10158: an earlier attempt with this Msg-Id is being stored (the leader
+                # changed meanwhile): its outcome is this delivery's, so ask until it is known
+                if (exc.code is not None and exc.code >= 500) or exc.err_code == IN_PROCESS:
                     await asyncio.sleep(0.1)
                     continue
                 raise LogUnavailable(f"the stream refused the delivery: {exc}") from exc
