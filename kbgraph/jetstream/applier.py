@@ -151,7 +151,10 @@ class Supervisor:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            self.proc = subprocess.Popen(self.command)
+            # a session of its own: a signal to serve's process group (Ctrl-C, a stop) reaches
+            # serve, which stops the applier after its workers, rather than both at once (it
+            # would be started again meanwhile); orphaned, it exits by itself (``--parent``)
+            self.proc = subprocess.Popen(self.command, start_new_session=True)
             while self.proc.poll() is None:
                 if self._stopping.wait(0.2):
                     return

@@ -179,8 +179,8 @@ class WorkerLog(Publisher):
                     outcome = LogUnavailable(f"stored in the stream, {status.problem}")
                 if outcome is None:
                     continue
-                future = self._waiting.pop(seq)
-                if future.done():
+                future = self._waiting.pop(seq, None)
+                if future is None or future.done():  # gone meanwhile: its sender timed out
                     continue
                 if isinstance(outcome, BaseException):
                     future.set_exception(outcome)

@@ -37,8 +37,9 @@ SKIPPED_MESSAGES: Final = (
 NOTE_GET: Final = "SELECT kind, detail FROM stream_note WHERE stream = ? AND seq = ?"
 NOTES: Final = "SELECT seq, kind, detail FROM stream_note WHERE stream = ? ORDER BY seq"
 RESULTS_KEPT: Final = 50_000  # positions whose answer is kept: minutes of deliveries
-RESULT_PUT: Final = (
-    "INSERT INTO stream_result (stream, seq, result, refusal, detail) VALUES (?, ?, ?, ?, ?)"
+RESULT_PUT: Final = (  # a store set back to an earlier position may hold the row already
+    "INSERT OR REPLACE INTO stream_result (stream, seq, result, refusal, detail)"
+    " VALUES (?, ?, ?, ?, ?)"
 )
 RESULT_PRUNE: Final = "DELETE FROM stream_result WHERE stream = ? AND seq <= ?"
 RESULTS_GET: Final = (
