@@ -381,7 +381,15 @@ def create_app(config: Config) -> Starlette:
         app.state.on_commit = projections.kick
         await anyio.to_thread.run_sync(projections.start)
         replicated = None
-        if config.log.kind == "jetstream":  # the stream decides the order; follow it here
+        if config.log.kind == "jetstream" and os.environ.get("KBGRAPH_APPLIER"):
+            # one of several workers: the node's applier process follows the stream
+            # (kbgraph.jetstream.applier; the variable is its APPLIER_ENV)
+            from kbgraph.jetstream.worker import WorkerLog
+
+            replicated = WorkerLog(config.log, store, projections)
+            app.state.log = replicated
+            await replicated.start()
+        elif config.log.kind == "jetstream":  # the stream decides the order; follow it here
             from kbgraph.jetstream import JetStreamLog
 
             replicated = JetStreamLog(

@@ -150,10 +150,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _fail(problem)
     if args.workers < 1:
         return _fail("--workers: expected at least 1")
-    if args.workers > 1 and config.log.kind == "jetstream":
-        # One follower applies the stream into the node's store and answers its deliveries;
-        # a node scales by more nodes, not by more workers over one store.
-        return _fail("--workers: [log] kind = jetstream runs one worker per node")
     if config.log.kind == "jetstream":
         from kbgraph.jetstream.connect import secrets_problem
 
@@ -168,15 +164,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     problem = store_problem(config.store.path)
     if problem:
         return _fail(problem)
-    run_server(
-        config,
-        Path(args.config),
-        args.host,
-        args.port,
-        args.workers,
-        args.log_level,
-        args.access_log,
-    )
+    supervisor = None
+    if args.workers > 1 and config.log.kind == "jetstream":
+        # one applier process writes the node's store from the stream; the workers follow it
+        from kbgraph.jetstream.applier import APPLIER_ENV, Supervisor
+
+        supervisor = Supervisor(Path(args.config), args.log_level)
+        supervisor.start()
+        os.environ[APPLIER_ENV] = "1"
+    try:
+        run_server(
+            config,
+            Path(args.config),
+            args.host,
+            args.port,
+            args.workers,
+            args.log_level,
+            args.access_log,
+        )
+    finally:
+        if supervisor is not None:
+            supervisor.stop()
     return 0
 
 

@@ -1,5 +1,5 @@
-"""A JetStream cluster that runs for months: stream bytes with trimming, and an empty node
-ready from a snapshot (issue 25; the parts built so far).
+"""A JetStream cluster that runs for months: stream bytes with trimming, an empty node ready
+from a snapshot, and agent req/s by nodes and workers per node (issue 25).
 
 1. A 3-server NATS cluster on loopback (TLS, accounts: ``tests.nats_cluster``) and node A with
    ``snapshot_every_seconds`` set; A takes ``--concepts`` concepts in 500-event deliveries.
@@ -9,10 +9,19 @@ ready from a snapshot (issue 25; the parts built so far).
 3. An empty node B starts: the time from its process start to ``/readyz`` 200 (it restores the
    newest snapshot, loads its checkpoint, follows the stream's rest).
 
-Not measured here (not built yet): agent req/s with 1-3 nodes and 1-2 workers per node, and
-the faults under load. The last line is one JSON object. Everything shares this machine.
+4. Agent req/s with 1, 2 and 3 nodes of 1 and 2 workers each: ``python -m loadtest --jetstream
+   --nodes N --workers W`` per pair (its own NATS cluster, agents and paced writers at once,
+   zero-loss checked), with the CPU cores each process group used (``nodes``: every node's
+   serve process, workers and applier; ``nats``; ``client``: the load generator; ``other``:
+   the rest of the machine) so a reader sees what bounded each figure.
 
-    .venv/bin/python loadtest/bench_cluster.py [--concepts 100000] [--seconds 60] [--rate 50]
+The faults under load are ``python -m loadtest --nodes 3 --faults`` (not here). ``--phases``
+picks the parts (``stream``: 1-3, ``rps``: 4). The last line is one JSON object. Everything
+shares this machine: on a machine of few cores the nodes, NATS and the client compete, and
+the CPU figures say so.
+
+    .venv/bin/python -m loadtest.bench_cluster [--concepts 100000] [--seconds 60] [--rate 50]
+        [--phases stream,rps] [--rps-seconds 15] [--nodes 1,2,3] [--workers 1,2]
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -116,6 +126,98 @@ async def snapshot_sizes(cluster: NatsCluster) -> list[int]:
         await nc.close()
 
 
+def agent_rps(nodes: int, workers: int, seconds: float, agents: int, out: Path) -> dict[str, Any]:
+    """One ``python -m loadtest`` run over JetStream: its req/s, CPU and checks."""
+    command = [
+        sys.executable, "-m", "loadtest", "--jetstream", "--nodes", str(nodes),
+        "--workers", str(workers), "--seconds", str(seconds), "--agents", str(agents),
+        "--no-progress", "--no-chart", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    try:
+        headline = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"nodes": nodes, "workers": workers, "failed": done.stderr[-2000:]}
+    return {
+        "nodes": nodes,
+        "workers": workers,
+        "agents_rps": headline["agents_rps"],
+        "write_rate": headline["write_rate"],
+        "cpu_cores": headline.get("cpu_cores"),
+        "ack_ms": headline.get("ack_ms"),
+        "zero_loss": headline.get("zero_loss"),
+        "no_5xx": headline.get("no_5xx"),
+        "exit": done.returncode,
+    }
+
+
+def rps_phase(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    runs = []
+    for nodes in args.nodes:
+        for workers in args.workers:
+            row = agent_rps(nodes, workers, args.rps_seconds, args.agents, root / "rps")
+            runs.append(row)
+            print(
+                f"{nodes} node(s) x {workers} worker(s): {row.get('agents_rps')} agent req/s,"
+                f" cpu {row.get('cpu_cores')}, exit {row.get('exit')}",
+                flush=True,
+            )
+    by = {(r["nodes"], r["workers"]): r.get("agents_rps") for r in runs}
+    ratios = {}
+    for nodes in args.nodes:
+        base, more = by.get((nodes, 1)), by.get((nodes, 2))
+        if base and more:
+            ratios[f"{nodes}_nodes_2_workers_vs_1"] = round(more / base, 2)
+    for workers in args.workers:
+        base = by.get((1, workers))
+        for nodes in args.nodes[1:]:
+            more = by.get((nodes, workers))
+            if base and more:
+                ratios[f"{nodes}_vs_1_nodes_{workers}_workers"] = round(more / base, 2)
+    return {"runs": runs, "ratios": ratios, "seconds": args.rps_seconds, "agents": args.agents}
+
+
+def stream_phase(args: argparse.Namespace, root: Path, figures: dict[str, Any]) -> None:
+    """Phases 1-3: load, writes sampled, an empty node ready from a snapshot."""
+    log = f"snapshot_every_seconds = {args.snapshot_every}\nsnapshots_keep = 2\n"
+    cluster = NatsCluster(root / "nats", 3)
+    nodes = []
+    try:
+        cluster.start()
+        port_a = free_port()
+        nodes.append(start_server(root / "a", port_a, cluster.log_toml(STREAM) + log))
+        seconds = asyncio.run(load(port_a, args.concepts))
+        figures["load_seconds"] = round(seconds, 1)
+        loaded = asyncio.run(stream_state(cluster))
+        figures["stream_after_load"] = {"bytes": loaded[0], "messages": loaded[1]}
+        print("loaded:", figures["load_seconds"], "s; stream", loaded, flush=True)
+        samples = asyncio.run(write_and_sample(port_a, cluster, args.seconds, args.rate))
+        half = len(samples) // 2
+        figures["stream_during_writes"] = {
+            "samples": samples,
+            "max_bytes_first_half": max(s["bytes"] for s in samples[:half]),
+            "max_bytes_second_half": max(s["bytes"] for s in samples[half:]),
+            "rate_per_s": args.rate,
+            "seconds": args.seconds,
+        }
+        print("stream while writing:", [(s["t"], s["bytes"], s["first"]) for s in samples])
+        port_b = free_port()
+        started = time.monotonic()
+        nodes.append(start_server(root / "b", port_b, cluster.log_toml(STREAM)))
+        figures["empty_node_ready_seconds"] = round(time.monotonic() - started, 1)
+        figures["snapshot_bytes"] = asyncio.run(snapshot_sizes(cluster))
+        print("empty node B ready from a snapshot in", figures["empty_node_ready_seconds"], "s")
+    finally:
+        for proc in nodes:
+            stop_server(proc)
+        cluster.stop()
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m loadtest.bench_cluster", description=__doc__.splitlines()[0]
@@ -124,48 +226,31 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="the write phase, sampled")
     parser.add_argument("--rate", type=float, default=50.0, help="deliveries/s in that phase")
     parser.add_argument("--snapshot-every", type=float, default=10.0)
+    parser.add_argument("--phases", default="stream,rps", help="stream (1-3), rps (4)")
+    parser.add_argument("--rps-seconds", type=float, default=15.0, help="each req/s run")
+    parser.add_argument("--agents", type=int, default=8, help="agent clients in each run")
+    parser.add_argument("--nodes", type=_ints, default=[1, 2, 3], help="e.g. 1,2,3")
+    parser.add_argument("--workers", type=_ints, default=[1, 2], help="e.g. 1,2")
     args = parser.parse_args()
+    phases = set(args.phases.split(","))
     figures: dict[str, Any] = {"concepts": args.concepts, "cores": os.cpu_count()}
-    log = f"snapshot_every_seconds = {args.snapshot_every}\nsnapshots_keep = 2\n"
+    aims: dict[str, bool] = {}
     with tempfile.TemporaryDirectory(prefix="kbgraph-bench-cluster-") as folder:
         root = Path(folder)
-        cluster = NatsCluster(root / "nats", 3)
-        nodes = []
-        try:
-            cluster.start()
-            port_a = free_port()
-            nodes.append(start_server(root / "a", port_a, cluster.log_toml(STREAM) + log))
-            seconds = asyncio.run(load(port_a, args.concepts))
-            figures["load_seconds"] = round(seconds, 1)
-            loaded = asyncio.run(stream_state(cluster))
-            figures["stream_after_load"] = {"bytes": loaded[0], "messages": loaded[1]}
-            print("loaded:", figures["load_seconds"], "s; stream", loaded)
-            samples = asyncio.run(write_and_sample(port_a, cluster, args.seconds, args.rate))
-            half = len(samples) // 2
-            figures["stream_during_writes"] = {
-                "samples": samples,
-                "max_bytes_first_half": max(s["bytes"] for s in samples[:half]),
-                "max_bytes_second_half": max(s["bytes"] for s in samples[half:]),
-                "rate_per_s": args.rate,
-                "seconds": args.seconds,
-            }
-            print("stream while writing:", [(s["t"], s["bytes"], s["first"]) for s in samples])
-            port_b = free_port()
-            started = time.monotonic()
-            nodes.append(start_server(root / "b", port_b, cluster.log_toml(STREAM)))
-            figures["empty_node_ready_seconds"] = round(time.monotonic() - started, 1)
-            figures["snapshot_bytes"] = asyncio.run(snapshot_sizes(cluster))
-            print("empty node B ready from a snapshot in", figures["empty_node_ready_seconds"], "s")
-        finally:
-            for proc in nodes:
-                stop_server(proc)
-            cluster.stop()
-    during = figures["stream_during_writes"]
-    figures["aims"] = {
-        "stream_bytes_flat": during["max_bytes_second_half"]
-        <= 1.5 * during["max_bytes_first_half"],
-        "empty_node_ready_le_30s": figures["empty_node_ready_seconds"] <= 30.0,
-    }
+        if "stream" in phases:
+            stream_phase(args, root, figures)
+            during = figures["stream_during_writes"]
+            aims["stream_bytes_flat"] = (
+                during["max_bytes_second_half"] <= 1.5 * during["max_bytes_first_half"]
+            )
+            aims["empty_node_ready_le_30s"] = figures["empty_node_ready_seconds"] <= 30.0
+        if "rps" in phases:
+            figures["agent_rps"] = rps_phase(args, root)
+            runs = figures["agent_rps"]["runs"]
+            aims["rps_runs_lose_nothing_no_5xx"] = all(
+                r.get("zero_loss") and r.get("no_5xx") for r in runs
+            )
+    figures["aims"] = aims
     print(json.dumps(figures))
 
 

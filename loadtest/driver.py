@@ -68,6 +68,7 @@ class Options:
     nodes: int = 1  # >1: that many nodes over a 3-server NATS JetStream cluster on loopback
     faults: bool = False  # with nodes >= 3: the faults of loadtest.faults, under load
     fault_seconds: float = 10.0  # how long a paused NATS leader or node stays paused
+    jetstream: bool = False  # the NATS JetStream cluster with one node too
 
     def resolved(self) -> Options:
         """Short mode: a few seconds, a small crowd (values above the short ones are capped)."""
@@ -85,7 +86,7 @@ class Options:
 async def run_async(opts: Options, tmp: Path) -> dict[str, Any]:
     creds = Credentials()
     cluster = None
-    if opts.nodes > 1:  # several nodes, each a full replica, over a NATS JetStream stream
+    if opts.nodes > 1 or opts.jetstream:  # nodes, each a full replica, over a JetStream stream
         from tests.nats_cluster import NatsCluster
 
         cluster = NatsCluster(tmp / "nats", 3)
@@ -95,7 +96,7 @@ async def run_async(opts: Options, tmp: Path) -> dict[str, Any]:
             folder = tmp / f"node{index}"
             folder.mkdir()
             config = write_config(folder, creds, log_toml=cluster.log_toml())
-            services.append(ServiceProcess(config, 1))
+            services.append(ServiceProcess(config, opts.workers))
     else:
         config = write_config(tmp, creds)
         services = [ServiceProcess(config, opts.workers, port=opts.port)]
@@ -280,13 +281,16 @@ def run(opts: Options) -> dict[str, Any]:
             shutil.rmtree(tmp, ignore_errors=True)
     if opts.out:
         out = Path(opts.out)
-        name = f"loadtest-w{opts.workers}" + (f"-n{opts.nodes}" if opts.nodes > 1 else "")
+        clustered = opts.nodes > 1 or opts.jetstream
+        name = f"loadtest-w{opts.workers}" + (f"-n{opts.nodes}" if clustered else "")
         report.write_json(out / f"{name}.json", full)
         full["report_path"] = str(out / f"{name}.json")
         if opts.chart:
             png = out / f"{name}.png"
             serving = (
-                f"{opts.nodes} nodes (JetStream)" if opts.nodes > 1 else f"{opts.workers} worker(s)"
+                f"{opts.nodes} node(s) of {opts.workers} worker(s) (JetStream)"
+                if clustered
+                else f"{opts.workers} worker(s)"
             )
             report.chart(
                 png,
@@ -376,8 +380,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--nodes",
         type=int,
         default=1,
-        help="kbgraph nodes over a 3-server NATS JetStream cluster on loopback (default 1: "
-        "one service on SQLite alone)",
+        help="kbgraph nodes over a 3-server NATS JetStream cluster on loopback, each of "
+        "--workers workers (default 1: one service on SQLite alone)",
+    )
+    parser.add_argument(
+        "--jetstream",
+        action="store_true",
+        help="the NATS JetStream cluster even for one node (as --nodes N > 1 has it)",
     )
     parser.add_argument(
         "--faults",
@@ -399,8 +408,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.agents < 0 or args.writers < 0 or args.workers < 1 or args.seconds <= 0:
         print("loadtest: --agents/--writers >= 0, --workers >= 1, --seconds > 0", file=sys.stderr)
         return 2
-    if args.nodes < 1 or (args.nodes > 1 and (args.workers != 1 or args.port is not None)):
-        print("loadtest: --nodes >= 1; with --nodes > 1, one worker and no --port", file=sys.stderr)
+    if args.nodes < 1 or ((args.nodes > 1 or args.jetstream) and args.port is not None):
+        print("loadtest: --nodes >= 1; with JetStream, no --port", file=sys.stderr)
         return 2
     if args.faults:
         if args.nodes < 3 or args.fault_seconds <= 0:
@@ -423,6 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_rate=args.write_rate, workers=args.workers, kind=args.kind, n=args.n,
         seed=args.seed, out=args.out, short=args.short, progress=not args.no_progress,
         chart=not args.no_chart, keep=args.keep, port=args.port, nodes=args.nodes,
+        jetstream=args.jetstream,
     )  # fmt: skip
     try:
         full = run(opts)

@@ -34,7 +34,7 @@ from tests.nats_security import Accounts, Tls
 
 STREAM = "kbgraph"
 # every stream a test may use: each has a node user allowed that stream alone
-STREAMS = [STREAM, "t-two", "t-cut", "t-rules", "t-skip", "t-mac", "t-snap", "t-fault"]
+STREAMS = [STREAM, "t-two", "t-cut", "t-rules", "t-skip", "t-mac", "t-snap", "t-fault", "t-work"]
 
 
 def nats_server_binary() -> str:

@@ -107,16 +107,18 @@ class Node:
         module: str = "kbgraph",
         credentials: bool = True,
         log_extra: str = "",
+        workers: int = 1,
     ) -> None:
         self.folder = folder
         self.stream = stream
         self.module = module  # tests.faulty_node: a node whose store fails on some message
+        self.workers = workers  # several: one applier process, the workers follow its store
         self.config = write_node_config(folder, cluster, stream, credentials, log_extra)
         self.proc: ServerProcess | None = None
 
     def launch(self) -> None:
         """Start the process, without waiting for ``/readyz``."""
-        self.proc = start_server(self.config, module=self.module)
+        self.proc = start_server(self.config, workers=self.workers, module=self.module)
 
     def start(self) -> None:
         self.launch()
@@ -943,3 +945,133 @@ def test_snapshots_trim_the_stream_and_a_fresh_node_starts_from_one(
     finally:
         for n in nodes:
             n.stop()
+
+
+def publishers(cluster: NatsCluster, stream: str) -> dict[str, str]:
+    """webhook-id -> the process that published its delivery (``Nats-Msg-Id`` less its count)."""
+
+    async def read() -> dict[str, str]:
+        nc = await cluster.connect()
+        try:
+            js = nc.jetstream(timeout=5)
+            last = (await js.stream_info(stream)).state.last_seq
+            out = {}
+            for seq in range(1, last + 1):
+                raw = await js.get_msg(stream, seq)
+                _, _, message = decode_delivery(raw.data or b"")
+                assert message is not None
+                out[message.id] = (raw.headers or {})["Nats-Msg-Id"].rsplit("-", 1)[0]
+            return out
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def test_two_workers_per_node_answer_as_one_node(
+    shared_cluster: NatsCluster, tmp_path: Path
+) -> None:
+    """``--workers 2``: each worker publishes what it takes, the node's applier process applies
+    the stream; both workers answer deliveries as a single store decides them in the stream's
+    order and tools with the bytes of a fresh single-worker node; with the applier dead both
+    say so on ``/readyz`` and refuse writes (503), and take them again once it is back."""
+    cluster, stream = shared_cluster, "t-work"
+    node = Node(tmp_path / "w", cluster, stream, workers=2)
+    node.start()
+    clients: dict[str, httpx.Client] = {}  # the process behind it -> a kept-alive connection
+    answers: dict[str, list[dict]] = {}  # webhook-id -> the answers' JSON, in order
+    sent: list[tuple[bytes, dict[str, str]]] = []
+
+    def deliver(client: httpx.Client, events: list[dict], resend: int | None = None) -> str:
+        body, headers = sent[resend] if resend is not None else wc.delivery(SECRET, events)
+        sent.append((body, headers))
+        answer = client.post(f"{node.url}/v1/kbs/{KB}/events", content=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        answers.setdefault(headers["webhook-id"], []).append(answer.json())
+        return headers["webhook-id"]
+
+    try:
+        # one delivery per fresh connection until both workers took some (the kernel picks)
+        for i in range(40):
+            client = httpx.Client(timeout=30, limits=httpx.Limits(max_connections=1))
+            links = [f"work/{i - 1}"] if i else []
+            wid = deliver(client, [wc.upsert(f"work/{i}", links=links, text="alpha concept")])
+            publisher = publishers(cluster, stream)[wid]
+            if publisher in clients:
+                client.close()
+            else:
+                clients[publisher] = client
+            if len(clients) == 2:
+                break
+        assert len(clients) == 2, "every connection went to one worker"
+        first, second = clients.values()
+        for i in range(6):  # both at once, with re-sends (answered as duplicates)
+            deliver(first, [wc.upsert(f"both/{i}", links=["work/0"], text="alpha concept")])
+            deliver(second, [], resend=len(sent) - 1)
+            deliver(second, [wc.event("link.added", f"both/{i}", 2, target="work/1")])
+
+        # the applier killed and kept dead (its supervisor, the serve process, paused)
+        assert node.proc is not None
+        status = msgspec.json.decode((node.folder / "kb.db.applier").read_bytes())
+        os.kill(node.proc.pid, signal.SIGSTOP)
+        try:
+            os.kill(status["pid"], signal.SIGKILL)
+            for client in clients.values():
+                deadline = time.monotonic() + READY_SECONDS
+                while (ready := client.get(f"{node.url}/readyz")).status_code == 200:
+                    assert time.monotonic() < deadline, "still ready without an applier"
+                    time.sleep(0.05)
+                assert "applier is not running" in ready.text, ready.text
+                body, headers = wc.delivery(SECRET, [wc.upsert("refused")])
+                refused = client.post(
+                    f"{node.url}/v1/kbs/{KB}/events", content=body, headers=headers
+                )
+                assert refused.status_code == 503, refused.text
+                assert "applier is not running" in refused.text
+        finally:
+            os.kill(node.proc.pid, signal.SIGCONT)
+        for client in clients.values():  # started again by its supervisor: writes taken
+            deadline = time.monotonic() + READY_SECONDS
+            while client.get(f"{node.url}/readyz").status_code != 200:
+                assert time.monotonic() < deadline, "not ready again"
+                time.sleep(0.05)
+            deliver(client, [wc.upsert(f"after/{len(sent)}", links=["work/0"])])
+
+        final = wait_caught_up([node], cluster)
+        messages = stream_messages(cluster, stream)
+        assert len(messages) == final == len(sent)  # nothing published while refused
+        with Store(tmp_path / "reference.db") as reference:
+            for _, at, payload in messages:  # decided as one store decides the stream's order
+                kb, events, message = decode_delivery(payload)
+                assert message is not None
+                reference.clock = lambda at=at: at
+                expected = msgspec.to_builtins(reference.append(kb, events, message=message))
+                assert answers[message.id].pop(0) == expected, message.id
+            fresh = Node(tmp_path / "fresh", cluster, stream)  # one worker, from the stream
+            fresh.start()
+            try:
+                wait_caught_up([fresh], cluster)
+                wait_positions(cluster, stream, [final, final])  # one report per node
+                seq = reference.kb_seq(KB)
+                ids = ["work/0", "work/1", "both/0", "both/5"]
+                for tool, body in tool_requests(ids):
+                    bytes_seen = []
+                    for url, client in [(node.url, c) for c in clients.values()] + [
+                        (fresh.url, httpx.Client(timeout=30))
+                    ]:
+                        response = client.post(
+                            f"{url}/v1/kbs/{KB}/tools/{tool}",
+                            content=body,
+                            headers={**AUTH, "X-Min-Seq": str(seq)},
+                        )
+                        assert response.status_code == 200, response.text
+                        bytes_seen.append(response.content)
+                    assert bytes_seen[0] == bytes_seen[1] == bytes_seen[2], (tool, body)
+            finally:
+                fresh.stop()
+            node.stop()
+            snapshots_equal([node, fresh], reference)
+    finally:
+        for client in clients.values():
+            client.close()
+        node.stop()

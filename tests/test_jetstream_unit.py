@@ -4,18 +4,21 @@ store's side (``Store.submit_from_log``: positions in order, decisions timed by 
 from __future__ import annotations
 
 import concurrent.futures
+import fcntl
 import ssl
 import threading
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from kbgraph import cli
 from kbgraph.config import ConfigError, parse_config
-from kbgraph.jetstream import decode_delivery, encode_delivery
+from kbgraph.jetstream import applier, decode_delivery, encode_delivery
+from kbgraph.jetstream.applier import ApplierProbe
 from kbgraph.jetstream.wire import NotPublishable, pack, unpack
-from kbgraph.store import DeliveryResult, ReplayRefused, Store, WebhookMessage
+from kbgraph.store import DeliveryResult, ReplayRefused, Store, WebhookMessage, positions
 from kbgraph.store.group import GroupWriter
 from kbgraph.store.positions import LogOutOfOrder, MessageFailed
 from tests.kb_events import link_added, upsert
@@ -51,11 +54,52 @@ def test_log_config_errors_name_the_key(text: str, message: str) -> None:
         parse_config(text)
 
 
-def test_jetstream_serve_takes_one_worker(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    path = tmp_path / "kbgraph.toml"
-    path.write_text(f'[log]\nkind = "jetstream"\n{MAC}')
-    assert cli.main(["serve", "--config", str(path), "--workers", "2"]) == 2
-    assert "one worker per node" in capsys.readouterr().err
+def test_each_position_keeps_what_it_answered_for_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's workers answer from ``stream_outcomes``: the result, the delivery's own
+    refusal, or the note of each position, as the applier decided it; the oldest go."""
+    monkeypatch.setattr(positions, "RESULTS_KEPT", 4)
+    message = WebhookMessage("msg_w", b"w" * 32)
+    with Store(tmp_path / "kb.db") as store:
+        events = [upsert("a"), upsert("b")]
+        first = submit(store, "one", events, 1, message=message).result()
+        with pytest.raises(ReplayRefused) as refused:
+            submit(store, "two", [upsert("a")], 2, message=message).result()
+        note(store, 3, "skipped", "by the decision at 9: why").result()
+        resent = submit(store, "one", events, 4, message=message).result()
+        position, results, notes = store.stream_outcomes(STREAM, [1, 2, 3, 4, 5])
+        assert position == 4
+        assert sorted(results) == [
+            (1, msgspec.json.encode(first), None, None),
+            (2, None, "replay", str(refused.value)),
+            (4, msgspec.json.encode(resent), None, None),
+        ]
+        assert resent.duplicates == 2 and notes == [(3, "skipped", "by the decision at 9: why")]
+        for seq in range(5, 9):
+            submit(store, "one", [upsert(f"c{seq}")], seq).result()
+        _, results, _ = store.stream_outcomes(STREAM, [1, 4, 5, 8])
+        assert [row[0] for row in sorted(results)] == [5, 8]  # kept: the last 4 positions
+
+
+def test_a_worker_sees_whether_its_applier_lives(tmp_path: Path) -> None:
+    """``ApplierProbe``: no lock holder is no applier, whatever its last status said; a holder
+    silent too long is hung; otherwise what it says."""
+    store = tmp_path / "kb.db"
+    probe = ApplierProbe(store)
+    status = applier.Status(1, time.time(), 7, "catching up", None, None)
+    applier._write_status(applier.status_path(store), status)
+    assert "applier is not running" in (probe._look()[0] or "")
+    with open(applier.lock_path(store), "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        assert probe._look() == (None, status)
+        probe._read_at = 0.0
+        assert probe.problem() == "catching up" and probe.refusal() is None
+        old = applier.Status(1, time.time() - 60, 7, None, None, None)
+        applier._write_status(applier.status_path(store), old)
+        assert "has not reported for 60 s" in (probe._look()[0] or "")
+    assert "not running" in (probe._look()[0] or "")
+    probe.close()
 
 
 def test_delivery_encoding_round_trips() -> None:

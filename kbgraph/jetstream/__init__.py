@@ -19,7 +19,8 @@ decisions), ``node`` (``JetStreamLog``: a node's lifecycle and publishing), ``ad
 
 from kbgraph.jetstream.connect import RulesDiffer, decision_rules
 from kbgraph.jetstream.follower import ApplyFailed, DeliverySkipped, LogUnavailable, StreamBehind
-from kbgraph.jetstream.node import DeliveryTooLarge, JetStreamLog
+from kbgraph.jetstream.node import JetStreamLog
+from kbgraph.jetstream.publisher import DeliveryTooLarge
 from kbgraph.jetstream.wire import decode_delivery, encode_delivery
 
 __all__ = [

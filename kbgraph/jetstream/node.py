@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import secrets
@@ -14,21 +13,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-import nats.errors
-import nats.js.errors
-
 from kbgraph.config import LogConfig
 from kbgraph.events import Event
-from kbgraph.jetstream import snapshots, wire
+from kbgraph.jetstream import snapshots
 from kbgraph.jetstream.connect import RulesDiffer, connect, decision_rules, ensure_stream, signer
 from kbgraph.jetstream.follower import (
     ApplyFailed,
-    DeliverySkipped,
     Diverged,
     Follower,
     LogUnavailable,
     Stuck,
 )
+from kbgraph.jetstream.publisher import Publisher
 from kbgraph.store import DeliveryResult, Store, WebhookMessage
 
 log = logging.getLogger("kbgraph.jetstream")
@@ -38,14 +34,9 @@ NODE_ENV: Final = "KBGRAPH_NODE_ID"  # set by kbgraph serve: its start-up report
 REPORT_SECONDS: Final = 5.0  # this node's position to "<stream>-nodes" this often (it is live)
 WATCH_SECONDS: Final = 1.0  # the stream's leader asked this often whether it answers
 SILENT_SECONDS: Final = 4.0  # no answer from it for this long: /readyz says not ready
-IN_PROCESS: Final = 10158  # JetStream: a publish with this Msg-Id is being stored: ask again
 
 
-class DeliveryTooLarge(ValueError):
-    """The delivery, compressed, is over the NATS servers' ``max_payload`` (413)."""
-
-
-class JetStreamLog(Follower):
+class JetStreamLog(Follower, Publisher):
     """One node's end of the stream: ``append`` publishes, the follower applies."""
 
     def __init__(
@@ -71,7 +62,7 @@ class JetStreamLog(Follower):
         self._refusals: dict[int, Exception] = {}
         self.skipped_messages = store.skipped_messages(config.stream)
         self._node = os.environ.get(NODE_ENV) or secrets.token_hex(6)
-        self._ids = itertools.count(1)
+        self._msg_ids(self._node)
         self._waiters: dict[str, asyncio.Future[DeliveryResult]] = {}
         self._nc: Any = None
         self._js: Any = None
@@ -121,6 +112,17 @@ class JetStreamLog(Follower):
                 " cut off or being elected, or this node's NATS server hangs): deliveries are"
                 " refused until it does"
             )
+        return None
+
+    def refusal(self) -> str | None:
+        """Why a delivery must be refused before anything is published (503), or None: not
+        connected, its rules differ, a message fails to apply here, or following stopped."""
+        if self._js is None:
+            return "not connected to JetStream yet"
+        if self.target is None and self.error is not None:  # e.g. its rules differ
+            return self.error
+        if self.stuck is not None or (self._task is not None and self._task.done()):
+            return f"following stream {self.stream} fails: {self.failure}"
         return None
 
     async def _connect(self) -> None:
@@ -263,28 +265,12 @@ class JetStreamLog(Follower):
         delivery is then answered as duplicates, or applied if it never got in), or this node
         cannot follow the stream now (nothing is published then).
         """
-        if self._js is None:
-            raise LogUnavailable("not connected to JetStream yet")
-        if self.target is None and self.error is not None:  # e.g. its rules differ
-            raise LogUnavailable(self.error)
-        if self.stuck is not None or (self._task is not None and self._task.done()):
-            raise LogUnavailable(f"following stream {self.stream} fails: {self.failure}")
-        if message is not None and message in self.skipped_messages:  # nothing published
-            raise DeliverySkipped(
-                f"webhook-id {message.id[:64]!r}: this delivery was skipped by an operator's"
-                " decision on every node (kbgraph cluster skip); send it anew, changed"
-            )
-        payload, headers = wire.pack(kb, events, message)
-        limit = self._nc.max_payload - 1024  # room for the headers
-        if len(payload) > limit:
-            raise DeliveryTooLarge(
-                f"delivery of {len(payload)} bytes (compressed) is over the stream's"
-                f" message limit of {limit} bytes (nats-server max_payload): send it in parts"
-            )
-        subject = f"{self.stream}.{kb}"
-        self.signer.sign(subject, payload, headers)
-        msg_id = f"{self._node}-{next(self._ids)}"
-        headers[wire.MSG_ID] = msg_id
+        refusal = self.refusal()
+        if refusal is not None:
+            raise LogUnavailable(refusal)
+        subject, payload, headers, msg_id = self._message(
+            kb, events, message, self.skipped_messages
+        )
         waiter: asyncio.Future[DeliveryResult] = asyncio.get_running_loop().create_future()
         self._waiters[msg_id] = waiter
         try:
@@ -301,36 +287,3 @@ class JetStreamLog(Follower):
                 waiter.cancel()
             elif not waiter.cancelled():
                 waiter.exception()
-
-    async def _publish(self, subject: str, payload: bytes, headers: dict[str, str]) -> int:
-        """Publish until acknowledged (same ``Nats-Msg-Id``: JetStream keeps one copy) or the
-        configured timeout passes; the stream sequence."""
-        deadline = time.monotonic() + self.config.publish_timeout_seconds
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise LogUnavailable("the stream did not acknowledge the delivery in time")
-            try:
-                ack = await self._js.publish(
-                    subject, payload, timeout=min(2.0, remaining), headers=headers
-                )
-                self.answered_at = time.monotonic()
-                return int(ack.seq)
-            except (
-                nats.errors.TimeoutError,
-                nats.errors.NoRespondersError,
-                nats.errors.ConnectionClosedError,
-                nats.errors.ConnectionReconnectingError,
-                nats.js.errors.NoStreamResponseError,
-                nats.js.errors.ServiceUnavailableError,
-                TimeoutError,
-            ) as exc:
-                log.debug("publish to %s: %r, retrying", subject, exc)
-                await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
-            except nats.js.errors.APIError as exc:
-                # 10158: an earlier attempt with this Msg-Id is being stored (the leader
-                # changed meanwhile): its outcome is this delivery's, so ask until it is known
-                if (exc.code is not None and exc.code >= 500) or exc.err_code == IN_PROCESS:
-                    await asyncio.sleep(0.1)
-                    continue
-                raise LogUnavailable(f"the stream refused the delivery: {exc}") from exc

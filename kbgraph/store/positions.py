@@ -5,13 +5,20 @@ the last message applied and a gap or a repeat is refused.
 A message that applies nothing still takes its position, with a note saying why
 (``stream_note``): a message skipped by an operator's decision recorded in the stream, the
 decision itself, a message refused for a missing or wrong MAC. Every node notes the same
-message the same way, so the notes are part of what nodes hold alike."""
+message the same way, so the notes are part of what nodes hold alike.
+
+What each delivery answered (its ``DeliveryResult``, or its own refusal) is kept with the
+position for the last ``RESULTS_KEPT`` positions (``stream_result``): a node whose workers
+publish deliveries while one applier process applies the stream (``kbgraph.jetstream.worker``)
+answers each sender from it."""
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
 from typing import Final, Protocol
+
+import msgspec
 
 from kbgraph.store import statements as sql
 from kbgraph.store.model import DeliveryResult, KBLimitReached, ReplayRefused, WebhookMessage
@@ -29,6 +36,17 @@ SKIPPED_MESSAGES: Final = (
 )
 NOTE_GET: Final = "SELECT kind, detail FROM stream_note WHERE stream = ? AND seq = ?"
 NOTES: Final = "SELECT seq, kind, detail FROM stream_note WHERE stream = ? ORDER BY seq"
+RESULTS_KEPT: Final = 50_000  # positions whose answer is kept: minutes of deliveries
+RESULT_PUT: Final = (  # a store set back to an earlier position may hold the row already
+    "INSERT OR REPLACE INTO stream_result (stream, seq, result, refusal, detail)"
+    " VALUES (?, ?, ?, ?, ?)"
+)
+RESULT_PRUNE: Final = "DELETE FROM stream_result WHERE stream = ? AND seq <= ?"
+RESULTS_GET: Final = (
+    "SELECT seq, result, refusal, detail FROM stream_result WHERE stream = ? AND seq IN ({})"
+)
+NOTES_AT: Final = "SELECT seq, kind, detail FROM stream_note WHERE stream = ? AND seq IN ({})"
+_encode = msgspec.json.Encoder().encode
 
 
 class LogOutOfOrder(RuntimeError):
@@ -83,9 +101,32 @@ def record(
     for pending, (_, exc) in zip(group, outcomes, strict=True):
         if pending.position is not None and exc is not None and not isinstance(exc, DECIDED):
             raise MessageFailed(*pending.position, pending.kb, exc) from exc
-    for pending in group:
-        if pending.note is not None and pending.position is not None:
+    for pending, (result, exc) in zip(group, outcomes, strict=True):
+        if pending.position is None:
+            continue
+        if pending.note is not None:
             message = pending.message or (None, None)
             conn.execute(NOTE_PUT, (*pending.position, *pending.note, *message))
+        elif exc is not None:
+            refusal = "replay" if isinstance(exc, ReplayRefused) else "kb_limit"
+            conn.execute(RESULT_PUT, (*pending.position, None, refusal, str(exc)))
+        else:
+            conn.execute(RESULT_PUT, (*pending.position, _encode(result), None, None))
     for stream, seq in last.items():
         conn.execute(sql.POSITION_SET, (stream, seq))
+        conn.execute(RESULT_PRUNE, (stream, seq - RESULTS_KEPT))
+
+
+def outcomes(
+    conn: sqlite3.Connection, stream: str, seqs: Sequence[int]
+) -> tuple[int, list[tuple[int, bytes | None, str | None, str | None]], list[tuple[int, str, str]]]:
+    """The stream position, with the results and the notes of those of ``seqs`` up to it."""
+    row = conn.execute(sql.POSITION_GET, (stream,)).fetchone()
+    position = 0 if row is None else row[0]
+    reached = [seq for seq in seqs if seq <= position]
+    if not reached:
+        return position, [], []
+    marks = ",".join("?" * len(reached))
+    results = conn.execute(RESULTS_GET.format(marks), (stream, *reached)).fetchall()
+    notes = conn.execute(NOTES_AT.format(marks), (stream, *reached)).fetchall()
+    return position, results, notes

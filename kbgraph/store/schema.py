@@ -14,7 +14,8 @@ from typing import Final
 # it; every link write paid for it); kb.keys and accepted.n (the retention of dedupe keys);
 # 7: a concept's declared links are a column of its row (a JSON array, sorted), not link rows;
 # stream_note (the messages of a replicated log that applied nothing, and why) is added to 7
-# as it is: a new table that older code never reads, so no version of its own
+# as it is: a new table that older code never reads, so no version of its own; so is
+# stream_result (what each recent delivery of the stream answered, read by a node's workers)
 SCHEMA_VERSION: Final = 7
 
 _TABLES: Final = """
@@ -78,6 +79,14 @@ CREATE TABLE IF NOT EXISTS stream_note (
     detail TEXT NOT NULL,
     message_id TEXT,  -- a skipped delivery's signed webhook message: its re-sends are skipped
     message_digest BLOB,
+    PRIMARY KEY (stream, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS stream_result (
+    stream TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    result BLOB,  -- the DeliveryResult as JSON, or NULL with the refusal
+    refusal TEXT,  -- 'replay' or 'kb_limit': the delivery's own refusal (401, 403)
+    detail TEXT,
     PRIMARY KEY (stream, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (

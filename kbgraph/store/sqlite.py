@@ -296,6 +296,17 @@ class Store:
         with self._reader() as conn:
             return [tuple(row) for row in conn.execute(positions.NOTES, (stream,))]
 
+    def stream_outcomes(
+        self, stream: str, seqs: list[int]
+    ) -> tuple[
+        int, list[tuple[int, bytes | None, str | None, str | None]], list[tuple[int, str, str]]
+    ]:
+        """The last sequence of ``stream`` applied here, with what the deliveries at ``seqs``
+        (those applied) answered (seq, result JSON or None, refusal, detail) and the notes
+        among them (seq, kind, detail), read at one instant (``kbgraph.store.positions``)."""
+        with self._reader() as conn, read_transaction(conn):
+            return positions.outcomes(conn, stream, seqs)
+
     def log_position(self, stream: str) -> int:
         """The last sequence of ``stream`` whose delivery this store applied (0: none)."""
         with self._reader() as conn:
