@@ -10,7 +10,12 @@ Every 200 counted is durable (the store answers after the fsynced group commit).
 printed is one JSON object with the figures, the aims (>= 3,000 single deliveries/s,
 >= 50,000 events/s batched) and whether each was met. Bounded to well under 2 minutes.
 
-    .venv/bin/python -m loadtest.bench_ingest [--seconds 8] [--connections 64]
+With ``--peer CHECKOUT`` the same phases run against a server of that checkout (its
+``.venv``, else this Python with the checkout first on the path), alternating peer / this
+``--rounds`` times, each on a fresh store; the JSON then holds both medians and
+``this_over_peer``.
+
+    .venv/bin/python -m loadtest.bench_ingest [--seconds 8] [--connections 64] [--peer CHECKOUT]
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import random
 import signal
 import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,18 +59,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(folder: Path, port: int, extra_config: str = "") -> subprocess.Popen[bytes]:
-    """A ``kbgraph serve`` in ``folder`` (its config there, with ``extra_config`` appended),
-    returned once ``/readyz`` answers 200: projection built, and over JetStream caught up."""
+def start_server(
+    folder: Path, port: int, extra_config: str = "", checkout: Path = ROOT
+) -> subprocess.Popen[bytes]:
+    """A ``kbgraph serve`` of ``checkout`` in ``folder`` (its config there, with
+    ``extra_config`` appended), returned once ``/readyz`` answers 200: projection built, and
+    over JetStream caught up."""
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "kbgraph.toml"
     config.write_text(
         f'[store]\npath = "bench.db"\n[webhooks]\nsecrets = ["{SECRET}"]\n'
         '[[tokens]]\nname = "admin"\ntoken = "bench-admin"\nadmin = true\n' + extra_config
     )
-    command = [sys.executable, "-m", "kbgraph", "serve", "--config", str(config)]
+    own = checkout / ".venv/bin/python"
+    python = str(own) if checkout != ROOT and own.exists() else sys.executable
+    command = [python, "-m", "kbgraph", "serve", "--config", str(config)]
     command += ["--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(command, cwd=checkout, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -214,6 +225,24 @@ def ingest_phases(
     return figures, sent
 
 
+def measure(checkout: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Both phases against a fresh server of ``checkout``: its figures."""
+    with tempfile.TemporaryDirectory(prefix="kbgraph-bench-") as folder:
+        port = free_port()
+        proc = start_server(Path(folder), port, checkout=checkout)
+        try:
+            phases, sent = ingest_phases(
+                port, args.connections, args.batch_connections, args.seconds
+            )
+        finally:
+            stop_server(proc)
+        db = sqlite3.connect(Path(folder) / "bench.db")
+        journal = db.execute("PRAGMA journal_mode").fetchone()[0]
+        stored = db.execute("SELECT seq FROM kb WHERE name = 'bench'").fetchone()[0]
+        db.close()
+    return {**phases, "journal_mode": journal, "stored_events_match_sent": stored == sent}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m loadtest.bench_ingest", description=__doc__.splitlines()[0]
@@ -221,6 +250,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per phase")
     parser.add_argument("--connections", type=int, default=64, help="single-event phase")
     parser.add_argument("--batch-connections", type=int, default=8)
+    parser.add_argument("--peer", type=Path, help="a checkout to compare with, side by side")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds (with --peer)")
     args = parser.parse_args()
     try:
         import uvloop
@@ -228,48 +259,45 @@ def main() -> None:
         uvloop.install()
     except ImportError:  # pragma: no cover
         pass
-
-    with tempfile.TemporaryDirectory(prefix="kbgraph-bench-") as folder:
-        port = free_port()
-        proc = start_server(Path(folder), port)
-        print("durability: WAL journal, synchronous=FULL (each group commit fsynced)")
-        try:
-            phases, sent = ingest_phases(
-                port, args.connections, args.batch_connections, args.seconds
+    print("durability: WAL journal, synchronous=FULL (each group commit fsynced)")
+    sides = [("peer", args.peer), ("this", ROOT)] if args.peer else [("this", ROOT)]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in sides}
+    for _ in range(args.rounds if args.peer else 1):
+        for name, checkout in sides:
+            runs[name].append(measure(checkout, args))
+            got = runs[name][-1]
+            print(
+                f"{name}: single-event deliveries {got['single_deliveries_per_s']:,}/s"
+                f"  p50 {got['single_p50_ms']} ms  p99 {got['single_p99_ms']} ms"
+                f" ({args.connections} connections); {BATCH}-event deliveries"
+                f" {got['batch_events_per_s']:,} events/s  p50 {got['batch_p50_ms']} ms"
+                f"  p99 {got['batch_p99_ms']} ms ({args.batch_connections} connections)",
+                flush=True,
             )
-        finally:
-            stop_server(proc)
-        print(
-            f"single-event deliveries: {phases['single_deliveries_per_s']:,}/s"
-            f"  p50 {phases['single_p50_ms']} ms  p99 {phases['single_p99_ms']} ms"
-            f"  ({args.connections} connections)"
-        )
-        print(
-            f"{BATCH}-event deliveries: {phases['batch_events_per_s']:,} events/s"
-            f"  p50 {phases['batch_p50_ms']} ms  p99 {phases['batch_p99_ms']} ms"
-            f"  ({args.batch_connections} connections)"
-        )
-        db = sqlite3.connect(Path(folder) / "bench.db")
-        journal = db.execute("PRAGMA journal_mode").fetchone()[0]
-        stored = db.execute("SELECT seq FROM kb WHERE name = 'bench'").fetchone()[0]
-        db.close()
-    figures = {
-        "durability": f"journal_mode={journal}, synchronous=FULL",
-        "single_deliveries_per_s": phases["single_deliveries_per_s"],
-        "single_p50_ms": phases["single_p50_ms"],
-        "single_p99_ms": phases["single_p99_ms"],
+    numbers = ("single_deliveries_per_s", "single_p50_ms", "single_p99_ms",
+               "batch_events_per_s", "batch_p50_ms", "batch_p99_ms")  # fmt: skip
+    med = {
+        name: {k: statistics.median(r[k] for r in rs) for k in numbers} for name, rs in runs.items()
+    }
+    this = med["this"]
+    figures: dict[str, Any] = {
+        "durability": f"journal_mode={runs['this'][-1]['journal_mode']}, synchronous=FULL",
+        **{k: round(v) if k.endswith("_per_s") else v for k, v in this.items()},
         "batch_size": BATCH,
-        "batch_events_per_s": phases["batch_events_per_s"],
-        "batch_p50_ms": phases["batch_p50_ms"],
-        "batch_p99_ms": phases["batch_p99_ms"],
-        "stored_events_match_sent": stored == sent,
+        "stored_events_match_sent": all(r["stored_events_match_sent"] for r in runs["this"]),
         "connections": {"single": args.connections, "batch": args.batch_connections},
         "measured_seconds_per_phase": args.seconds,
-        "aims": {"single_deliveries_per_s": AIM_SINGLE, "batch_events_per_s": AIM_EVENTS},
-        "met": {
-            "single_deliveries_per_s": phases["single_deliveries_per_s"] >= AIM_SINGLE,
-            "batch_events_per_s": phases["batch_events_per_s"] >= AIM_EVENTS,
-        },
+    }
+    if args.peer:
+        figures["peer"] = med["peer"]
+        figures["rounds"] = args.rounds
+        figures["this_over_peer"] = {
+            k: round(this[k] / med["peer"][k], 3) for k in numbers if med["peer"][k]
+        }
+    figures["aims"] = {"single_deliveries_per_s": AIM_SINGLE, "batch_events_per_s": AIM_EVENTS}
+    figures["met"] = {
+        "single_deliveries_per_s": this["single_deliveries_per_s"] >= AIM_SINGLE,
+        "batch_events_per_s": this["batch_events_per_s"] >= AIM_EVENTS,
     }
     print(json.dumps(figures))
 

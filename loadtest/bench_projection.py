@@ -23,7 +23,13 @@ is one JSON object with every figure and the aims (1M apply rate at least half t
 p99 lag under 10 ms in one process and under 50 ms across workers) with met true/false.
 Bounded well under 5 minutes.
 
+With ``--peer CHECKOUT`` only part 1 runs, for this checkout and the peer side by side (each
+size in a child process of its own, alternating peer / this ``--rounds`` times; the peer runs
+its own ``.venv``, else this Python with the peer first on the path); the last line then
+holds both and ``this_over_peer`` of each apply rate.
+
     .venv/bin/python -m loadtest.bench_projection [--sizes 1000,100000,1000000] [--events 20000]
+        [--peer CHECKOUT --rounds 1]
 """
 
 from __future__ import annotations
@@ -394,6 +400,56 @@ def lag_http(folder: Path, workers: int, count: int) -> dict[str, Any]:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+SIZE_CHILD = """
+import json, sys
+from loadtest.bench_projection import bench_size
+print(json.dumps(bench_size(int(sys.argv[1]), int(sys.argv[2]))))
+"""
+
+
+def side_by_side(args: argparse.Namespace) -> None:
+    """Part 1 for this checkout and ``args.peer``, each size in a fresh child process."""
+    from statistics import median
+
+    from loadtest.report import child_json
+
+    started = time.monotonic()
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {"peer": {}, "this": {}}
+    for _ in range(args.rounds):
+        for size in (int(s) for s in args.sizes.split(",")):
+            for name, checkout in (("peer", args.peer), ("this", ROOT)):
+                own = checkout / ".venv/bin/python"
+                python = str(own) if checkout != ROOT and own.exists() else sys.executable
+                command = [python, "-c", SIZE_CHILD, str(size), str(args.events)]
+                got = child_json(command, checkout)
+                runs[name].setdefault(size, []).append(got)
+                print(name, json.dumps(got), flush=True)
+    keys = ("apply_events_per_s", "apply_events_per_s_best_quarter", "build_s", "rss_mb")
+    med = {
+        name: {size: {k: median(r[k] for r in rs) for k in keys} for size, rs in by.items()}
+        for name, by in runs.items()
+    }
+    ratio = {
+        size: {k: round(med["this"][size][k] / med["peer"][size][k], 3) for k in keys}
+        for size in med["this"]
+    }
+    sizes = sorted(med["this"])
+    aims: dict[str, Any] = {}
+    if len(sizes) > 1:
+        rate = "apply_events_per_s_best_quarter"
+        big_over_small = {
+            name: round(med[name][sizes[-1]][rate] / med[name][sizes[0]][rate], 3) for name in med
+        }
+        aims[f"apply_rate_{sizes[-1]}_at_least_half_of_{sizes[0]}"] = {
+            "value": big_over_small["this"],
+            "peer": big_over_small["peer"],
+            "met": big_over_small["this"] >= 0.5,
+        }
+    report = {"this": med["this"], "peer": med["peer"], "this_over_peer": ratio, "aims": aims,
+              "rounds": args.rounds, "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+    print(json.dumps(report))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m loadtest.bench_projection", description=__doc__.split("\n")[0]
@@ -401,7 +457,12 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,100000,1000000")
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--lag-samples", type=int, default=300)
+    parser.add_argument("--peer", type=Path, help="a checkout to compare part 1 with")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds (with --peer)")
     args = parser.parse_args()
+    if args.peer:
+        side_by_side(args)
+        return
     started = time.monotonic()
     sizes = [bench_size(int(s), args.events) for s in args.sizes.split(",")]
     with tempfile.TemporaryDirectory() as tmp:

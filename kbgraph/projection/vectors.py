@@ -51,7 +51,9 @@ class Vectors:
         self.codes = np.zeros((0, 0), np.uint64)
         self.have = np.zeros(0, np.uint8)
         self.dirty: set[int] = set()
-        self._fresh: dict[tuple[str, int], np.ndarray] = {}
+        # The coming batch's vectors, quantised together: (subject, version) -> row of _quantised
+        self._fresh: dict[tuple[str, int], int] = {}
+        self._quantised: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._retry_at = 0.0
         self._backoff = 0.0
 
@@ -97,9 +99,15 @@ class Vectors:
 
     def changed(self, u: int, subject: str, version: int) -> None:
         """Concept u's names or text changed at ``version`` (write lock held)."""
-        fresh = self._fresh.pop((subject, version), None)
-        if fresh is not None:
-            self.install([u], fresh[None, :])
+        row = self._fresh.pop((subject, version), None)
+        if row is not None and self._quantised is not None:
+            # one row copied in: the batch was quantised at once in ``prepare`` (per row, so
+            # the same bytes as quantising this vector alone)
+            q8, scale, codes = self._quantised
+            self._ensure(u, q8.shape[1])
+            self.q8[u], self.scale[u], self.codes[u] = q8[row], scale[row], codes[row]
+            self.have[u] = 1
+            self.dirty.discard(u)
         else:
             if u < self.cap:
                 self.have[u] = 0
@@ -145,10 +153,12 @@ class Vectors:
         vectors = self._embed(texts)
         if vectors is None:
             return
-        self._fresh = {(e.subject, e.data.version): v for e, v in zip(todo, vectors, strict=True)}
+        self._quantised = quantize(vectors)
+        self._fresh = {(e.subject, e.data.version): row for row, e in enumerate(todo)}
 
     def forget_fresh(self) -> None:
         self._fresh = {}
+        self._quantised = None
 
     def take_dirty(self, limit: int = FILL_BATCH) -> list[int]:
         if not self.dirty or time.monotonic() < self._retry_at:

@@ -98,9 +98,18 @@ def analyze(text: str, remember: bool = True) -> list[str]:
     """The terms of ``text`` in order: folded tokens without stop words, stemmed; then the
     joined form of each hyphenated word ("Wi-Fi" also gives "wifi", "e-mail" "email").
     ``remember=False`` (a query) leaves the stem cache as it is."""
-    tokens = tokenize(text)
+    return _terms_of(text, tokenize(text), remember)
+
+
+def analyze_tokens(text: str, tokens: list[str]) -> list[str]:
+    """``analyze(text)`` when ``tokens`` is ``tokenize(text)``, already made (indexing a name:
+    its tokens are its name key too)."""
+    return _terms_of(text, tokens, True)
+
+
+def _terms_of(text: str, tokens: list[str], remember: bool) -> list[str]:
     if "-" in text:
-        tokens += ["".join(tokenize(word)) for word in _COMPOUND.findall(fold(text))]
+        tokens = tokens + ["".join(tokenize(word)) for word in _COMPOUND.findall(fold(text))]
     found = list(map(_terms.get, tokens))
     if None in found:  # a token seen for the first time
         of = term if remember else stem

@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit
 
 from kbgraph.postings import Postings, PostingsBuilder
-from kbgraph.search.analysis import analyze, fold, query_terms, tokenize
+from kbgraph.search.analysis import analyze, analyze_tokens, fold, query_terms, tokenize
 from kbgraph.search.nametrie import NAME_SEP, NameTrie
 
 W_TITLE: Final = 12.0
@@ -142,15 +142,22 @@ class SearchIndex:
     ) -> tuple[Counter[str], list[str], tuple[str, ...], int, int]:
         """(term -> packed hits in text order first, name keys, tag keys, title and text
         lengths) of one document."""
-        names = [title, *aliases]
-        title_terms = [t for name in names for t in analyze(name)]
-        text_terms = analyze(text)
+        # Each name tokenised once: its tokens give both its terms and its name key.
+        text_terms = analyze(text) if text else []
         freq = Counter(text_terms)
-        for t in title_terms:
-            freq[t] += _FIELD
-        name_keys = list(dict.fromkeys(filter(None, (_NAME_SEP.join(tokenize(n)) for n in names))))
-        tag_keys = tuple(dict.fromkeys(fold(tag) for tag in tags if tag))
-        return freq, name_keys, tag_keys, len(title_terms), len(text_terms)
+        title_len = 0
+        name_keys: dict[str, None] = {}
+        for name in (title, *aliases) if aliases else (title,):
+            tokens = tokenize(name)
+            if not tokens:  # nothing to match: no terms, no name key
+                continue
+            name_keys[_NAME_SEP.join(tokens)] = None
+            terms = analyze_tokens(name, tokens)
+            title_len += len(terms)
+            for t in terms:
+                freq[t] += _FIELD
+        tag_keys = tuple(dict.fromkeys([fold(tag) for tag in tags if tag])) if tags else ()
+        return freq, list(name_keys), tag_keys, title_len, len(text_terms)
 
     def put(
         self,

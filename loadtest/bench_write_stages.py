@@ -1,0 +1,188 @@
+"""The write path stage by stage, in one process, side by side with a peer checkout.
+
+``bench_ingest``'s deliveries (its ``Concepts``: a title, 40 words of text, 4 links, a tag;
+signed) go through each stage of a delivery's way in, timed apart, without HTTP:
+
+- ``verify``: the webhook signature (``SignatureVerifier.verify``);
+- ``decode``: the content mode and the events (``decode_request``);
+- ``store``: ``Store.append`` until durable (WAL, synchronous=FULL: the fsync included).
+  500-event deliveries one after another; single-event deliveries from 64 concurrent
+  callers on one event loop (``append_async``, as the server calls it), so group commit
+  shares each fsync (``deliveries_per_commit``: how many did); ``store_cpu`` is the
+  process's CPU time over the same calls;
+- ``follower``: the projection following the log to the end (``Projections.follow_once``),
+  with the server's default embedder; of it ``index`` (``SearchIndex.put``: analysing the
+  text and putting its postings) and ``embed`` (the embedder's calls).
+
+Figures are µs per event (per delivery for single deliveries): CPU time of the thread doing
+the stage (the machine is shared, and CPU time is what one process's GIL is short of), but
+``store``, the wall time to durable. Each checkout runs in a child
+process of its own (a peer: ``--peer CHECKOUT``, its ``.venv`` or this Python with the peer
+first on the path), alternating ``--rounds`` times; the last line is one JSON object with the
+medians and this over peer.
+
+    .venv/bin/python -m loadtest.bench_write_stages --peer CHECKOUT [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from loadtest.report import child_json
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = r"""
+import asyncio, json, sys, tempfile, time
+from pathlib import Path
+from kbgraph.binding import decode_request
+from kbgraph.config import EmbeddingsConfig
+from kbgraph.embeddings import make_embedder
+from kbgraph.events import SignatureVerifier
+from kbgraph.projection import Projections, warm_up
+from kbgraph.search import SearchIndex
+from kbgraph.store import Store, WebhookMessage
+from loadtest.bench_ingest import SECRET, Concepts
+from tests import webhook_client as wc
+import hashlib
+
+batches, singles = int(sys.argv[1]), int(sys.argv[2])
+spent = {"index": 0.0, "embed": 0.0}
+
+clock = time.thread_time
+
+class TimedIndex(SearchIndex):
+    def put(self, *args, **kw):
+        t = clock()
+        super().put(*args, **kw)
+        spent["index"] += clock() - t
+
+embedder = make_embedder(EmbeddingsConfig())
+if embedder is not None:
+    real = embedder.embed
+    def embed(texts, _real=real):
+        t = clock()
+        try:
+            return _real(texts)
+        finally:
+            spent["embed"] += clock() - t
+    embedder.embed = embed
+verifier = SignatureVerifier([SECRET])
+warm_up()
+
+def deliveries(prefix, count, size):
+    c = Concepts(prefix, 1)
+    out = []
+    for _ in range(count):
+        payload = [c.next() for _ in range(size)] if size > 1 else c.next()
+        body, headers = wc.delivery(SECRET, payload)
+        out.append((body, headers))
+    return out
+
+def run(prefix, count, size):
+    figures = {}
+    items = deliveries(prefix, count, size)
+    t = clock()
+    for body, headers in items:
+        assert verifier.verify(body, headers)
+    figures["verify"] = clock() - t
+    t = clock()
+    decoded = [decode_request(body, headers) for body, headers in items]
+    figures["decode"] = clock() - t
+    messages = [WebhookMessage(h["webhook-id"], hashlib.sha256(b).digest()) for b, h in items]
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "stages.db")
+        groups = [0]
+        real_commit = store._commit_group
+        def counting(conn, group, _real=real_commit):
+            groups[0] += 1
+            return _real(conn, group)
+        store._commit_group = counting
+        store.append("warm", decoded[0][:1])
+        p = Projections(store, index_factory=TimedIndex, embedder=embedder)
+        p.load()
+        p.follow_once()
+        spent["index"] = spent["embed"] = 0.0
+        groups[0] = 0
+        t, cpu = time.perf_counter(), time.process_time()
+        if size > 1:
+            for events, message in zip(decoded, messages):
+                store.append("bench", events, message=message)
+        else:
+            async def caller(k):
+                for i in range(k, len(decoded), 64):
+                    await store.append_async("bench", decoded[i], message=messages[i])
+            async def drive():
+                await asyncio.gather(*(caller(k) for k in range(64)))
+            asyncio.run(drive())
+        figures["store"] = time.perf_counter() - t
+        figures["store_cpu"] = time.process_time() - cpu
+        t = clock()
+        while p.follow_once():
+            pass
+        figures["follower"] = clock() - t
+        figures["index"] = spent["index"]
+        figures["embed"] = spent["embed"]
+        assert p.seq("bench") == count * size, p.seq("bench")
+        store.close()
+    per = count * size if size > 1 else count
+    out = {k: round(v / per * 1e6, 1) for k, v in figures.items()}
+    out["deliveries_per_commit"] = round(count / max(1, groups[0]), 1)
+    return out
+
+out = {"batch_us_per_event": run("b", batches, 500), "single_us_per_delivery": run("s", singles, 1)}
+print(json.dumps(out))
+"""
+
+
+def run(checkout: Path, batches: int, singles: int) -> dict[str, Any]:
+    own = checkout / ".venv/bin/python"
+    python = str(own) if own.exists() else sys.executable
+    return child_json([python, "-c", CHILD, str(batches), str(singles)], checkout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_write_stages", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--peer", type=Path, required=True, help="a checkout to compare with (with its .venv)"
+    )
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--batches", type=int, default=20, help="500-event deliveries")
+    parser.add_argument("--singles", type=int, default=4000, help="single-event deliveries")
+    args = parser.parse_args()
+    runs: dict[str, list[dict[str, Any]]] = {"peer": [], "this": []}
+    for _ in range(args.rounds):
+        for name, checkout in (("peer", args.peer), ("this", ROOT)):
+            runs[name].append(run(checkout, args.batches, args.singles))
+            print(name, json.dumps(runs[name][-1]), flush=True)
+    med: dict[str, dict[str, dict[str, float]]] = {}
+    for name, rs in runs.items():
+        med[name] = {
+            part: {k: round(statistics.median(r[part][k] for r in rs), 1) for k in rs[0][part]}
+            for part in rs[0]
+        }
+    ratio = {
+        part: {
+            k: round(med["this"][part][k] / med["peer"][part][k], 3)
+            for k in med["this"][part]
+            if med["peer"][part].get(k)
+        }
+        for part in med["this"]
+    }
+    print(f"{'':26}{'peer':>10}{'this':>10}")
+    for part in med["this"]:
+        for k in med["this"][part]:
+            print(f"{part[:6]} {k:19}{med['peer'][part].get(k, '-'):>10}{med['this'][part][k]:>10}")
+    print(json.dumps({"peer": med["peer"], "this": med["this"], "this_over_peer": ratio,
+                      "rounds": args.rounds}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

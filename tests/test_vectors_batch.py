@@ -1,0 +1,91 @@
+"""The follower quantises a batch's vectors at once (``Vectors.prepare``) and copies each
+row in as its event applies: the bytes must be those of quantising each vector alone (as
+``Vectors.install`` does when filling in), or answers would depend on how the log was
+batched."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from kbgraph.events import Event
+from kbgraph.graphalgo.vectors import quantize
+from kbgraph.projection import Projections
+from tests.reference_model import FakeStore
+from tests.test_projection import KB, deliveries_st
+
+floats = st.floats(-4.0, 4.0, width=32, allow_subnormal=False) | st.sampled_from([0.0, -0.0])
+
+
+@settings(max_examples=40)
+@given(
+    batch=st.integers(1, 6).flatmap(
+        lambda n: st.sampled_from([3, 128, 200, 256]).flatmap(
+            lambda d: arrays(np.float32, (n, d), elements=floats)
+        )
+    )
+)
+def test_a_batch_quantised_at_once_equals_each_row_alone(batch: np.ndarray) -> None:
+    q8, scale, codes = quantize(batch)
+    for row in range(len(batch)):
+        alone = quantize(batch[row][None, :])
+        assert q8[row].tobytes() == alone[0][0].tobytes()
+        assert scale[row].tobytes() == alone[1][0].tobytes()
+        assert codes[row].tobytes() == alone[2][0].tobytes()
+
+
+class HashEmbedder:
+    """A deterministic stand-in model: each text's unit vector from its bytes."""
+
+    name = "hash-64"
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        digests = b"".join(hashlib.sha512(text.encode()).digest() for text in texts)
+        out = np.frombuffer(digests, np.int8).astype(np.float32).reshape(len(texts), 64) + 0.5
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def vector_rows(p: Projections) -> dict[str, tuple[bytes, bytes, bytes]] | None:
+    kb = p.get(KB)
+    if kb is None:
+        return None
+    vectors = kb.vectors
+    assert vectors is not None
+    out = {}
+    for u, concept_id in enumerate(kb.ids):
+        if u < vectors.cap and vectors.have[u]:
+            out[concept_id] = (vectors.q8[u].tobytes(), vectors.scale[u].tobytes(),
+                               vectors.codes[u].tobytes())  # fmt: skip
+    return out
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(deliveries_st)
+def test_a_batch_applied_at_once_gives_the_vectors_of_one_delivery_at_a_time(
+    deliveries: list[list[Event]],
+) -> None:
+    """Random deliveries (duplicates, stale versions, deletes, links to missing concepts):
+    followed in one batch, and followed after each delivery, the vectors are the same bytes,
+    and the same as a build from the store filling every vector in."""
+    store = FakeStore()
+    embedder = HashEmbedder()
+    one_by_one = Projections(store, embedder=embedder)
+    one_by_one.load()
+    batched = Projections(store, embedder=embedder)
+    batched.load()
+    for delivery in deliveries:
+        store.append(KB, delivery)
+        one_by_one.follow_once()
+    while batched.follow_once():
+        pass
+    got = vector_rows(batched)
+    assert got == vector_rows(one_by_one)
+    rebuilt = Projections(store, embedder=embedder)
+    rebuilt.load()
+    while rebuilt.fill_vectors(budget=10.0):
+        pass
+    assert got == vector_rows(rebuilt)
