@@ -9,19 +9,21 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbgraph.columns import decode_strings
 from kbgraph.projection import KBProjection
 from kbgraph.search import SearchIndex
+from kbgraph.search import index as search_index
 from kbgraph.store import Store
 from kbgraph.store.load import columns_of
 from kbgraph.store.model import KBColumns
 from tests.kb_events import delete, upsert
 
 IDS = ["a", "b", "notes/c", "notes/é", "Z", "ü/x", "日本", "a-b", "zz/zz", "\U0001f600"]
-WORDS = ["dns", "résolveur", "the", "Backups", "wi-fi", "", "x y", "Ωmega"]
+WORDS = ["dns", "résolveur", "the", "Backups", "wi-fi", "", "x y", "Ωmega", "E-Mail_x", "a\0b"]
 texts = st.lists(st.sampled_from(WORDS), max_size=5).map(" ".join)
 words = st.lists(st.sampled_from(WORDS), max_size=3)
 concept = st.tuples(
@@ -86,10 +88,16 @@ docs = st.lists(st.tuples(texts, texts, words, words), max_size=12)
 
 
 @settings(max_examples=150, deadline=None)
-@given(docs, st.lists(st.sampled_from(WORDS[:5]), min_size=1, max_size=3).map(" ".join))
-def test_put_many_equals_put_one_by_one(documents, query) -> None:
+@given(
+    docs,
+    st.lists(st.sampled_from(WORDS[:5]), min_size=1, max_size=3).map(" ".join),
+    st.integers(1, 5),
+)
+def test_put_many_equals_put_one_by_one(documents, query, chunk) -> None:
     bulk, one = SearchIndex(), SearchIndex()
-    bulk.put_many((2 * u, *doc) for u, doc in enumerate(documents))  # gaps: node 2u
+    with pytest.MonkeyPatch.context() as patch:  # chunks of a few documents: ASCII and not
+        patch.setattr(search_index, "BULK_CHUNK", chunk)
+        bulk.put_many((2 * u, *doc) for u, doc in enumerate(documents))  # gaps: node 2u
     for u, doc in enumerate(documents):
         one.put(2 * u, *doc)
     for part in ("terms", "names", "tags"):
