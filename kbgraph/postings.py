@@ -254,9 +254,6 @@ class PostingsBuilder:
         hits_col.append(0)
         self._node.extend((node,) * (rows + 1))
 
-    def intern(self, key: str) -> int:
-        return self.postings._intern(key)
-
     def intern_all(self, keys: list[str]) -> np.ndarray:
         """int64 id of each key, new keys interned in order of first appearance."""
         key_id = self.postings.key_id

@@ -14,13 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbgraph.columns import decode_strings
-from kbgraph.projection import KBProjection
+from kbgraph.projection import KBProjection, Projections
 from kbgraph.search import SearchIndex
 from kbgraph.search import index as search_index
-from kbgraph.store import Store
+from kbgraph.store import Store, load
 from kbgraph.store.load import columns_of
 from kbgraph.store.model import KBColumns
-from tests.kb_events import delete, upsert
+from tests.kb_events import delete, link_added, link_removed, upsert
 
 IDS = ["a", "b", "notes/c", "notes/é", "Z", "ü/x", "日本", "a-b", "zz/zz", "\U0001f600"]
 WORDS = ["dns", "résolveur", "the", "Backups", "wi-fi", "", "x y", "Ωmega", "E-Mail_x", "a\0b"]
@@ -113,3 +113,104 @@ def test_put_many_equals_put_one_by_one(documents, query, chunk) -> None:
         assert dict(zip(a[0].tolist(), a[1].tolist(), strict=True)) == dict(
             zip(b[0].tolist(), b[1].tolist(), strict=True)
         )
+
+
+TYPES = ["", "Note", "Secret"]
+history_event = st.one_of(
+    st.tuples(st.just("upsert"), concept, st.sampled_from(TYPES)),
+    st.tuples(st.just("delete"), st.sampled_from(IDS)),
+    st.tuples(st.just("link+"), st.sampled_from(IDS), st.sampled_from([*IDS, "missing/1"])),
+    st.tuples(st.just("link-"), st.sampled_from(IDS), st.sampled_from([*IDS, "missing/1"])),
+)
+
+
+def history_events(steps: list[tuple]) -> list:
+    events = []
+    for version, step in enumerate(steps, 1):
+        if step[0] == "upsert":
+            (cid, title, text, tags, aliases, links, _), ctype = step[1], step[2]
+            events.append(
+                upsert(
+                    cid,
+                    version,
+                    title=title,
+                    text=text,
+                    tags=tags,
+                    aliases=aliases,
+                    links=links,
+                    type=ctype,
+                )
+            )
+        elif step[0] == "delete":
+            events.append(delete(step[1], version))
+        else:
+            make = link_added if step[0] == "link+" else link_removed
+            events.append(make(step[1], step[2], version))
+    return events
+
+
+def by_id(kb: KBProjection) -> dict:
+    """Everything a KB answers from, keyed by concept id (node numbers differ between a build
+    and the events applied one by one): fields, declared links, edges, the search index."""
+    with kb.read() as snap:
+        ids = snap.ids
+        alive = [u for u in range(len(ids)) if snap.node(ids[u]) == u]
+        index = kb.index
+        view = snap.view(None)
+        return {
+            "nodes": {
+                ids[u]: (
+                    snap.titles[u],
+                    snap.types[u],
+                    list(snap.tags[u]),
+                    list(kb.aliases[u]),
+                    snap.texts[u],
+                    snap.versions[u],
+                    snap.declared_links(u),
+                    index.doc_terms(u),
+                    index.doc_tags(u),
+                    index.names.node_keys_of(u),
+                    float(index._title_len[u]),
+                    float(index._text_len[u]),
+                )
+                for u in alive
+            },
+            "und": {frozenset((ids[u], ids[v])) for u in alive for v in kb._und.block(u).tolist()},
+            "out": {(ids[u], ids[v]) for u in alive for v in kb._out.block(u).tolist()},
+            "pending": {(ids[u], ids[t]) for u, ts in kb._missing_out.items() for t in ts},
+            "terms": {
+                k: {ids[u]: h for u, h in d.items()} for k, d in index.terms.as_dict().items()
+            },
+            "names": {k: {ids[u] for u in d} for k, d in index.names.as_dict().items()},
+            "tags": {k: {ids[u] for u in d} for k, d in index.tags.as_dict().items()},
+            "name_lengths": dict(index.name_lengths),
+            "count": (len(index), snap.counts(view)),
+            "search": [
+                sorted(zip(map(ids.__getitem__, r[0].tolist()), r[1].tolist(), strict=True))
+                for q in ("dns backups", "wi-fi résolveur", "x")
+                for r in [index.search(q, view.mask)]
+            ],
+        }
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(history_event, max_size=16), st.integers(1, 4))
+def test_a_build_from_the_store_equals_the_events_applied_one_by_one(steps, chunk) -> None:
+    """Random histories (deletes, re-creations, links to concepts that appear later, type
+    changes, link events): a first build from the store's columns (in chunks of a few rows
+    and documents) answers as the projection that applied every event as it came."""
+    with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "kb.db") as store:
+        live = Projections(store)
+        live.load()
+        for event in history_events(steps):
+            store.append("kb", [event])
+            live.follow_once()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(load, "_FETCH_ROWS", chunk)
+            patch.setattr(search_index, "BULK_CHUNK", chunk)
+            built = Projections(store)
+            built.load()
+        a, b = live.get("kb"), built.get("kb")
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert by_id(b) == by_id(a)

@@ -163,7 +163,8 @@ class KBProjection:
         projection is shared. The projection takes the column lists it is given."""
         n0 = len(cols.ids)
         ids = cols.ids
-        src, dst, missing_src, missing_names = _link_columns(cols.links, ids)
+        encoded = encode_strings(ids)
+        src, dst, missing_src, missing_names = _link_columns(cols.links, StringTable(*encoded))
         cols.links = []  # the targets' bytes are no longer needed: free them now
         index_of = dict(zip(ids, range(n0), strict=True))
         for t in sorted(set(missing_names)):
@@ -183,18 +184,24 @@ class KBProjection:
             self._missing_out.setdefault(u, set()).add(t)
             self._pending_in.setdefault(t, set()).add(u)
         src, dst = src[to_alive], dst[to_alive]
-        okey = sorted_unique(src * n + rank[dst])
-        self._out = Adjacency.from_sorted(okey // n, order[okey % n], n, node_cap)
-        del okey
-        ukey = sorted_unique(np.concatenate((src * n + rank[dst], dst * n + rank[src])))
-        del src, dst
-        self._und = Adjacency.from_sorted(ukey // n, order[ukey % n], n, node_cap)
-        del ukey
+        m = len(src)
+        keys = np.empty(2 * m, np.int64)  # out-edge keys, then the reverse edges' for und
+        np.multiply(src, n, out=keys[:m])
+        keys[:m] += rank[dst]
+        np.multiply(dst, n, out=keys[m:])
+        keys[m:] += rank[src]
+        del src, dst, rank
+        self._out = Adjacency.from_keys(sorted_unique(keys[:m].copy()), n, order, node_cap)
+        self._und = Adjacency.from_keys(sorted_unique(keys), n, order, node_cap)
+        del keys, order
 
         self._node_cap = node_cap
         self._index_of = index_of
         self.ids = ids
-        self._keys = Keys(ids, node_cap)
+        self._keys = Keys.from_encoded(*encoded, node_cap)
+        del encoded
+        for u in range(n0, n):
+            self._keys.add(u, ids[u])
         missing = n - n0
         self.titles = cols.titles + [""] * missing
         self.aliases = cols.aliases + [[] for _ in range(missing)]
@@ -203,11 +210,18 @@ class KBProjection:
         self.tags = cols.tags + [[] for _ in range(missing)]
         self.texts = cols.texts + [""] * missing
         self.versions = cols.versions + [0] * missing
-        self.collections = [self._collection(i) for i in ids]
+        shared = self._collection_names
+        heads = [h if s else "" for h, s, _ in map(str.partition, ids, itertools.repeat("/"))]
+        self.collections = list(map(shared.setdefault, heads, heads))  # as collection_of
+        del heads
         self._alive = np.zeros(node_cap, np.uint8)
         self._alive[:n0] = 1
         self._cls = np.zeros(node_cap, np.int32)
-        self._cls[:n] = np.fromiter(map(self._class, self.collections, self.types), np.int32, n)
+        pairs = list(zip(self.collections, self.types, strict=True))
+        for collection, concept_type in dict.fromkeys(pairs):  # in order of first appearance
+            self._class(collection, concept_type)
+        self._cls[:n] = np.fromiter(map(self._class_of.__getitem__, pairs), np.int32, n)
+        del pairs
         docs = zip(range(n0), cols.titles, cols.texts, cols.aliases, cols.tags, strict=False)
         self.index.put_many(docs)
         self.seq = cols.seq
@@ -641,13 +655,11 @@ def gc_paused() -> Iterator[None]:
 
 
 def _link_columns(
-    links: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], ids: list[str]
+    links: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], table: StringTable
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """(src, dst, rows of dst still to resolve, their target ids) of every declared link
-    (``links``: ``KBColumns.links``, chunk by chunk), the targets found among ``ids`` by a
-    ``StringTable`` of their bytes; a target that is no concept gets dst -1 and is listed for
-    the caller to intern."""
-    table = StringTable(*encode_strings(ids))
+    (``links``: ``KBColumns.links``, chunk by chunk), the targets found by ``table`` (of the
+    ids); a target that is no concept gets dst -1 and is listed for the caller to intern."""
     srcs: list[np.ndarray] = []
     dsts: list[np.ndarray] = []
     missing_rows: list[np.ndarray] = []

@@ -140,9 +140,15 @@ class BulkAnalyzer:
         unknown = np.flatnonzero(keys == -2).tolist()
         if unknown:
             new = list(dict.fromkeys([tokens[i] for i in unknown]))
-            intern = self.terms.intern
-            for token, t in zip(new, terms_of(new), strict=True):
-                vocab[token] = intern(token if t == token else t) if t else -1
+            # a term equal to its token is the token's own string (a million number tokens)
+            terms = [
+                token if t == token else t for token, t in zip(new, terms_of(new), strict=True)
+            ]
+            ids = np.full(len(new), -1, np.int64)
+            ids[[i for i, t in enumerate(terms) if t]] = self.terms.intern_all(
+                list(filter(None, terms))
+            )
+            vocab.update(zip(new, ids.tolist(), strict=True))
             keys[unknown] = np.fromiter(map(vocab.__getitem__, [tokens[i] for i in unknown]),
                                         np.int64, len(unknown))  # fmt: skip
         return keys
