@@ -12,14 +12,27 @@ and the dicts that find them.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import msgspec
 import numpy as np
+from numba import njit
 
 
 def encode_strings(values: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
     """(blob uint8, off int64[n + 1]) of the strings, each followed by a NUL."""
+    if not isinstance(values, list):
+        values = list(values)
+    if values:  # one join and one encode; the NULs give the offsets unless a string holds one
+        blob = np.frombuffer(("\0".join(values) + "\0").encode("utf-8", "surrogatepass"), np.uint8)
+        ends = np.flatnonzero(blob == 0)
+        if len(ends) == len(values):
+            off = np.empty(len(values) + 1, np.int64)
+            off[0] = 0
+            off[1:] = ends + 1
+            return blob, off
     raw = [v.encode("utf-8", "surrogatepass") + b"\0" for v in values]
     off = np.zeros(len(raw) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, raw), np.int64, len(raw)), out=off[1:])
@@ -36,6 +49,11 @@ def decode_strings(blob: np.ndarray, off: np.ndarray) -> list[str]:
         parts.pop()
         return parts
     return [_decode(blob, off, i) for i in range(n)]
+
+
+def strings_at(blob: np.ndarray, off: np.ndarray, rows: Iterable[int]) -> list[str]:
+    """The strings at these rows of an encoded column."""
+    return [_decode(blob, off, i) for i in rows]
 
 
 def _decode(blob: np.ndarray, off: np.ndarray, i: int) -> str:
@@ -138,3 +156,129 @@ class KeyIndex:
 
     def __setitem__(self, key: str, value: int) -> None:
         self._added[key] = value
+
+
+@njit(cache=True, nogil=True)
+def _fnv1a(blob, start, end):  # pragma: no cover - compiled
+    h = np.uint64(0xCBF29CE484222325)
+    for i in range(start, end):
+        h = (h ^ np.uint64(blob[i])) * np.uint64(0x100000001B3)
+    return h
+
+
+@njit(cache=True, nogil=True)
+def _same(a, a_start, a_end, b, b_start, b_end):  # pragma: no cover - compiled
+    if a_end - a_start != b_end - b_start:
+        return False
+    for i in range(a_end - a_start):  # noqa: SIM110 (numba: a loop, not a generator)
+        if a[a_start + i] != b[b_start + i]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _table_of(blob, off):  # pragma: no cover - compiled
+    """Open addressing, linear probing: slot -> row (-1 empty), at most half full."""
+    n = len(off) - 1
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    table = np.full(size, -1, np.int64)
+    mask = np.uint64(size - 1)
+    for row in range(n):
+        slot = _fnv1a(blob, off[row], off[row + 1] - 1) & mask
+        while table[slot] >= 0:
+            slot = (slot + np.uint64(1)) & mask
+        table[slot] = row
+    return table
+
+
+@njit(cache=True, nogil=True)
+def _find_all(table, blob, off, qblob, qoff, out):  # pragma: no cover - compiled
+    mask = np.uint64(len(table) - 1)
+    for i in range(len(qoff) - 1):
+        start, end = qoff[i], qoff[i + 1] - 1
+        slot = _fnv1a(qblob, start, end) & mask
+        out[i] = -1
+        while table[slot] >= 0:
+            row = table[slot]
+            if _same(blob, off[row], off[row + 1] - 1, qblob, start, end):
+                out[i] = row
+                break
+            slot = (slot + np.uint64(1)) & mask
+
+
+class StringTable:
+    """The rows of an encoded column of distinct strings, found by value many at a time: a
+    hash table of their UTF-8 bytes (numba), every candidate compared byte for byte, so a
+    million-row column answers eight million look-ups in about a second, where a dict of
+    Python strings costs microseconds each (cache misses on its table, entries and keys)."""
+
+    __slots__ = ("_blob", "_off", "_table")
+
+    def __init__(self, blob: np.ndarray, off: np.ndarray) -> None:
+        self._blob, self._off = blob, off
+        self._table = _table_of(blob, off)
+
+    def find_all(self, blob: np.ndarray, off: np.ndarray) -> np.ndarray:
+        """int64 row of each string of the encoded column (blob, off); -1 where none."""
+        out = np.empty(len(off) - 1, np.int64)
+        _find_all(self._table, self._blob, self._off, blob, off, out)
+        return out
+
+
+@njit(cache=True, nogil=True)
+def _split_arrays(text, counts, out, ends):  # pragma: no cover - compiled
+    """Every string of the JSON arrays in ``text`` (one after another, strings without a
+    backslash) copied to ``out`` each followed by a NUL, its end (after the NUL) in ``ends``,
+    and how many each array holds in ``counts``; returns (arrays, strings, bytes) written."""
+    rows = -1
+    strings = 0
+    at = 0
+    inside = False
+    for i in range(len(text)):
+        c = text[i]
+        if inside:
+            if c == 34:  # the closing quote (no backslash: no escaped one)
+                out[at] = 0
+                at += 1
+                ends[strings] = at
+                strings += 1
+                counts[rows] += 1
+                inside = False
+            else:
+                out[at] = c
+                at += 1
+        elif c == 34:
+            inside = True
+        elif c == 91:  # "[" outside a string: the next array
+            rows += 1
+            counts[rows] = 0
+    return rows + 1, strings, at
+
+
+_lists_decoder = msgspec.json.Decoder(list[list[str]])
+
+
+def split_json_arrays(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(counts int64[len(texts)], blob, off) of JSON arrays of strings (the store's links
+    column): how many strings each array holds, and all their strings, in order, as an
+    encoded column (``encode_strings``'s layout). Texts holding a backslash (an escape) are
+    decoded by msgspec; the rest are split in one compiled pass, as their strings' UTF-8
+    bytes are the text's own between the quotes."""
+    joined = "".join(texts)
+    if "\\" in joined:
+        lists = _lists_decoder.decode("[" + ",".join(texts) + "]")
+        counts = np.fromiter(map(len, lists), np.int64, len(lists))
+        blob, off = encode_strings(list(itertools.chain.from_iterable(lists)))
+        return counts, blob, off
+    text = np.frombuffer(joined.encode("utf-8", "surrogatepass"), np.uint8)
+    counts = np.zeros(len(texts), np.int64)
+    blob = np.empty(len(text), np.uint8)
+    ends = np.empty(len(text) // 2 + 1, np.int64)
+    rows, strings, size = _split_arrays(text, counts, blob, ends)
+    if rows != len(texts):
+        raise ValueError(f"expected {len(texts)} JSON arrays, found {rows}")
+    off = np.zeros(strings + 1, np.int64)
+    off[1:] = ends[:strings]
+    return counts, blob[:size].copy(), off

@@ -13,6 +13,7 @@ Keys are interned to ints for good (``keys``, ``key_id``), as concept ids are.
 
 from __future__ import annotations
 
+import itertools
 from array import array
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Final
@@ -20,7 +21,6 @@ from typing import Final
 import numpy as np
 
 _EMPTY: Final = (np.empty(0, np.int64), np.empty(0, np.int64))
-_ONE: Final = array("q", [1])
 ARRAY_NAMES: Final = ("key_off", "post_node", "post_hits", "node_off", "node_keys", "base_live")
 
 
@@ -254,19 +254,30 @@ class PostingsBuilder:
         hits_col.append(0)
         self._node.extend((node,) * (rows + 1))
 
-    def add_keys(self, node: int, keys: Iterable[str]) -> None:
-        """``add`` with hits 1 for each key."""
-        key_id, intern = self.postings.key_id, self.postings._intern
-        key_col = self._key
-        rows = 0
-        for key in keys:
-            k = key_id.get(key)
-            key_col.append(intern(key) if k is None else k)
-            rows += 1
-        key_col.append(-1)
-        self._hits.extend(_ONE * rows)
-        self._hits.append(0)
-        self._node.extend((node,) * (rows + 1))
+    def intern_all(self, keys: list[str]) -> np.ndarray:
+        """int64 id of each key, new keys interned in order of first appearance."""
+        key_id = self.postings.key_id
+        ids = np.fromiter(map(key_id.get, keys, itertools.repeat(-1)), np.int64, len(keys))
+        unknown = np.flatnonzero(ids < 0).tolist()
+        if unknown:
+            new = list(dict.fromkeys([keys[i] for i in unknown]))
+            known = self.postings.keys
+            key_id.update(zip(new, range(len(known), len(known) + len(new)), strict=True))
+            known.extend(new)
+            ids[unknown] = np.fromiter(map(key_id.__getitem__, [keys[i] for i in unknown]),
+                                       np.int64, len(unknown))  # fmt: skip
+        return ids
+
+    def add_rows(
+        self, held: np.ndarray, node: np.ndarray, key: np.ndarray, hits: np.ndarray
+    ) -> None:
+        """Hold the nodes ``held`` (ascending, after every node added before) with the rows
+        (node, key id, hits): grouped by node, each node's in the order to keep."""
+        for column, values in ((self._node, node), (self._key, key), (self._hits, hits)):
+            column.frombytes(np.ascontiguousarray(values, np.int64).tobytes())
+        self._node.frombytes(np.ascontiguousarray(held, np.int64).tobytes())
+        self._key.frombytes(np.full(len(held), -1, np.int64).tobytes())
+        self._hits.frombytes(np.zeros(len(held), np.int64).tobytes())
 
     def build(self) -> Postings:
         postings = self.postings

@@ -33,6 +33,24 @@ COMPACT_MIN_HOLES = 1 << 16  # module-level so tests can force compaction
 
 
 @numba.njit(nogil=True, cache=True)
+def _key_counts(keys, n, ln):  # pragma: no cover - compiled
+    for key in keys:
+        ln[key // n] += 1
+
+
+@numba.njit(nogil=True, cache=True)
+def _key_fill(keys, n, order, off, pool):  # pragma: no cover - compiled
+    """keys sorted: each source's entries come together, in order."""
+    last, at = -1, 0
+    for key in keys:
+        u = key // n
+        if u != last:
+            last, at = u, off[u]
+        pool[at] = order[key % n]
+        at += 1
+
+
+@numba.njit(nogil=True, cache=True)
 def compact(off, ln, cap, pool, new_off, new_pool):  # pragma: no cover - compiled
     pos = 0
     for u in range(off.shape[0]):
@@ -238,23 +256,24 @@ class Adjacency:
         return int(self.meta[2])
 
     @classmethod
-    def from_sorted(cls, src: np.ndarray, dst: np.ndarray, n: int, node_cap: int) -> Adjacency:
-        """Blocks from edges already sorted by (src, id of dst), with ~25 % slack each."""
+    def from_keys(cls, keys: np.ndarray, n: int, order: np.ndarray, node_cap: int) -> Adjacency:
+        """Blocks, with ~25 % slack each, from the sorted distinct edge keys ``src * n +
+        rank of dst`` (``order[rank]`` is the node of that rank), read in two compiled passes
+        with no array per edge but the pool."""
         adj = cls(node_cap)
-        ln = np.bincount(src, minlength=n).astype(np.int64)
+        ln = np.zeros(n, np.int64)
+        _key_counts(keys, n, ln)
         cap = np.where(ln > 0, ln + (ln >> 2) + 2, 0)
         off = np.zeros(n, np.int64)
         np.cumsum(cap[:-1], out=off[1:])
         end = int(cap.sum())
         pool = np.zeros(max(MIN_POOL_CAP, end + end // 2), np.int32)
-        starts = np.zeros(n, np.int64)
-        np.cumsum(ln[:-1], out=starts[1:])
-        pool[off[src] + (np.arange(len(src), dtype=np.int64) - starts[src])] = dst
+        _key_fill(keys, n, order, off, pool)
         adj.off[:n] = off
         adj.len[:n] = ln
         adj.cap[:n] = cap
         adj.pool = pool
-        adj.meta[:] = (end, 0, len(src))
+        adj.meta[:] = (end, 0, len(keys))
         return adj
 
     def grow_nodes(self, n: int, new_cap: int) -> tuple[np.ndarray, ...]:

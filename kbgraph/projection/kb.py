@@ -38,8 +38,10 @@ only spread that state across modules.)
 
 from __future__ import annotations
 
+import bisect
 import gc
 import itertools
+import operator
 import threading
 import time
 from collections import OrderedDict
@@ -47,10 +49,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Final
 
-import msgspec
 import numpy as np
 
 from kbgraph.access import RuleSet, visible
+from kbgraph.columns import StringTable, encode_strings, strings_at
 from kbgraph.embeddings import Embedder, concept_text
 from kbgraph.events import (
     ConceptDeleted,
@@ -161,9 +163,10 @@ class KBProjection:
         projection is shared. The projection takes the column lists it is given."""
         n0 = len(cols.ids)
         ids = cols.ids
+        encoded = encode_strings(ids)
+        src, dst, missing_src, missing_names = _link_columns(cols.links, StringTable(*encoded))
+        cols.links = []  # the targets' bytes are no longer needed: free them now
         index_of = dict(zip(ids, range(n0), strict=True))
-        src, dst, missing_src, missing_names = _link_columns(cols.links, index_of)
-        cols.links = []  # the stored JSON texts are no longer needed: free them now
         for t in sorted(set(missing_names)):
             index_of[t] = len(ids)
             ids.append(t)
@@ -171,7 +174,7 @@ class KBProjection:
         del missing_src, missing_names
         n = len(ids)
         node_cap = max(MIN_NODE_CAP, 1 << (n - 1).bit_length())
-        order = np.array(sorted(range(n), key=ids.__getitem__), np.int64)
+        order = _id_order(ids, n0)
         rank = np.empty(n, np.int64)
         rank[order] = np.arange(n, dtype=np.int64)
         keep = src != dst
@@ -181,18 +184,24 @@ class KBProjection:
             self._missing_out.setdefault(u, set()).add(t)
             self._pending_in.setdefault(t, set()).add(u)
         src, dst = src[to_alive], dst[to_alive]
-        okey = sorted_unique(src * n + rank[dst])
-        self._out = Adjacency.from_sorted(okey // n, order[okey % n], n, node_cap)
-        del okey
-        ukey = sorted_unique(np.concatenate((src * n + rank[dst], dst * n + rank[src])))
-        del src, dst
-        self._und = Adjacency.from_sorted(ukey // n, order[ukey % n], n, node_cap)
-        del ukey
+        m = len(src)
+        keys = np.empty(2 * m, np.int64)  # out-edge keys, then the reverse edges' for und
+        np.multiply(src, n, out=keys[:m])
+        keys[:m] += rank[dst]
+        np.multiply(dst, n, out=keys[m:])
+        keys[m:] += rank[src]
+        del src, dst, rank
+        self._out = Adjacency.from_keys(sorted_unique(keys[:m].copy()), n, order, node_cap)
+        self._und = Adjacency.from_keys(sorted_unique(keys), n, order, node_cap)
+        del keys, order
 
         self._node_cap = node_cap
         self._index_of = index_of
         self.ids = ids
-        self._keys = Keys(ids, node_cap)
+        self._keys = Keys.from_encoded(*encoded, node_cap)
+        del encoded
+        for u in range(n0, n):
+            self._keys.add(u, ids[u])
         missing = n - n0
         self.titles = cols.titles + [""] * missing
         self.aliases = cols.aliases + [[] for _ in range(missing)]
@@ -201,11 +210,18 @@ class KBProjection:
         self.tags = cols.tags + [[] for _ in range(missing)]
         self.texts = cols.texts + [""] * missing
         self.versions = cols.versions + [0] * missing
-        self.collections = [self._collection(i) for i in ids]
+        shared = self._collection_names
+        heads = [h if s else "" for h, s, _ in map(str.partition, ids, itertools.repeat("/"))]
+        self.collections = list(map(shared.setdefault, heads, heads))  # as collection_of
+        del heads
         self._alive = np.zeros(node_cap, np.uint8)
         self._alive[:n0] = 1
         self._cls = np.zeros(node_cap, np.int32)
-        self._cls[:n] = np.fromiter(map(self._class, self.collections, self.types), np.int32, n)
+        pairs = list(zip(self.collections, self.types, strict=True))
+        for collection, concept_type in dict.fromkeys(pairs):  # in order of first appearance
+            self._class(collection, concept_type)
+        self._cls[:n] = np.fromiter(map(self._class_of.__getitem__, pairs), np.int32, n)
+        del pairs
         docs = zip(range(n0), cols.titles, cols.texts, cols.aliases, cols.tags, strict=False)
         self.index.put_many(docs)
         self.seq = cols.seq
@@ -638,36 +654,27 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-LINK_CHUNK: Final = 1 << 16  # concepts whose links are decoded at once
-_lists_decoder = msgspec.json.Decoder(list[list[str]])
-
-
 def _link_columns(
-    links: Sequence[str], index_of: dict[str, int]
+    links: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], table: StringTable
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
-    """(src, dst, rows of dst still to resolve, their target ids) of every declared link:
-    the stored JSON lists decoded a chunk at a time, targets resolved through ``index_of``;
-    a target that is no concept gets dst -1 and is listed for the caller to intern."""
+    """(src, dst, rows of dst still to resolve, their target ids) of every declared link
+    (``links``: ``KBColumns.links``, chunk by chunk), the targets found by ``table`` (of the
+    ids); a target that is no concept gets dst -1 and is listed for the caller to intern."""
     srcs: list[np.ndarray] = []
     dsts: list[np.ndarray] = []
     missing_rows: list[np.ndarray] = []
     missing_names: list[str] = []
-    done = 0
-    get = index_of.get
-    decode = _lists_decoder.decode
-    for first in range(0, len(links), LINK_CHUNK):
-        lists = decode("[" + ",".join(links[first : first + LINK_CHUNK]) + "]")
-        counts = np.fromiter(map(len, lists), np.int64, len(lists))
-        flat = list(itertools.chain.from_iterable(lists))
-        del lists
-        dst = np.array([get(t, -1) for t in flat], np.int64)
+    first = done = 0
+    for counts, blob, off in links:
+        dst = table.find_all(blob, off)
         gone = np.flatnonzero(dst < 0)
         if len(gone):
             missing_rows.append(gone + done)
-            missing_names.extend(flat[i] for i in gone.tolist())
+            missing_names.extend(strings_at(blob, off, gone.tolist()))
         srcs.append(np.repeat(np.arange(first, first + len(counts), dtype=np.int64), counts))
         dsts.append(dst)
-        done += len(flat)
+        first += len(counts)
+        done += len(dst)
     empty = np.zeros(0, np.int64)
     return (
         np.concatenate(srcs) if srcs else empty,
@@ -675,3 +682,25 @@ def _link_columns(
         np.concatenate(missing_rows) if missing_rows else empty,
         missing_names,
     )
+
+
+def _id_order(ids: list[str], n0: int) -> np.ndarray:
+    """The rows of ``ids`` in id order, when ``ids[:n0]`` (the store's, by id) and the rest
+    (the missing targets, sorted) are each sorted: the two merged by a bisection per missing
+    target, not a sort of a million strings. Otherwise sorted."""
+    n = len(ids)
+    head = ids[:n0]
+    tail = ids[n0:]
+    if not (_ascending(head) and _ascending(tail)):
+        return np.array(sorted(range(n), key=ids.__getitem__), np.int64)
+    below = np.array([bisect.bisect_left(head, t) for t in tail], np.int64)  # head rows < t
+    rank = np.empty(n, np.int64)
+    rank[:n0] = np.arange(n0, dtype=np.int64) + np.searchsorted(below, np.arange(n0), "right")
+    rank[n0:] = below + np.arange(n - n0, dtype=np.int64)
+    order = np.empty(n, np.int64)
+    order[rank] = np.arange(n, dtype=np.int64)
+    return order
+
+
+def _ascending(values: list[str]) -> bool:
+    return all(map(operator.lt, values, itertools.islice(values, 1, None)))

@@ -46,6 +46,22 @@ class Keys:
         self.pre = np.zeros((node_cap, 2), np.uint64)
         self.pre[:n] = prefixes(raw)
 
+    @classmethod
+    def from_encoded(cls, blob: np.ndarray, off: np.ndarray, node_cap: int) -> Keys:
+        """``Keys`` of the strings of an encoded column (``kbgraph.columns.encode_strings``:
+        each followed by a NUL), without a Python object per id."""
+        n = len(off) - 1
+        keys = cls([], node_cap)
+        keep = np.ones(len(blob), bool)
+        keep[off[1:] - 1] = False  # the NULs
+        data = blob[keep]
+        keys.off[: n + 1] = off - np.arange(n + 1, dtype=np.int64)
+        keys.end = len(data)
+        keys.data = np.zeros(max(MIN_POOL_CAP, 2 * keys.end), np.uint8)
+        keys.data[: keys.end] = data
+        _prefixes_of(keys.data, keys.off, n, keys.pre)
+        return keys
+
     def reserve(self, nodes: int, size: int) -> None:
         """Room for ``nodes`` ids in all and ``size`` more bytes."""
         if nodes > len(self.pre):
@@ -66,6 +82,20 @@ class Keys:
         self.off[u + 1] = end
         self.pre[u] = prefixes([raw])[0]
         self.end = end
+
+
+@numba.njit(cache=True)
+def _prefixes_of(data, off, n, pre):  # pragma: no cover - compiled
+    """pre[u] = ``prefixes`` of ids[u], for u < n."""
+    for u in range(n):
+        start, end = off[u], off[u + 1]
+        for w in range(2):
+            word = np.uint64(0)
+            for j in range(8):
+                at = start + 8 * w + j
+                byte = np.uint64(data[at]) if at < end else np.uint64(0)
+                word = (word << np.uint64(8)) | byte
+            pre[u, w] = word
 
 
 def prefixes(raw: list[bytes]) -> np.ndarray:

@@ -94,6 +94,18 @@ def stem(token: str) -> str:
     return _stemmers.stemmer.stemWord(token) if found is None else found
 
 
+def terms_of(tokens: list[str]) -> list[str]:
+    """``term`` of each token, without adding to the cache (a first build stems each distinct
+    token once in a dict of its own)."""
+    stems = _stemmers.stemmer.stemWords(tokens)
+    return ["" if token in STOP_WORDS else t for token, t in zip(tokens, stems, strict=True)]
+
+
+def compounds(text: str) -> list[str]:
+    """The joined form of each hyphenated word of ``text`` ("Wi-Fi" gives "wifi")."""
+    return ["".join(tokenize(word)) for word in _COMPOUND.findall(fold(text))]
+
+
 def analyze(text: str, remember: bool = True) -> list[str]:
     """The terms of ``text`` in order: folded tokens without stop words, stemmed; then the
     joined form of each hyphenated word ("Wi-Fi" also gives "wifi", "e-mail" "email").
@@ -109,7 +121,7 @@ def analyze_tokens(text: str, tokens: list[str]) -> list[str]:
 
 def _terms_of(text: str, tokens: list[str], remember: bool) -> list[str]:
     if "-" in text:
-        tokens = tokens + ["".join(tokenize(word)) for word in _COMPOUND.findall(fold(text))]
+        tokens = tokens + compounds(text)
     found = list(map(_terms.get, tokens))
     if None in found:  # a token seen for the first time
         of = term if remember else stem

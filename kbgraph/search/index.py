@@ -21,9 +21,9 @@ concept's text is whatever its KB sent.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
-from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
@@ -33,6 +33,7 @@ from numba import njit
 
 from kbgraph.postings import Postings, PostingsBuilder
 from kbgraph.search.analysis import analyze, analyze_tokens, fold, query_terms, tokenize
+from kbgraph.search.bulk import FIELD, BulkAnalyzer
 from kbgraph.search.nametrie import NAME_SEP, NameTrie
 
 W_TITLE: Final = 12.0
@@ -111,7 +112,8 @@ class _Scratch(threading.local):
 
 
 _scratch = _Scratch()
-_FIELD = 1 << 32  # a posting's hits packed as title_hits * _FIELD + text_hits
+_FIELD = FIELD  # a posting's hits packed as title_hits * _FIELD + text_hits
+BULK_CHUNK: Final = 1 << 15  # documents analysed at once by put_many
 _NAME_SEP = NAME_SEP
 
 
@@ -180,31 +182,32 @@ class SearchIndex:
         self._set_lengths(node, title_len, text_len)
 
     def put_many(self, docs: Iterable[tuple[int, str, str, Sequence[str], Sequence[str]]]) -> None:
-        """Index an empty index's documents (node, title, text, aliases, tags) in one pass,
-        as flat arrays (``put`` one by one would hold them in the overlay): each document
-        analysed once, its postings gathered as machine integers, each part built in one
+        """Index an empty index's documents (node, title, text, aliases, tags; nodes
+        ascending) in bulk, as flat arrays (``put`` one by one would hold them in the
+        overlay): analysed a chunk at a time (``kbgraph.search.bulk``), each part built in one
         sort."""
         assert self.terms.count == 0, "put_many builds an empty index"
         terms, names, tags = PostingsBuilder(), PostingsBuilder(), PostingsBuilder()
-        nodes, title_lens, text_lens = array("q"), array("d"), array("d")
-        name_lengths = self.name_lengths
-        analyzed = self._analyzed
-        for node, *doc in docs:
-            freq, name_keys, tag_keys, title_len, text_len = analyzed(*doc)
-            terms.add(node, freq.items())
-            names.add_keys(node, name_keys)
-            tags.add_keys(node, tag_keys)
-            for key in name_keys:
-                name_lengths[key.count(_NAME_SEP) + 1] += 1
-            nodes.append(node)
+        analyzer = BulkAnalyzer(terms, names, tags)
+        nodes: list[np.ndarray] = []
+        title_lens: list[np.ndarray] = []
+        text_lens: list[np.ndarray] = []
+        docs = iter(docs)
+        while chunk := list(itertools.islice(docs, BULK_CHUNK)):
+            node, titles, texts, aliases, doc_tags = zip(*chunk, strict=True)
+            del chunk
+            at = np.array(node, np.int64)
+            title_len, text_len = analyzer.add(at, titles, texts, aliases, doc_tags)
+            nodes.append(at)
             title_lens.append(title_len)
             text_lens.append(text_len)
         self.terms, self.names, self.tags = terms.build(), names.build(), tags.build()
+        self.name_lengths.update(analyzer.name_lengths)
         if nodes:
-            at = np.frombuffer(nodes, np.int64)
+            at = np.concatenate(nodes)
             self._set_lengths(int(at.max()), 0, 0)  # grown to hold the largest node
-            self._title_len[at] = np.frombuffer(title_lens, np.float64)
-            self._text_len[at] = np.frombuffer(text_lens, np.float64)
+            self._title_len[at] = np.concatenate(title_lens)
+            self._text_len[at] = np.concatenate(text_lens)
             self._present[at] = 1
 
     def _set_lengths(self, node: int, title_len: int, text_len: int) -> None:

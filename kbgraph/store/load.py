@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from typing import Final
 
+import numpy as np
+
+from kbgraph.columns import split_json_arrays
 from kbgraph.store.model import ColumnSnapshot, ConceptState, KBColumns, KBState, StoreSnapshot
 from kbgraph.store.statements import tags_decoder, tags_encoder
 
@@ -55,42 +59,56 @@ def _by_id(concept: ConceptState) -> str:
 def load_columns(conn: sqlite3.Connection) -> ColumnSnapshot:
     """``load_snapshot`` as columns, without an object per concept (call in a read
     transaction). Rows come in ``(kid, id)`` index order: SQLite compares TEXT as UTF-8 bytes,
-    which orders strings as Python does (by code point)."""
+    which orders strings as Python does (by code point). Each chunk of rows is turned into
+    its columns as it comes (the links split into an encoded column of target ids, types and
+    statuses shared, empty lists the shared ``EMPTY``), so a million rows' raw values never
+    live at once."""
     gid = conn.execute("SELECT coalesce(max(gid), 0) FROM log").fetchone()[0]
     kbs = conn.execute("SELECT kid, name, seq FROM kb WHERE seq > 0").fetchall()
     out: dict[str, KBColumns] = {}
     for kid, name, seq in sorted(kbs, key=lambda row: row[1]):
-        columns: list[list] = [[] for _ in range(9)]
+        ids: list[str] = []
+        versions: list[int] = []
+        titles: list[str] = []
+        types: list[str] = []
+        statuses: list[str] = []
+        tags: list[list[str]] = []
+        texts: list[str] = []
+        aliases: list[list[str]] = []
+        links: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        shared: dict[str, str] = {}
         cursor = conn.execute(_COLUMNS, (kid,))
         while rows := cursor.fetchmany(_FETCH_ROWS):  # a chunk of row tuples at a time
-            for column, values in zip(columns, zip(*rows, strict=True), strict=True):
-                column.extend(values)
-        ids, versions, titles, types, statuses, tags, texts, aliases, links = columns
+            chunk = list(zip(*rows, strict=True))
+            del rows
+            ids.extend(chunk[0])
+            versions.extend(chunk[1])
+            titles.extend(chunk[2])
+            types.extend(map(shared.setdefault, chunk[3], chunk[3]))
+            statuses.extend(map(shared.setdefault, chunk[4], chunk[4]))
+            tags.extend(_lists(chunk[5]))
+            texts.extend(chunk[6])
+            aliases.extend(_lists(chunk[7]))
+            links.append(split_json_arrays(chunk[8]))
         out[name] = KBColumns(
             seq=seq,
             ids=ids,
             versions=versions,
             titles=titles,
-            types=_shared(types),
-            statuses=_shared(statuses),
-            tags=_lists(tags),
+            types=types,
+            statuses=statuses,
+            tags=tags,
             texts=texts,
-            aliases=_lists(aliases),
+            aliases=aliases,
             links=links,
         )
     return ColumnSnapshot(gid=gid, kbs=out)
 
 
-def _lists(texts: list[str]) -> list[list[str]]:
+def _lists(texts: Sequence[str]) -> list[list[str]]:
     """Stored JSON lists decoded, each empty one the shared ``EMPTY``."""
     decode = tags_decoder.decode
     return [EMPTY if t == "[]" else decode(t) for t in texts]
-
-
-def _shared(values: list[str]) -> list[str]:
-    """One string object per distinct value (a million concepts, a few types)."""
-    seen: dict[str, str] = {}
-    return [seen.setdefault(v, v) for v in values]
 
 
 def columns_of(state: KBState) -> KBColumns:
@@ -107,5 +125,5 @@ def columns_of(state: KBState) -> KBColumns:
         tags=[list(c.tags) for c in concepts],
         texts=[c.text for c in concepts],
         aliases=[list(c.aliases) for c in concepts],
-        links=[encode(c.links).decode() for c in concepts],
+        links=[split_json_arrays([encode(c.links).decode() for c in concepts])],
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -70,9 +70,11 @@ class WebhookMessage(NamedTuple):
 class KBColumns(msgspec.Struct):
     """One KB's existing concepts as columns (the first build's input), sorted by id.
 
-    ``links`` stay the stored JSON texts (decoded by the build in chunks, so a million
-    concepts' eight million target strings never live at once); ``tags`` and ``aliases`` are
-    decoded, every empty one the same shared, never mutated, list.
+    ``links``: per chunk of concepts, ``kbgraph.columns.split_json_arrays`` of their stored
+    JSON lists (how many targets each declares, and the target ids as one encoded column), so
+    a million concepts' eight million target ids are flat bytes, never Python strings;
+    ``tags`` and ``aliases`` are decoded, every empty one the same shared, never mutated,
+    list.
     """
 
     seq: int
@@ -84,7 +86,7 @@ class KBColumns(msgspec.Struct):
     tags: list[list[str]]
     texts: list[str]
     aliases: list[list[str]]
-    links: list[str]  # JSON arrays of ids, as stored
+    links: list[tuple[Any, Any, Any]]  # (counts, blob, off) numpy arrays per chunk
 
 
 class ColumnSnapshot(msgspec.Struct):
