@@ -1,6 +1,6 @@
 """Reading a vault's notes on every core, the results in the order asked for (issue 26).
 
-Reading a note (``reader.read_one``: read, hash, parse, resolve its links, hash its state) is
+Reading a note (``reader.read_chunk``: read, hash, parse, resolve its links, hash its state) is
 a pure function of its file, the vault's ids and files and the parse cache, so it runs on a
 pool of spawned processes, each given those once when it starts: ``PARALLEL_CHUNK`` notes a
 task, results yielded in job order as they come, so the caller sends the first notes while
@@ -21,11 +21,11 @@ from typing import Final
 import msgspec
 
 from kbgraph.events import UpsertData
-from kbgraph.vault.reader import NoteFields, NoteRead, NoteState, ReadContext, read_one
+from kbgraph.vault.reader import NoteFields, NoteRead, NoteState, ReadContext, read_chunk
 from kbgraph.vault.resolve import Resolver
 
 PARALLEL_MIN_NOTES: Final = 256  # fewer notes are read here
-PARALLEL_CHUNK: Final = 64  # notes a worker reads per task
+PARALLEL_CHUNK: Final = 128  # notes read per task (in passes: see ``read_chunk``)
 
 Context = tuple[Path, str, list[str], dict[str, NoteFields]]  # root, real root, files, cache
 Job = tuple[int, str, str]  # (index in path order, id, path)
@@ -92,7 +92,7 @@ def _read(row: _Row) -> NoteRead:
 
 def _read_chunk(jobs: list[Job]) -> bytes:
     assert _context is not None
-    return _encoder.encode([_row(read_one(_context, *job)) for job in jobs])
+    return _encoder.encode([_row(read) for read in read_chunk(_context, jobs)])
 
 
 def default_workers() -> int:
@@ -103,16 +103,16 @@ def default_workers() -> int:
 def read_all(
     context: Context, ids: list[str], jobs: list[Job], workers: int | None = None
 ) -> Iterator[NoteRead]:
-    """``read_one`` of every job, in the order of ``jobs``: on ``workers`` processes (default
+    """``read_chunk`` of every job, in the order of ``jobs``: on ``workers`` processes (default
     one per core) when there are at least ``PARALLEL_MIN_NOTES`` jobs, else here."""
     if workers is None:
         workers = default_workers()
+    chunks = [jobs[i : i + PARALLEL_CHUNK] for i in range(0, len(jobs), PARALLEL_CHUNK)]
     if workers < 2 or len(jobs) < PARALLEL_MIN_NOTES:
         here = _make(context, ids)
-        for job in jobs:
-            yield read_one(here, *job)
+        for chunk in chunks:
+            yield from read_chunk(here, chunk)
         return
-    chunks = [jobs[i : i + PARALLEL_CHUNK] for i in range(0, len(jobs), PARALLEL_CHUNK)]
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, spawn, _start, (context, ids)) as pool:
         for chunk in pool.map(_read_chunk, chunks):
