@@ -102,9 +102,10 @@ MAX_YAML_ALIASES: Final = 32
 
 def load_front_matter(text: str) -> Any:
     """The front matter's YAML, safely loaded, after PyYAML's own event stream showed it uses
-    at most ``MAX_YAML_ALIASES`` aliases (else ``yaml.YAMLError``)."""
+    at most ``MAX_YAML_ALIASES`` aliases (else ``yaml.YAMLError``). An alias is written
+    ``*name``: text without a ``*`` has none, and its events are not read."""
     aliases = 0
-    for event in yaml.parse(text, Loader=_SafeLoader):
+    for event in yaml.parse(text, Loader=_SafeLoader) if "*" in text else ():
         if isinstance(event, yaml.AliasEvent):
             aliases += 1
             if aliases > MAX_YAML_ALIASES:
@@ -146,7 +147,7 @@ def _read_inline(children: list[Token], note: ParsedNote) -> None:
             src = child.attrGet("src")
             if isinstance(src, str):
                 note.links.append(LinkRef(src, markdown=True, embed=True))
-        elif child.type == "text":
+        elif child.type == "text" and "#" in child.content:
             note.tags.extend(tag for tag in _TAG.findall(child.content) if not tag.isdigit())
 
 

@@ -27,7 +27,7 @@ import msgspec
 
 from kbgraph.events import ConceptDeleted, ConceptUpserted, DeleteData, Event
 from kbgraph.vault.manifest import Manifest
-from kbgraph.vault.reader import NoteState, VaultRead, is_ignored, read_vault
+from kbgraph.vault.reader import NoteState, VaultRead, VaultScan, is_ignored
 from kbgraph.vault.sinks import Sink
 
 SOURCE: Final = "kbgraph-vault"
@@ -71,64 +71,110 @@ def sync_once(
     sink: Sink,
     manifest: Manifest,
     progress: Callable[[str, int, int], None] | None = None,
+    workers: int | None = None,
 ) -> SyncReport:
     """One pass: read the vault, send what changed, record it. Raises SyncError on refusal.
 
+    Sending overlaps reading: the notes come in id order from ``VaultScan.reads`` (on
+    ``workers`` processes) and each delivery goes as soon as it is full. The deliveries are
+    the notes gone from the folder, then the changed notes in id order, then the notes that
+    are still there but can no longer be read as notes (too large, a symlink out): a
+    deterministic order, decided by the folder and the manifest alone.
     ``progress(stage, done, total)`` is called as notes are read (``"read"``) and sent.
     """
     cache = manifest.parse_cache()
     cached = set(cache)
-    read = read_vault(root, cache, None if progress is None else partial(progress, "read"))
-    if read.content_keys != cached:
-        manifest.save_parse_cache(cache, read.content_keys)
-    report = SyncReport(read)
+    scan = VaultScan.of(root)
+    report = SyncReport(scan.out)
     seq = sink.kb_seq(kb)
     report.reset = seq is not None and manifest.forget_if_behind(sink.dest, kb, seq)
     sent = manifest.sent(sink.dest, kb)
-    # gone from the folder (and not merely unreadable right now): deleted
-    deletes = sorted(cid for cid in sent if cid not in read.notes and cid not in read.unreadable)
-    changed = [n for cid, n in sorted(read.notes.items()) if sent.get(cid, ("",))[0] != n.digest]
-    report.unchanged = len(read.notes) - len(changed)
-    work: list[str | NoteState] = [*deletes, *changed]
+    batches = _Batcher()
+    # a delivery holds the deletes first, then the upserts: for the total shown as progress
+    todo = len(scan.ids) + sum(cid not in scan.ids for cid in sent)
     done = 0
-    for batch in _batches(work):
-        first = manifest.reserve(sink.dest, kb, len(batch))
-        events: list[Event] = []
-        upserted: list[tuple[str, str, int]] = []
-        deleted: list[str] = []
-        for offset, item in enumerate(batch):
-            version = first + offset
-            if isinstance(item, str):
-                events.append(delete_event(kb, item, version))
-                deleted.append(item)
-            else:
-                events.append(upsert_event(kb, item, version))
-                upserted.append((item.id, item.digest, version))
-        result = sink.send(kb, events)
-        manifest.record(sink.dest, kb, upserted, deleted, result.seq)
-        report.upserted += len(upserted)
-        report.deleted += len(deleted)
-        report.results.append((result.applied, result.duplicates, result.stale))
+
+    def send(batch: list[str | NoteState]) -> None:
+        nonlocal done
+        _send(kb, sink, manifest, batch, report)
         done += len(batch)
         if progress is not None:
-            progress("sent", done, len(work))
+            progress("sent", done, todo)
+
+    # gone from the folder: deleted
+    for cid in sorted(cid for cid in sent if cid not in scan.ids):
+        for batch in batches.add(cid):
+            send(batch)
+    on_read = None if progress is None else partial(progress, "read")
+    for note in scan.reads(cache, on_read, workers):
+        if sent.get(note.id, ("",))[0] == note.digest:
+            report.unchanged += 1
+            todo -= 1
+            continue
+        for batch in batches.add(note):
+            send(batch)
+    read = scan.out
+    if read.content_keys != cached:
+        manifest.save_parse_cache(cache, read.content_keys)
+    # still in the folder, but skipped (and not merely unreadable right now): deleted
+    for cid in sorted(cid for cid in scan.ids if cid in sent and cid not in read.notes):
+        if cid not in read.unreadable:
+            for batch in batches.add(cid):
+                send(batch)
+        else:
+            todo -= 1
+    todo -= sum(cid not in sent for cid in scan.ids if cid not in read.notes)
+    for batch in batches.flush():
+        send(batch)
     return report
 
 
-def _batches(work: list[str | NoteState]) -> list[list[str | NoteState]]:
-    batches: list[list[str | NoteState]] = []
-    current: list[str | NoteState] = []
-    size = 0
-    for item in work:
+def _send(
+    kb: str, sink: Sink, manifest: Manifest, batch: list[str | NoteState], report: SyncReport
+) -> None:
+    """Reserve the versions of one delivery (durably), send it, record it."""
+    first = manifest.reserve(sink.dest, kb, len(batch))
+    events: list[Event] = []
+    upserted: list[tuple[str, str, int]] = []
+    deleted: list[str] = []
+    for offset, item in enumerate(batch):
+        version = first + offset
+        if isinstance(item, str):
+            events.append(delete_event(kb, item, version))
+            deleted.append(item)
+        else:
+            events.append(upsert_event(kb, item, version))
+            upserted.append((item.id, item.digest, version))
+    result = sink.send(kb, events)
+    manifest.record(sink.dest, kb, upserted, deleted, result.seq)
+    report.upserted += len(upserted)
+    report.deleted += len(deleted)
+    report.results.append((result.applied, result.duplicates, result.stale))
+
+
+class _Batcher:
+    """Deliveries of at most ``BATCH_EVENTS`` events and about ``BATCH_BYTES`` bytes, cut as
+    the items come: a delivery is full when the next item would break a bound."""
+
+    def __init__(self) -> None:
+        self.current: list[str | NoteState] = []
+        self.size = 0
+
+    def add(self, item: str | NoteState) -> list[list[str | NoteState]]:
+        """The deliveries ``item`` completes (none or one)."""
         weight = 200 if isinstance(item, str) else 400 + 2 * len(item.data.text)
-        if current and (len(current) >= BATCH_EVENTS or size + weight > BATCH_BYTES):
-            batches.append(current)
-            current, size = [], 0
-        current.append(item)
-        size += weight
-    if current:
-        batches.append(current)
-    return batches
+        full: list[list[str | NoteState]] = []
+        if self.current and (len(self.current) >= BATCH_EVENTS or self.size + weight > BATCH_BYTES):
+            full.append(self.current)
+            self.current, self.size = [], 0
+        self.current.append(item)
+        self.size += weight
+        return full
+
+    def flush(self) -> list[list[str | NoteState]]:
+        """The last delivery, if any."""
+        full, self.current, self.size = [self.current] if self.current else [], [], 0
+        return full
 
 
 def upsert_event(kb: str, note: NoteState, version: int) -> ConceptUpserted:
