@@ -67,8 +67,11 @@ def check_after(load: Load, faults: Faults) -> None:
     events = sum(len(each) for each in faults.acked.values())
     assert found == {"seq": events, "lost": 0, "divergent": 0}, (found, events)
     assert_same_bytes(nodes, events, ids)
-    for node in nodes:
-        assert httpx.get(f"{node.url}/readyz", timeout=5).status_code == 200
+    for node in nodes:  # ready again (a node asks the stream's leader once a second)
+        deadline = time.monotonic() + 30
+        while (code := httpx.get(f"{node.url}/readyz", timeout=5).status_code) != 200:
+            assert time.monotonic() < deadline, f"{node.url}/readyz still {code}"
+            time.sleep(0.2)
 
 
 @dataclass
