@@ -234,6 +234,19 @@ def test_tokens_by_piece_equal_the_whole_texts_tokens(text: str) -> None:
     assert sorted(LOCAL.tokens(text)) == sorted(whole)
 
 
+def test_a_full_word_cache_starts_over_without_losing_a_word(monkeypatch) -> None:
+    """When the cache fills, a text holding both cached and new words still gets every
+    token (it was a KeyError that stopped the projection's follower at a million concepts)."""
+    import kbgraph.embeddings.local as local
+
+    model = LocalEmbedder()
+    monkeypatch.setattr(local, "WORD_CACHE", 4)
+    texts = ["Upgrade the DNS", "Upgrade routers and switches", "Upgrade the DNS again"]
+    for text in texts:
+        whole = model._tokenizer.encode(text, add_special_tokens=False).ids
+        assert sorted(model.tokens(text)) == sorted(whole), text
+
+
 def test_tokens_by_piece_on_the_example_vault() -> None:
     from kbgraph.vault.reader import read_vault
 

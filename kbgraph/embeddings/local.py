@@ -92,16 +92,21 @@ class LocalEmbedder:
             keys = text.split(" ") if text else []
         known = self._words
         missing = list({k for k in keys if k not in known})
+        fresh: dict[str, list[int]] = {}
         if missing:
-            if len(known) + len(missing) > WORD_CACHE:
-                known.clear()
             encoded = self._tokenizer.encode_batch(missing, add_special_tokens=False)
-            known.update(zip(missing, (e.ids for e in encoded), strict=True))
-            if "" in known:  # a single trailing space: a lone "▁" (the normaliser skips "")
-                known[""] = [self._space]
+            fresh = dict(zip(missing, (e.ids for e in encoded), strict=True))
+            if "" in fresh:  # a single trailing space: a lone "▁" (the normaliser skips "")
+                fresh[""] = [self._space]
+            if len(known) + len(fresh) > WORD_CACHE:
+                # start a new cache: ``known`` is never emptied, so this call (and one in
+                # another thread) still finds the words it saw there
+                self._words = fresh
+            else:
+                known.update(fresh)
         out: list[int] = []
         for k in keys:
-            out.extend(known[k])
+            out.extend(fresh[k] if k in fresh else known[k])
         return out
 
     def embed(self, texts: list[str]) -> np.ndarray:
