@@ -101,6 +101,7 @@ def test_a_backup_under_writes_serves_the_same_bytes(tmp_path: Path) -> None:
     sent = [0]
     at_backup: list[int] = []
     stop = threading.Event()
+    backed_up = threading.Event()
     with running(config) as url:
 
         def writer() -> None:
@@ -108,6 +109,8 @@ def test_a_backup_under_writes_serves_the_same_bytes(tmp_path: Path) -> None:
                 for delivery in planned:
                     if stop.is_set():
                         return
+                    if sent[0] == len(planned) - 20:
+                        backed_up.wait()  # the last 20 come after the copy, however fast
                     send(client, url, delivery)
                     sent[0] += 1
 
@@ -122,11 +125,13 @@ def test_a_backup_under_writes_serves_the_same_bytes(tmp_path: Path) -> None:
                  str(copy_path)],
                 capture_output=True, text=True, timeout=120,
             )  # fmt: skip
+            backed_up.set()
             assert done.returncode == 0, done.stderr
             assert "integrity ok" in done.stdout
             while sent[0] < at_backup[0] + 20 and thread.is_alive():
                 stop.wait(0.01)  # the service takes writes after the copy, too
         finally:
+            backed_up.set()
             stop.set()
             thread.join()
         assert sent[0] >= at_backup[0] + 20
