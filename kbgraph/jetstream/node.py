@@ -16,7 +16,7 @@ from typing import Any, Final
 from kbgraph.config import LogConfig
 from kbgraph.events import Event
 from kbgraph.jetstream import snapshots
-from kbgraph.jetstream.connect import RulesDiffer, connect, decision_rules, ensure_stream, signer
+from kbgraph.jetstream.connect import RulesDiffer, decision_rules, ensure_stream, signer
 from kbgraph.jetstream.follower import (
     ApplyFailed,
     Diverged,
@@ -126,12 +126,6 @@ class JetStreamLog(Follower, Publisher):
         return None
 
     async def _connect(self) -> None:
-        async def disconnected() -> None:
-            self.connected = False
-
-        async def reconnected() -> None:
-            self.connected = True
-
         async def error(exc: Exception) -> None:  # nats-py retries; /readyz says why
             log.debug("nats: %r", exc)
             if "authorization" in str(exc).lower():  # kept: it says the most
@@ -139,15 +133,7 @@ class JetStreamLog(Follower, Publisher):
             elif self.target is None and "credentials" not in (self.error or ""):
                 self.error = f"JetStream not reachable: {exc!r}"
 
-        self._nc = await connect(
-            self.config,
-            f"kbgraph-{self._node}",
-            disconnected=disconnected,
-            reconnected=reconnected,
-            error=error,
-        )
-        self.connected = True
-        self._js = self._nc.jetstream(timeout=5)
+        await self._open_nats(f"kbgraph-{self._node}", error)
 
     async def _run(self) -> None:
         backoff = 0.1

@@ -10,6 +10,7 @@ import itertools
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import nats.errors
@@ -18,6 +19,7 @@ import nats.js.errors
 from kbgraph.config import LogConfig
 from kbgraph.events import Event
 from kbgraph.jetstream import wire
+from kbgraph.jetstream.connect import connect
 from kbgraph.jetstream.follower import DeliverySkipped, LogUnavailable
 from kbgraph.store import WebhookMessage
 
@@ -37,7 +39,25 @@ class Publisher:
     signer: wire.Signer
     _nc: Any
     _js: Any
+    connected: bool
     answered_at: float = 0.0  # when the stream's leader last answered (time.monotonic)
+
+    async def _open_nats(self, name: str, on_error: Callable[[Exception], Awaitable[None]]) -> None:
+        """Connect as ``name``; ``connected`` follows nats-py's disconnects and reconnects, and
+        ``on_error`` hears the errors nats-py retries after (each owner keeps its own reasons
+        for ``/readyz``). Raises when no server is reachable at all."""
+
+        async def disconnected() -> None:
+            self.connected = False
+
+        async def reconnected() -> None:
+            self.connected = True
+
+        self._nc = await connect(
+            self.config, name, disconnected=disconnected, reconnected=reconnected, error=on_error
+        )
+        self._js = self._nc.jetstream(timeout=5)
+        self.connected = True
 
     def _msg_ids(self, node: str) -> None:
         """Message ids ``<node>-<process>-<n>``: unique per process (one node's workers, and a
