@@ -22,8 +22,8 @@ import msgspec
 
 from kbgraph.config import LogConfig
 from kbgraph.events import Event
-from kbgraph.jetstream.applier import ApplierProbe
-from kbgraph.jetstream.connect import connect, signer
+from kbgraph.jetstream.applier import ApplierProbe, serve_applier_metrics
+from kbgraph.jetstream.connect import signer
 from kbgraph.jetstream.follower import DeliverySkipped, LogUnavailable
 from kbgraph.jetstream.node import APPLY_WAIT_SECONDS, NODE_ENV
 from kbgraph.jetstream.publisher import Publisher
@@ -46,6 +46,7 @@ class WorkerLog(Publisher):
         self.store = store
         self.projections = projections
         self.applier = ApplierProbe(store.path)
+        serve_applier_metrics(self.applier)
         self.connected = False
         self._nc: Any = None
         self._js: Any = None
@@ -58,33 +59,19 @@ class WorkerLog(Publisher):
         self._task = asyncio.create_task(self._connect(), name="kbgraph-worker-nats")
 
     async def _connect(self) -> None:
-        async def disconnected() -> None:
-            self.connected = False
-
-        async def reconnected() -> None:
-            self.connected = True
-
         async def error(exc: Exception) -> None:  # nats-py retries; /readyz says why
             log.debug("nats: %r", exc)
 
         backoff = 0.1
         while self._nc is None:
             try:
-                self._nc = await connect(
-                    self.config,
-                    f"kbgraph-{self._id_prefix}",
-                    disconnected=disconnected,
-                    reconnected=reconnected,
-                    error=error,
-                )
+                await self._open_nats(f"kbgraph-{self._id_prefix}", error)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("worker: JetStream not reachable: %r (again in %.1f s)", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(2.0, backoff * 2)
-        self._js = self._nc.jetstream(timeout=5)
-        self.connected = True
 
     async def close(self) -> None:
         for task in (self._poller, self._task):
