@@ -5,6 +5,7 @@ HTTP (409 without vectors)."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -256,3 +257,12 @@ def test_tokens_by_piece_on_the_example_vault() -> None:
         text = concept_text(d.title, d.aliases, d.tags, d.text)[:4000]
         whole = LOCAL._tokenizer.encode(text, add_special_tokens=False).ids
         assert sorted(LOCAL.tokens(text)) == sorted(whole), d.title
+
+
+def test_a_row_of_negligible_components_quantises_as_zero_without_overflow() -> None:
+    rows = np.array([[1.2e-38, 0.0, -1e-38], [0.0, 0.0, 0.0], [0.5, -0.25, 0.1]], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 127 / 1.2e-38 overflows float32: no RuntimeWarning
+        q8, scale, _codes = quantize(rows)
+    assert q8[:2].tolist() == [[0, 0, 0], [0, 0, 0]]
+    assert q8[2].tolist() == [127, -64, 25] and scale[2] == np.float32(0.5 / 127)

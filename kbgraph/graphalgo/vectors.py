@@ -26,13 +26,14 @@ from numba.extending import intrinsic
 
 SHORTLIST: Final = 4096
 CODE_BITS: Final = 128
+NEGLIGIBLE: Final = 1e-30  # a row whose largest component is below this quantises as zero
 
 
 def quantize(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(q8, scale, codes) of float rows (n, d): see the module's docstring."""
     v = np.ascontiguousarray(vectors, np.float32)
     peak = np.abs(v).max(axis=1)
-    peak[peak == 0] = 1.0
+    peak[peak < NEGLIGIBLE] = 1.0  # zero, or so small that 127 / peak would overflow float32
     q8 = np.rint(v * (127.0 / peak)[:, None]).astype(np.int8)
     scale = (peak / 127.0).astype(np.float32)
     return q8, scale, sign_codes(v)
