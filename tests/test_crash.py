@@ -84,7 +84,10 @@ class ServerProcess(subprocess.Popen[bytes]):
         return f"http://127.0.0.1:{self.port}"
 
     def tail(self) -> str:
-        self.reader.join(5)
+        """The last lines logged; once the server has exited, all of them (the reader drains
+        the pipe to its end)."""
+        if self.poll() is not None:
+            self.reader.join(5)
         return "\n".join(self.log)
 
 

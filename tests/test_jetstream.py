@@ -502,7 +502,7 @@ def test_kills_lose_no_acknowledged_delivery(tmp_path: Path) -> None:
         copied.start()
         nodes.append(copied)
         assert copied.position() >= from_copy
-        assert copied.proc is not None and "loaded from checkpoint" in copied.proc.tail()
+        wait_log(copied, "loaded from checkpoint")
 
         ids = sorted({e["subject"] for events in acked for e in events})
         with httpx.Client(timeout=30) as client:
@@ -629,7 +629,7 @@ def test_a_message_no_node_can_apply_then_skipped_by_decision(
                 (failing,) = metric_lines(node, "kbgraph_stream_apply_failing{")
                 assert f'position="{position}"' in failing and f'kb="{KB}"' in failing
                 assert "malformed JSON" in failing and failing.endswith(" 1.0")
-                assert node.proc is not None and f"position {position}" in node.proc.tail()
+                wait_log(node, f"position {position}")
                 assert node.position() == position - 1  # what came before it applied
                 refused = post(client, node.url, [wc.upsert("ok/while-stuck")])
                 assert refused.status_code == 503 and f"position {position}" in refused.text
@@ -871,7 +871,7 @@ def test_snapshots_trim_the_stream_and_a_fresh_node_starts_from_one(
         fresh = Node(tmp_path / "fresh", cluster, stream)  # no store at all
         fresh.start()
         nodes.append(fresh)
-        assert fresh.proc is not None and "restored from snapshot" in fresh.proc.tail()
+        wait_log(fresh, "restored from snapshot")
         final = wait_caught_up(nodes, cluster)
         assert final == 35 and fresh.position() == 35
         assert_same_bytes(nodes, 35, [f"snap/{i}" for i in range(35)])
