@@ -1009,6 +1009,9 @@ def test_two_workers_per_node_answer_as_one_node(
             deliver(first, [wc.upsert(f"both/{i}", links=["work/0"], text="alpha concept")])
             deliver(second, [], resend=len(sent) - 1)
             deliver(second, [wc.event("link.added", f"both/{i}", 2, target="work/1")])
+        for client in (first, second):  # each worker serves its applier's stream metrics
+            text = client.get(f"{node.url}/metrics", headers=AUTH).text
+            assert f'kbgraph_stream_position{{stream="{stream}"}}' in text, text[-2000:]
 
         # the applier killed and kept dead (its supervisor, the serve process, paused)
         assert node.proc is not None

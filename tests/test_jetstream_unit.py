@@ -12,10 +12,11 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from prometheus_client import REGISTRY, generate_latest
 
 from kbgraph import cli
 from kbgraph.config import ConfigError, parse_config
-from kbgraph.jetstream import applier, decode_delivery, encode_delivery
+from kbgraph.jetstream import applier, decode_delivery, encode_delivery, follower
 from kbgraph.jetstream.applier import ApplierProbe
 from kbgraph.jetstream.wire import NotPublishable, pack, unpack
 from kbgraph.store import DeliveryResult, ReplayRefused, Store, WebhookMessage, positions
@@ -100,6 +101,35 @@ def test_a_worker_sees_whether_its_applier_lives(tmp_path: Path) -> None:
         assert "has not reported for 60 s" in (probe._look()[0] or "")
     assert "not running" in (probe._look()[0] or "")
     probe.close()
+
+
+def test_a_workers_metrics_are_its_applier_s_stream_metrics(tmp_path: Path) -> None:
+    """A worker follows no stream: its ``/metrics`` shows the ``kbgraph_stream_*`` metrics its
+    node's applier last reported, each family once, not its own empty ones."""
+    store = tmp_path / "kb.db"
+    follower.POSITION.labels("unit-stream").set(41)
+    follower.NOTED.labels("unit-stream", "skipped").inc(2)
+    reported = follower.stream_metrics_text()
+    follower.POSITION.remove("unit-stream")
+    follower.NOTED.remove("unit-stream", "skipped")
+    status = applier.Status(1, time.time(), 41, None, None, None, reported)
+    applier._write_status(applier.status_path(store), status)
+    probe = ApplierProbe(store)
+    try:
+        with open(applier.lock_path(store), "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            applier.serve_applier_metrics(probe)
+            served = generate_latest().decode()
+        assert 'kbgraph_stream_position{stream="unit-stream"} 41.0' in served
+        noted = 'kbgraph_stream_messages_noted_total{kind="skipped",stream="unit-stream"} 2.0'
+        assert noted in served
+        assert served.count("# TYPE kbgraph_stream_position gauge") == 1
+    finally:
+        REGISTRY.unregister(probe)
+        for collector in follower.STREAM_METRICS:
+            REGISTRY.register(collector)
+        applier._serving = None
+        probe.close()
 
 
 def test_delivery_encoding_round_trips() -> None:

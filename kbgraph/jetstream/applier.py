@@ -27,13 +27,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
 import msgspec
+from prometheus_client import REGISTRY
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from kbgraph.config import load_config
+from kbgraph.jetstream.follower import STREAM_METRICS, stream_metrics_text
 from kbgraph.jetstream.node import JetStreamLog
 from kbgraph.store import Store
 
@@ -55,6 +59,7 @@ class Status(msgspec.Struct, frozen=True):
     problem: str | None  # why the node is not ready (JetStreamLog.problem)
     refusal: str | None  # why a delivery must be refused before publishing
     stuck: int | None  # the position that fails to apply here, if one does
+    metrics: str = ""  # the applier's kbgraph_stream_* metrics, Prometheus's text format
 
 
 def status_path(store: str | Path) -> Path:
@@ -101,6 +106,7 @@ async def run(config_path: str, parent: int) -> None:
                     applier.problem(),
                     applier.refusal(),
                     stuck,
+                    stream_metrics_text(),
                 )
                 await asyncio.to_thread(_write_status, status_path(path), status)
                 with contextlib.suppress(TimeoutError):
@@ -228,6 +234,33 @@ class ApplierProbe:
         if dead is not None or status is None:
             return dead
         return status.refusal
+
+    def describe(self) -> list[Metric]:
+        """None in advance: the families come and go with the applier's status."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """The applier's ``kbgraph_stream_*`` metrics as its last status gave them (a worker's
+        ``/metrics`` serves them: the worker itself follows no stream)."""
+        _dead, status = self.read()
+        if status is not None:
+            yield from text_string_to_metric_families(status.metrics)
+
+
+_serving: ApplierProbe | None = None  # the probe a worker's /metrics reads
+
+
+def serve_applier_metrics(probe: ApplierProbe) -> None:
+    """Make this worker's ``/metrics`` show its node's applier's stream metrics in place of its
+    own (never set: a worker applies nothing)."""
+    global _serving
+    if _serving is None:
+        for collector in STREAM_METRICS:
+            REGISTRY.unregister(collector)
+    else:
+        REGISTRY.unregister(_serving)
+    REGISTRY.register(probe)
+    _serving = probe
 
 
 if __name__ == "__main__":

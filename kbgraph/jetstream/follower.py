@@ -27,7 +27,7 @@ import msgspec
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import api
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, generate_latest
 
 from kbgraph.jetstream import wire
 from kbgraph.store import DeliveryResult, Store, WebhookMessage
@@ -53,6 +53,22 @@ NOTED = Counter(
     "Stream messages that applied nothing, noted in the store, by kind.",
     ["stream", "kind"],
 )
+STREAM_METRICS: Final = (POSITION, FAILING, FAILURES, NOTED)
+
+
+class _Collectors:
+    def __init__(self, collectors: tuple[Any, ...]) -> None:
+        self.collectors = collectors
+
+    def collect(self) -> Any:
+        for collector in self.collectors:
+            yield from collector.collect()
+
+
+def stream_metrics_text() -> str:
+    """The ``kbgraph_stream_*`` metrics of this process in Prometheus's text format (an
+    applier hands them to its node's workers, which serve them on ``/metrics``)."""
+    return generate_latest(_Collectors(STREAM_METRICS)).decode()  # type: ignore[arg-type]
 
 
 class LogUnavailable(RuntimeError):
