@@ -6,6 +6,8 @@ from __future__ import annotations
 import concurrent.futures
 import fcntl
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -101,6 +103,36 @@ def test_a_worker_sees_whether_its_applier_lives(tmp_path: Path) -> None:
         assert "has not reported for 60 s" in (probe._look()[0] or "")
     assert "not running" in (probe._look()[0] or "")
     probe.close()
+
+
+def test_the_supervisor_starts_the_applier_again_when_it_failed_to_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``kbgraph serve``'s supervisor thread outlives an applier that could not be started (a
+    dead thread leaves the node's workers without an applier for good)."""
+    calls: list[list[str]] = []
+    real = subprocess.Popen
+
+    def flaky(command: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+        calls.append(command)
+        if len(calls) == 1:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return real(command, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(applier.subprocess, "Popen", flaky)
+    monkeypatch.setattr(applier, "RESTART_SECONDS", 0.05)
+    supervisor = applier.Supervisor(Path("kbgraph.toml"), "info")
+    supervisor.command = [sys.executable, "-c", "import time; time.sleep(60)"]
+    supervisor.start()
+    try:
+        deadline = time.monotonic() + 30
+        while supervisor.proc is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(calls) == 2 and supervisor.proc is not None and supervisor.proc.poll() is None
+        assert supervisor._thread.is_alive()
+    finally:
+        supervisor.stop()
+    assert supervisor.proc is not None and supervisor.proc.poll() is not None
 
 
 def test_a_workers_metrics_are_its_applier_s_stream_metrics(tmp_path: Path) -> None:

@@ -160,7 +160,14 @@ class Supervisor:
             # a session of its own: a signal to serve's process group (Ctrl-C, a stop) reaches
             # serve, which stops the applier after its workers, rather than both at once (it
             # would be started again meanwhile); orphaned, it exits by itself (``--parent``)
-            self.proc = subprocess.Popen(self.command, start_new_session=True)
+            try:
+                self.proc = subprocess.Popen(self.command, start_new_session=True)
+            except Exception as exc:  # e.g. no process to be had for a moment: never give up
+                log.error(
+                    "the applier did not start (%r): trying again in %.0f s", exc, RESTART_SECONDS
+                )
+                self._stopping.wait(RESTART_SECONDS)
+                continue
             while self.proc.poll() is None:
                 if self._stopping.wait(0.2):
                     return
