@@ -123,7 +123,11 @@ class Node:
     def start(self) -> None:
         self.launch()
         assert self.proc is not None
-        wait_ready(self.proc)
+        try:
+            wait_ready(self.proc)
+        except AssertionError:
+            self.stop()  # a node that never got ready is not left running after the test
+            raise
 
     def stop(self) -> None:
         if self.proc is not None:
