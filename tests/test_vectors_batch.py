@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -15,6 +16,8 @@ from hypothesis.extra.numpy import arrays
 from kbgraph.events import Event
 from kbgraph.graphalgo.vectors import quantize
 from kbgraph.projection import Projections
+from kbgraph.projection import kb as kb_module
+from tests.kb_events import upsert
 from tests.reference_model import FakeStore
 from tests.test_projection import KB, deliveries_st
 
@@ -89,3 +92,35 @@ def test_a_batch_applied_at_once_gives_the_vectors_of_one_delivery_at_a_time(
     while rebuilt.fill_vectors(budget=10.0):
         pass
     assert got == vector_rows(rebuilt)
+
+
+def test_a_batch_cut_by_its_time_bound_embeds_each_upsert_about_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The follower embeds a batch's head before taking the write lock. When the time bound
+    cuts every batch after one delivery (as a 500-event delivery does on any machine), the
+    head must shrink to what was applied: it used to stay twice that, so every text was
+    embedded twice. The first head (MAX_BATCH_EVENTS, four deliveries here) is the only one
+    embedded in excess."""
+    monkeypatch.setattr(kb_module, "MAX_BATCH_SECONDS", 0.0)
+    store = FakeStore()
+    counting = CountingEmbedder()
+    follower = Projections(store, embedder=counting)
+    follower.load()
+    size, count = 500, 12
+    for d in range(count):
+        store.append(KB, [upsert(f"c/{d}-{i}", text=f"text {d} {i}") for i in range(size)])
+    while follower.follow_once():
+        pass
+    assert follower.seq(KB) == size * count
+    first_head_excess = kb_module.MAX_BATCH_EVENTS - size
+    assert size * count <= counting.texts <= size * count + first_head_excess
+
+
+class CountingEmbedder(HashEmbedder):
+    def __init__(self) -> None:
+        self.texts = 0
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.texts += len(texts)
+        return super().embed(texts)

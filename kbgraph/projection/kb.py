@@ -355,13 +355,16 @@ class KBProjection:
     def apply(self, deliveries: Sequence[Sequence[LogRecord]]) -> int:
         """Apply whole deliveries under the write lock until the batch bound; returns how many.
 
-        The batch ends after the delivery that reaches MAX_BATCH_EVENTS events or
+        The batch is the head prepared for it (grown and embedded outside the lock: what the
+        last batch managed, twice that after a batch that ran out of head first), and it ends
+        early after the delivery that reaches MAX_BATCH_EVENTS events or
         MAX_BATCH_SECONDS; a delivery is never split. Call again with the rest.
         """
-        # Prepare for about twice what the last batch managed (never scan all of them).
         head: list[LogRecord] = []
+        taken = 0
         for d in deliveries:
             head.extend(d)
+            taken += 1
             if len(head) >= self._batch_hint:
                 break
         swap = self._prepare(head)
@@ -376,17 +379,21 @@ class KBProjection:
                 swap()
             start = clock()
             events = 0
-            for d in deliveries:
+            bounded = False
+            for d in deliveries[:taken]:
                 for r in d:
                     apply_one(r.event)
                 self.seq = d[-1].seq
                 done += 1
                 events += len(d)
                 if events >= MAX_BATCH_EVENTS or clock() - start >= MAX_BATCH_SECONDS:
+                    bounded = True
                     break
-        self._batch_hint = min(MAX_BATCH_EVENTS, max(64, 2 * events))
+        # Only a batch that ran out of head before its bounds asks for more: one ended by them
+        # asks for what it managed, so the head is not embedded twice as often as it is used.
+        self._batch_hint = min(MAX_BATCH_EVENTS, max(64, events if bounded else 2 * events))
         if self.vectors is not None:
-            self.vectors.forget_fresh()  # the rest of the batch is embedded again next call
+            self.vectors.forget_fresh()  # the rest of the head is embedded again next call
         return done
 
     def _apply(self, event: Event) -> None:
