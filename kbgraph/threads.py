@@ -12,6 +12,7 @@ back without sleeping in between.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+Resolve = Callable[[Any, BaseException | None], None]
 _Call = tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future[Any]]
 
 
@@ -68,3 +70,42 @@ def settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) 
         future.set_result(result)
     else:
         future.set_exception(exc)
+
+
+class LoopSettle:
+    """A delivery's outcome handed from the store's writer thread to an asyncio future.
+
+    Called alone it wakes the future's loop once (``call_soon_threadsafe``: a write to the
+    loop's self-pipe and a thread wake-up). The writer settles a whole group with
+    ``settle_groups`` instead: one wake-up per loop for every delivery of a commit (~40 single
+    deliveries share one under load)."""
+
+    __slots__ = ("future", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> None:
+        self.loop = loop
+        self.future = future
+
+    def __call__(self, result: Any, exc: BaseException | None) -> None:
+        self.loop.call_soon_threadsafe(settle, self.future, result, exc)
+
+
+def settle_groups(outcomes: list[tuple[Resolve, Any, BaseException | None]]) -> None:
+    """Call each ``(resolve, result, exc)``; the ``LoopSettle`` ones settled with one wake-up
+    per loop. An outcome that cannot be delivered (its loop closed) is dropped, never raised
+    into the writer."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, Any]]] = {}
+    for resolve, result, exc in outcomes:
+        if isinstance(resolve, LoopSettle):
+            by_loop.setdefault(resolve.loop, []).append((resolve.future, result, exc))
+        else:
+            with contextlib.suppress(Exception):
+                resolve(result, exc)
+    for loop, settles in by_loop.items():
+        with contextlib.suppress(Exception):  # a closed loop
+            loop.call_soon_threadsafe(_settle_all, settles)
+
+
+def _settle_all(settles: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    for future, result, exc in settles:
+        settle(future, result, exc)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from typing import Any
 
 import anyio
 import pytest
 
-from kbgraph.threads import ToolThreads
+from kbgraph.threads import LoopSettle, Resolve, ToolThreads, settle_groups
 
 
 @pytest.mark.anyio
@@ -45,3 +47,49 @@ async def test_a_cancelled_caller_does_not_break_the_threads() -> None:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"  # ToolThreads hands results back through an asyncio loop
+
+
+def test_a_group_of_outcomes_wakes_each_loop_once() -> None:
+    """The store's writer settles a commit's deliveries with one wake-up per event loop
+    (it was one self-pipe write and thread wake-up per delivery); other callbacks are called
+    as they are, a failing one or a closed loop never reaches the writer."""
+    loop = asyncio.new_event_loop()
+    closed = asyncio.new_event_loop()
+    wakeups = 0
+    real = loop.call_soon_threadsafe
+
+    def counting(*args: Any) -> Any:
+        nonlocal wakeups
+        wakeups += 1
+        return real(*args)
+
+    loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+    futures = [loop.create_future() for _ in range(5)]
+    gone = closed.create_future()
+    closed.close()
+    plain: list[Any] = []
+
+    def fails(result: Any, exc: BaseException | None) -> None:
+        raise RuntimeError("a caller's callback failed")
+
+    outcomes: list[tuple[Resolve, Any, BaseException | None]] = [
+        (LoopSettle(loop, f), i, None) for i, f in enumerate(futures[:4])
+    ]
+    outcomes += [
+        (LoopSettle(loop, futures[4]), None, LookupError("refused")),
+        (lambda result, exc: plain.append((result, exc)), "direct", None),
+        (fails, None, None),
+        (LoopSettle(closed, gone), 9, None),
+    ]
+    futures[1].cancel()  # its client went away: left as it is
+    threading.Thread(target=settle_groups, args=(outcomes,)).start()
+    try:
+        loop.run_until_complete(asyncio.wait(futures, timeout=10))
+        assert wakeups == 1
+        assert [futures[i].result() for i in (0, 2, 3)] == [0, 2, 3]
+        assert futures[1].cancelled()
+        assert isinstance(futures[4].exception(), LookupError)
+        assert plain == [("direct", None)]
+        assert not gone.done()
+    finally:
+        loop.close()

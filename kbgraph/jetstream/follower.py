@@ -32,7 +32,7 @@ from prometheus_client import Counter, Gauge, generate_latest
 from kbgraph.jetstream import wire
 from kbgraph.store import DeliveryResult, Store, WebhookMessage
 from kbgraph.store.positions import DECIDED, MessageFailed  # DECIDED: a delivery's own refusal
-from kbgraph.threads import settle
+from kbgraph.threads import LoopSettle
 
 log = logging.getLogger("kbgraph.jetstream")
 
@@ -251,16 +251,8 @@ class Follower:
         for msg in messages:
             seq = msg.metadata.sequence.stream
             future: asyncio.Future[DeliveryResult] = loop.create_future()
-
-            def resolve(
-                result: DeliveryResult | None,
-                exc: BaseException | None,
-                future: asyncio.Future[DeliveryResult] = future,
-            ) -> None:
-                loop.call_soon_threadsafe(settle, future, result, exc)
-
             try:
-                await self._submit(msg, seq, resolve)
+                await self._submit(msg, seq, LoopSettle(loop, future))
             except Diverged:  # the messages before it still commit: wait for them
                 for *_, done in submitted:
                     with contextlib.suppress(Exception):

@@ -61,7 +61,7 @@ from kbgraph.store.model import (
     StoreSnapshot,
     WebhookMessage,
 )
-from kbgraph.threads import settle
+from kbgraph.threads import LoopSettle, settle_groups
 
 try:  # POSIX only; elsewhere the writers rely on SQLite's busy handler alone.
     import fcntl
@@ -237,11 +237,7 @@ class Store:
             return self._empty_result(kb)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[DeliveryResult] = loop.create_future()
-
-        def resolve(result: DeliveryResult | None, exc: BaseException | None) -> None:
-            loop.call_soon_threadsafe(settle, future, result, exc)
-
-        self._submit(Pending(kb, list(events), resolve, message))
+        self._submit(Pending(kb, list(events), LoopSettle(loop, future), message))
         # Shielded: a caller cancelled while waiting (a client that hung up) does not undo the
         # delivery; its outcome is then consumed here so that nothing is logged as unretrieved.
         future.add_done_callback(_consume)
@@ -388,10 +384,10 @@ class Store:
                     raise
         except Exception as exc:  # the group did not commit: nobody's delivery is stored
             outcomes = [(None, exc)] * len(group)
-        for pending, (result, exc) in zip(group, outcomes, strict=True):
-            # A closed event loop must not stop the writer.
-            with contextlib.suppress(Exception):
-                pending.resolve(result, exc)
+        # One wake-up per event loop for the whole group; a closed loop must not stop the writer.
+        settle_groups(
+            [(p.resolve, result, exc) for p, (result, exc) in zip(group, outcomes, strict=True)]
+        )
 
     def _apply_alone(
         self, conn: sqlite3.Connection, pending: Pending
