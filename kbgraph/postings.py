@@ -56,6 +56,10 @@ class Postings:
     def put(self, node: int, items: Iterable[tuple[str, int]]) -> None:
         """Hold ``node`` with these (key, hits) pairs (distinct keys), replacing what it had."""
         self.remove(node)
+        self.add(node, items)
+
+    def add(self, node: int, items: Iterable[tuple[str, int]]) -> None:
+        """``put`` of a node not held (its caller has just removed it)."""
         ids = []
         key_id, added, intern = self.key_id, self._added, self._intern
         for key, hits in items:  # the follower's hot loop: ~20 keys per concept
@@ -77,21 +81,28 @@ class Postings:
 
     def remove(self, node: int) -> bool:
         """Forget ``node``; False when it was not held."""
-        if node < len(self.base_live) and self.base_live[node]:
-            self.base_live[node] = 0
-            for k in self.node_keys[self.node_off[node] : self.node_off[node + 1]].tolist():
-                self._cache.pop(k, None)
+        base_live = self.base_live
+        if node < len(base_live) and base_live[node]:
+            base_live[node] = 0
+            if self._cache:  # its keys read only then: two more scattered reads at 1M nodes
+                pop = self._cache.pop
+                for k in self.node_keys[self.node_off[node] : self.node_off[node + 1]].tolist():
+                    pop(k, None)
             self.count -= 1
             return True
         ids = self._node_added.pop(node, None)
         if ids is None:
             return False
+        added = self._added
         for k in ids:
-            holders = self._added[k]
+            holders = added[k]
             del holders[node]
             if not holders:
-                del self._added[k]
-            self._cache.pop(k, None)
+                del added[k]
+        if self._cache:
+            pop = self._cache.pop
+            for k in ids:
+                pop(k, None)
         self.count -= 1
         return True
 

@@ -172,14 +172,16 @@ def declare(
             continue
         if om[0] + _room(ol, oc, u) > op.shape[0]:
             return i
-        had_edge = _index(oo, ol, op, kpre, kdata, koff, t, u) >= 0
+        # u does not declare t: the edge u-t exists iff t declares u. Asked of u's own
+        # undirected block (in cache: it is being patched), not of t's out-block.
+        upos, had_edge = _find(uo, ul, up, kpre, kdata, koff, u, t)
         if not had_edge and um[0] + _room(ul, uc, u) + _room(ul, uc, t) > up.shape[0]:
             return i
         _insert_at(oo, ol, oc, op, om, u, t, pos)
         if had_edge:
             flags[i] = 1
         else:
-            _insert_at(uo, ul, uc, up, um, u, t, _find(uo, ul, up, kpre, kdata, koff, u, t)[0])
+            _insert_at(uo, ul, uc, up, um, u, t, upos)
             _insert_at(uo, ul, uc, up, um, t, u, _find(uo, ul, up, kpre, kdata, koff, t, u)[0])
             flags[i] = 2
     return src.shape[0]

@@ -171,14 +171,14 @@ class SearchIndex:
     ) -> None:
         """Index (or re-index) ``node`` with its current title, text, aliases and tags."""
         freq, name_keys, tag_keys, title_len, text_len = self._analyzed(title, text, aliases, tags)
-        self._forget(node)
-        self.terms.put(node, freq.items())
-        self.names.put(node, [(key, 1) for key in name_keys])
+        self._forget(node)  # its lengths are set below: only its postings go
+        self.terms.add(node, freq.items())
+        self.names.add(node, [(key, 1) for key in name_keys])
         for key in name_keys:
             self.name_lengths[key.count(_NAME_SEP) + 1] += 1
             if self._trie is not None:
                 self._trie.add(key)
-        self.tags.put(node, [(key, 1) for key in tag_keys])
+        self.tags.add(node, [(key, 1) for key in tag_keys])
         self._set_lengths(node, title_len, text_len)
 
     def put_many(self, docs: Iterable[tuple[int, str, str, Sequence[str], Sequence[str]]]) -> None:
@@ -223,11 +223,15 @@ class SearchIndex:
 
     def remove(self, node: int) -> None:
         """Forget ``node`` (a deleted concept). Unknown nodes are ignored."""
-        self._forget(node)
+        if self._forget(node):
+            self._title_len[node] = self._text_len[node] = 0
+            self._present[node] = 0
+            self._stats.clear()
 
-    def _forget(self, node: int) -> None:
-        if not self.terms.holds(node):
-            return
+    def _forget(self, node: int) -> bool:
+        """Drop ``node``'s postings (the three hold the same nodes); False if not held."""
+        if not self.terms.remove(node):
+            return False
         for key in self.names.node_keys_of(node):
             length = key.count(_NAME_SEP) + 1
             self.name_lengths[length] -= 1
@@ -235,12 +239,9 @@ class SearchIndex:
                 del self.name_lengths[length]
             if self._trie is not None:
                 self._trie.discard(key)
-        self.terms.remove(node)
         self.names.remove(node)
         self.tags.remove(node)
-        self._title_len[node] = self._text_len[node] = 0
-        self._present[node] = 0
-        self._stats.clear()
+        return True
 
     def __len__(self) -> int:
         return self.terms.count
