@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import numpy as np
@@ -51,6 +51,28 @@ def decode_strings(blob: np.ndarray, off: np.ndarray) -> list[str]:
     return [_decode(blob, off, i) for i in range(n)]
 
 
+def joined_columns(
+    parts: Sequence[tuple[np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """One encoded column of these encoded columns, one after another."""
+    off = np.zeros(sum(len(o) - 1 for _, o in parts) + 1, np.int64)
+    row = at = 0
+    for blob, part_off in parts:
+        rows = len(part_off) - 1
+        off[row + 1 : row + rows + 1] = part_off[1:] + at
+        row += rows
+        at += len(blob)
+    blob = np.concatenate([b for b, _ in parts]) if parts else np.zeros(0, np.uint8)
+    return blob, off
+
+
+def decode_range(blob: np.ndarray, off: np.ndarray, start: int, stop: int) -> list[str]:
+    """The strings of rows ``start:stop`` of an encoded column (one ``decode_strings``)."""
+    if start >= stop:
+        return []
+    return decode_strings(blob[off[start] : off[stop]], off[start : stop + 1] - off[start])
+
+
 def strings_at(blob: np.ndarray, off: np.ndarray, rows: Iterable[int]) -> list[str]:
     """The strings at these rows of an encoded column."""
     return [_decode(blob, off, i) for i in rows]
@@ -58,6 +80,9 @@ def strings_at(blob: np.ndarray, off: np.ndarray, rows: Iterable[int]) -> list[s
 
 def _decode(blob: np.ndarray, off: np.ndarray, i: int) -> str:
     return blob[off[i] : off[i + 1] - 1].tobytes().decode("utf-8", "surrogatepass")
+
+
+_ITER_ROWS: Final = 1 << 12  # rows a StringColumn's iterator decodes at once
 
 
 class StringColumn(Sequence[Any]):
@@ -104,8 +129,28 @@ class StringColumn(Sequence[Any]):
             raise IndexError(i)
 
     def __iter__(self) -> Iterator[Any]:
-        for i in range(len(self)):
-            yield self[i]
+        for start in range(0, len(self), _ITER_ROWS):
+            yield from self.strings(start, start + _ITER_ROWS)
+
+    def strings(self, start: int, stop: int) -> list[Any]:
+        """``list(self)[start:stop]`` (0 <= start), the base's rows decoded in one pass."""
+        stop = min(stop, len(self))
+        base_stop = min(stop, self._base)
+        out = decode_range(self._blob, self._off, start, base_stop)
+        if self._decode is not None:
+            out = list(map(self._decode, out))
+        changed = self._changed
+        if len(changed) <= base_stop - start:
+            for i, value in changed.items():
+                if start <= i < base_stop:
+                    out[i - start] = value
+        else:
+            for i in range(start, base_stop):
+                value = changed.get(i)
+                if value is not None:
+                    out[i - start] = value
+        out.extend(self._tail[max(start - self._base, 0) : max(stop - self._base, 0)])
+        return out
 
     def append(self, value: Any) -> None:
         self._tail.append(value)

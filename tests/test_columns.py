@@ -60,3 +60,25 @@ def test_key_hash_is_the_same_in_every_process() -> None:
     assert [hashes.tolist()[order.tolist().index(i)] for i in range(3)] == [
         columns.key_hash(k) for k in "bac"
     ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    texts,
+    st.lists(st.tuples(st.integers(0, 30), st.text(max_size=3))),
+    st.lists(st.text(max_size=3), max_size=5),
+    st.integers(0, 40),
+    st.integers(0, 40),
+)
+def test_a_column_range_reads_as_the_list_does(values, changes, appended, start, stop) -> None:
+    """``strings`` (the column's iterator, a first build's reads) sees changes and appends."""
+    column = StringColumn(*encode_strings(values))
+    want = list(values)
+    for value in appended:
+        column.append(value)
+        want.append(value)
+    for i, value in changes:
+        if i < len(want):
+            column[i] = want[i] = value
+    assert column.strings(start, stop) == want[start:stop]
+    assert list(column) == want

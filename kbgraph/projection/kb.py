@@ -52,7 +52,7 @@ from typing import Final
 import numpy as np
 
 from kbgraph.access import RuleSet, visible
-from kbgraph.columns import StringTable, encode_strings, strings_at
+from kbgraph.columns import StringColumn, StringTable, encode_strings, strings_at
 from kbgraph.embeddings import Embedder, concept_text
 from kbgraph.events import (
     ConceptDeleted,
@@ -92,12 +92,12 @@ class KBProjection:
         self._node_cap = MIN_NODE_CAP
         self._index_of: dict[str, int] = {}
         self.ids: list[str] = []
-        self.titles: list[str] = []
+        self.titles: list[str] | StringColumn = []
         self.aliases: list[list[str]] = []
         self.types: list[str] = []
         self.statuses: list[str] = []
         self.tags: list[list[str]] = []
-        self.texts: list[str] = []
+        self.texts: list[str] | StringColumn = []
         self.versions: list[int] = []
         self.collections: list[str] = []
         self._alive = np.zeros(self._node_cap, np.uint8)
@@ -203,12 +203,14 @@ class KBProjection:
         for u in range(n0, n):
             self._keys.add(u, ids[u])
         missing = n - n0
-        self.titles = cols.titles + [""] * missing
+        self.titles, self.texts = cols.titles, cols.texts  # encoded columns, read lazily
+        for _ in range(missing):
+            self.titles.append("")
+            self.texts.append("")
         self.aliases = cols.aliases + [[] for _ in range(missing)]
         self.types = cols.types + [""] * missing
         self.statuses = cols.statuses + [""] * missing
         self.tags = cols.tags + [[] for _ in range(missing)]
-        self.texts = cols.texts + [""] * missing
         self.versions = cols.versions + [0] * missing
         shared = self._collection_names
         heads = [h if s else "" for h, s, _ in map(str.partition, ids, itertools.repeat("/"))]
