@@ -155,6 +155,11 @@ class StringColumn(Sequence[Any]):
     def append(self, value: Any) -> None:
         self._tail.append(value)
 
+    @property
+    def encoded(self) -> tuple[np.ndarray, np.ndarray]:
+        """(blob, off) of the rows the column was made with (as made: changes not included)."""
+        return self._blob, self._off
+
 
 def key_hash(key: str) -> int:
     """A 64-bit hash of ``key``, the same in every process (``hash`` is salted per process)."""

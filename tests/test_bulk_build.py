@@ -59,12 +59,12 @@ def test_store_columns_equal_the_snapshot_and_build_alike(changes) -> None:
             assert declared(got) == declared(want) == [c.links for c in state.concepts]
             got.links = want.links = []
             for cols in (got, want):  # encoded columns, compared as the strings they hold
-                cols.titles, cols.texts = list(cols.titles), list(cols.texts)
+                cols.ids, cols.titles, cols.texts = map(list, (cols.ids, cols.titles, cols.texts))
             assert msgspec.to_builtins(got) == msgspec.to_builtins(want)
             bulk, one = KBProjection(name), KBProjection(name)
             bulk.build_columns(store.load_columns().kbs[name])
             one.build(state)
-            assert bulk.ids == one.ids and list(bulk.titles) == list(one.titles)
+            assert list(bulk.ids) == list(one.ids) and list(bulk.titles) == list(one.titles)
             assert list(bulk.texts) == list(one.texts)
             assert bulk.tags == one.tags and bulk.aliases == one.aliases
             for attr in ("_und", "_out"):

@@ -45,14 +45,14 @@ import operator
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Final
 
 import numpy as np
 
 from kbgraph.access import RuleSet, visible
-from kbgraph.columns import StringColumn, StringTable, encode_strings, strings_at
+from kbgraph.columns import KeyIndex, StringColumn, StringTable, key_hashes, strings_at
 from kbgraph.embeddings import Embedder, concept_text
 from kbgraph.events import (
     ConceptDeleted,
@@ -90,8 +90,8 @@ class KBProjection:
         self.lock = RWLock()
         self.index = index_factory()
         self._node_cap = MIN_NODE_CAP
-        self._index_of: dict[str, int] = {}
-        self.ids: list[str] = []
+        self._index_of: dict[str, int] | KeyIndex = {}
+        self.ids: list[str] | StringColumn = []
         self.titles: list[str] | StringColumn = []
         self.aliases: list[list[str]] = []
         self.types: list[str] = []
@@ -162,17 +162,19 @@ class KBProjection:
         """Build from a KB's columns (vectorised, no object per concept). Call before the
         projection is shared. The projection takes the column lists it is given."""
         n0 = len(cols.ids)
-        ids = cols.ids
-        encoded = encode_strings(ids)
+        ids: StringColumn = cols.ids
+        encoded = ids.encoded
         src, dst, missing_src, missing_names = _link_columns(cols.links, StringTable(*encoded))
         cols.links = []  # the targets' bytes are no longer needed: free them now
-        index_of = dict(zip(ids, range(n0), strict=True))
+        added: dict[str, int] = {}  # the missing targets, after the store's ids
         for t in sorted(set(missing_names)):
-            index_of[t] = len(ids)
+            added[t] = len(ids)
             ids.append(t)
-        dst[missing_src] = np.fromiter(map(index_of.__getitem__, missing_names), np.int64)
+        dst[missing_src] = np.fromiter(map(added.__getitem__, missing_names), np.int64)
         del missing_src, missing_names
         n = len(ids)
+        # found as a checkpoint load finds them: by the ids' sorted hashes, no dict of strings
+        index_of = KeyIndex(ids, *key_hashes(ids))
         node_cap = max(MIN_NODE_CAP, 1 << (n - 1).bit_length())
         order = _id_order(ids, n0)
         rank = np.empty(n, np.int64)
@@ -200,8 +202,8 @@ class KBProjection:
         self.ids = ids
         self._keys = Keys.from_encoded(*encoded, node_cap)
         del encoded
-        for u in range(n0, n):
-            self._keys.add(u, ids[u])
+        for t, u in added.items():
+            self._keys.add(u, t)
         missing = n - n0
         self.titles, self.texts = cols.titles, cols.texts  # encoded columns, read lazily
         for _ in range(missing):
@@ -213,9 +215,11 @@ class KBProjection:
         self.tags = cols.tags + [[] for _ in range(missing)]
         self.versions = cols.versions + [0] * missing
         shared = self._collection_names
-        heads = [h if s else "" for h, s, _ in map(str.partition, ids, itertools.repeat("/"))]
-        self.collections = list(map(shared.setdefault, heads, heads))  # as collection_of
-        del heads
+        self.collections = [  # as collection_of, one shared string per collection
+            shared.setdefault(c, c)
+            for h, s, _ in map(str.partition, ids, itertools.repeat("/"))
+            for c in (h if s else "",)
+        ]
         self._alive = np.zeros(node_cap, np.uint8)
         self._alive[:n0] = 1
         self._cls = np.zeros(node_cap, np.int32)
@@ -686,16 +690,15 @@ def _link_columns(
     )
 
 
-def _id_order(ids: list[str], n0: int) -> np.ndarray:
+def _id_order(ids: Sequence[str], n0: int) -> np.ndarray:
     """The rows of ``ids`` in id order, when ``ids[:n0]`` (the store's, by id) and the rest
     (the missing targets, sorted) are each sorted: the two merged by a bisection per missing
     target, not a sort of a million strings. Otherwise sorted."""
     n = len(ids)
-    head = ids[:n0]
-    tail = ids[n0:]
-    if not (_ascending(head) and _ascending(tail)):
+    tail = [ids[i] for i in range(n0, n)]
+    if not (_ascending(itertools.islice(ids, n0)) and _ascending(tail)):
         return np.array(sorted(range(n), key=ids.__getitem__), np.int64)
-    below = np.array([bisect.bisect_left(head, t) for t in tail], np.int64)  # head rows < t
+    below = np.array([bisect.bisect_left(ids, t, 0, n0) for t in tail], np.int64)  # rows < t
     rank = np.empty(n, np.int64)
     rank[:n0] = np.arange(n0, dtype=np.int64) + np.searchsorted(below, np.arange(n0), "right")
     rank[n0:] = below + np.arange(n - n0, dtype=np.int64)
@@ -704,5 +707,7 @@ def _id_order(ids: list[str], n0: int) -> np.ndarray:
     return order
 
 
-def _ascending(values: list[str]) -> bool:
-    return all(map(operator.lt, values, itertools.islice(values, 1, None)))
+def _ascending(values: Iterable[str]) -> bool:
+    first, second = itertools.tee(values)
+    next(second, None)
+    return all(map(operator.lt, first, second))

@@ -60,14 +60,14 @@ def load_columns(conn: sqlite3.Connection) -> ColumnSnapshot:
     """``load_snapshot`` as columns, without an object per concept (call in a read
     transaction). Rows come in ``(kid, id)`` index order: SQLite compares TEXT as UTF-8 bytes,
     which orders strings as Python does (by code point). Each chunk of rows is turned into
-    its columns as it comes (titles and texts encoded, the links split into an encoded column
+    its columns as it comes (ids, titles and texts encoded, the links split into an encoded column
     of target ids, types and statuses shared, empty lists the shared ``EMPTY``), so a million
     rows' raw values never live at once."""
     gid = conn.execute("SELECT coalesce(max(gid), 0) FROM log").fetchone()[0]
     kbs = conn.execute("SELECT kid, name, seq FROM kb WHERE seq > 0").fetchall()
     out: dict[str, KBColumns] = {}
     for kid, name, seq in sorted(kbs, key=lambda row: row[1]):
-        ids: list[str] = []
+        ids: list[tuple[np.ndarray, np.ndarray]] = []
         versions: list[int] = []
         titles: list[tuple[np.ndarray, np.ndarray]] = []
         types: list[str] = []
@@ -81,7 +81,7 @@ def load_columns(conn: sqlite3.Connection) -> ColumnSnapshot:
         while rows := cursor.fetchmany(_FETCH_ROWS):  # a chunk of row tuples at a time
             chunk = list(zip(*rows, strict=True))
             del rows
-            ids.extend(chunk[0])
+            ids.append(encode_strings(list(chunk[0])))
             versions.extend(chunk[1])
             titles.append(encode_strings(list(chunk[2])))
             types.extend(map(shared.setdefault, chunk[3], chunk[3]))
@@ -92,7 +92,7 @@ def load_columns(conn: sqlite3.Connection) -> ColumnSnapshot:
             links.append(split_json_arrays(chunk[8]))
         out[name] = KBColumns(
             seq=seq,
-            ids=ids,
+            ids=StringColumn(*joined_columns(ids)),
             versions=versions,
             titles=StringColumn(*joined_columns(titles)),
             types=types,
@@ -117,7 +117,7 @@ def columns_of(state: KBState) -> KBColumns:
     encode = tags_encoder.encode
     return KBColumns(
         seq=state.seq,
-        ids=[c.id for c in concepts],
+        ids=StringColumn(*encode_strings([c.id for c in concepts])),
         versions=[c.version for c in concepts],
         titles=StringColumn(*encode_strings([c.title for c in concepts])),
         types=[c.type for c in concepts],

@@ -73,14 +73,14 @@ class KBColumns(msgspec.Struct):
     ``links``: per chunk of concepts, ``kbgraph.columns.split_json_arrays`` of their stored
     JSON lists (how many targets each declares, and the target ids as one encoded column), so
     a million concepts' eight million target ids are flat bytes, never Python strings;
-    ``titles`` and ``texts`` are ``kbgraph.columns.StringColumn`` (flat UTF-8, as a checkpoint
-    holds them, decoded when read);
+    ``ids``, ``titles`` and ``texts`` are ``kbgraph.columns.StringColumn`` (flat UTF-8, as a
+    checkpoint holds them, decoded when read);
     ``tags`` and ``aliases`` are decoded, every empty one the same shared, never mutated,
     list.
     """
 
     seq: int
-    ids: list[str]
+    ids: Any  # kbgraph.columns.StringColumn
     versions: list[int]
     titles: Any  # kbgraph.columns.StringColumn
     types: list[str]
