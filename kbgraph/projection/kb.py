@@ -50,6 +50,7 @@ from contextlib import contextmanager
 from typing import Final
 
 import numpy as np
+from numba import njit
 
 from kbgraph.access import RuleSet, visible
 from kbgraph.columns import KeyIndex, StringColumn, StringTable, key_hashes, strings_at
@@ -214,23 +215,44 @@ class KBProjection:
         self.statuses = cols.statuses + [""] * missing
         self.tags = cols.tags + [[] for _ in range(missing)]
         self.versions = cols.versions + [0] * missing
-        shared = self._collection_names
-        self.collections = [  # as collection_of, one shared string per collection
-            shared.setdefault(c, c)
-            for h, s, _ in map(str.partition, ids, itertools.repeat("/"))
-            for c in (h if s else "",)
-        ]
+        self.collections = self._collections_of(ids, n0)
         self._alive = np.zeros(node_cap, np.uint8)
         self._alive[:n0] = 1
         self._cls = np.zeros(node_cap, np.int32)
-        pairs = list(zip(self.collections, self.types, strict=True))
-        for collection, concept_type in dict.fromkeys(pairs):  # in order of first appearance
-            self._class(collection, concept_type)
-        self._cls[:n] = np.fromiter(map(self._class_of.__getitem__, pairs), np.int32, n)
-        del pairs
+        self._cls[:n] = self._classes_of(self.collections, self.types)
         docs = zip(range(n0), cols.titles, cols.texts, cols.aliases, cols.tags, strict=False)
         self.index.put_many(docs)
         self.seq = cols.seq
+
+    def _collections_of(self, ids: StringColumn, n0: int) -> list[str]:
+        """``collection_of`` of every id, one shared string per collection: the store's ids
+        (sorted, so an id prefix's rows are runs) split at their first "/" in one compiled
+        pass, a string made per run; then the missing targets one by one."""
+        blob, off = ids.encoded
+        run_row, run_start, run_end = _prefix_runs(blob, off[: n0 + 1])
+        lengths = np.diff(np.append(run_row, n0)).tolist()
+        out: list[str] = []
+        shared = self._collection_names
+        for length, start, end in zip(lengths, run_start.tolist(), run_end.tolist(), strict=True):
+            name = blob[start:end].tobytes().decode("utf-8", "surrogatepass")
+            out.extend(itertools.repeat(shared.setdefault(name, name), length))
+        out.extend(self._collection(ids[u]) for u in range(n0, len(ids)))
+        return out
+
+    def _classes_of(self, collections: list[str], types: list[str]) -> np.ndarray:
+        """The (collection, type) class of every node, classes made in order of first
+        appearance: pairs coded as numbers (few distinct strings), not a million tuples."""
+        n = len(collections)
+        codes: dict[str, int] = {}  # each string -> the row it first appears at
+        column = np.fromiter(map(codes.setdefault, collections, itertools.count()), np.int64, n)
+        codes = {}
+        kind = np.fromiter(map(codes.setdefault, types, itertools.count()), np.int64, n)
+        _, first, inverse = np.unique(column * n + kind, return_index=True, return_inverse=True)
+        rank = np.empty(len(first), np.int32)
+        for j in np.argsort(first).tolist():  # in order of first appearance
+            row = int(first[j])
+            rank[j] = self._class(collections[row], types[row])
+        return rank[inverse.reshape(-1)]
 
     def _collection(self, concept_id: str) -> str:
         """collection_of, one shared string per collection (a million ids, a few names)."""
@@ -658,6 +680,36 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+@njit(cache=True, nogil=True)
+def _prefix_runs(blob, off):  # pragma: no cover - compiled
+    """(first row, prefix start, prefix end) of each run of rows whose ids share the part
+    before their first "/" (empty: no "/"), in UTF-8 bytes (no multi-byte character holds
+    the byte of "/")."""
+    n = len(off) - 1
+    rows = np.empty(n, np.int64)
+    starts = np.empty(n, np.int64)
+    ends = np.empty(n, np.int64)
+    runs = 0
+    for r in range(n):
+        start, stop = off[r], off[r + 1] - 1
+        end = start
+        while end < stop and blob[end] != 47:
+            end += 1
+        if end == stop:  # no "/": the empty collection
+            end = start
+        if runs > 0 and end - start == ends[runs - 1] - starts[runs - 1]:
+            same = True
+            for i in range(end - start):
+                if blob[start + i] != blob[starts[runs - 1] + i]:
+                    same = False
+                    break
+            if same:
+                continue
+        rows[runs], starts[runs], ends[runs] = r, start, end
+        runs += 1
+    return rows[:runs], starts[:runs], ends[:runs]
 
 
 def _link_columns(
