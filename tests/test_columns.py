@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kbgraph.columns as columns
-from kbgraph.columns import KeyIndex, StringColumn, decode_strings, encode_strings, key_hashes
+from kbgraph.columns import (
+    KeyIndex,
+    StringColumn,
+    decode_strings,
+    encode_strings,
+    key_hashes,
+    process_hashes,
+)
 
 texts = st.lists(st.text(st.characters(codec=None, exclude_categories=()), max_size=8), max_size=20)
 
@@ -82,3 +89,13 @@ def test_a_column_range_reads_as_the_list_does(values, changes, appended, start,
             column[i] = want[i] = value
     assert column.strings(start, stop) == want[start:stop]
     assert list(column) == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(max_size=4), unique=True, max_size=30), st.lists(st.text(max_size=4)))
+def test_key_index_by_the_process_hash_answers_as_a_dict(keys, probes) -> None:
+    """A first build finds ids by Python's own ``hash`` (never stored)."""
+    index = KeyIndex(StringColumn(*encode_strings(keys)), *process_hashes(keys), hasher=hash)
+    want = {key: i for i, key in enumerate(keys)}
+    for key in [*keys, *probes]:
+        assert index.get(key) == want.get(key)

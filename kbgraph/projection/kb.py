@@ -53,7 +53,7 @@ import numpy as np
 from numba import njit
 
 from kbgraph.access import RuleSet, visible
-from kbgraph.columns import KeyIndex, StringColumn, StringTable, key_hashes, strings_at
+from kbgraph.columns import KeyIndex, StringColumn, StringTable, process_hashes, strings_at
 from kbgraph.embeddings import Embedder, concept_text
 from kbgraph.events import (
     ConceptDeleted,
@@ -174,8 +174,9 @@ class KBProjection:
         dst[missing_src] = np.fromiter(map(added.__getitem__, missing_names), np.int64)
         del missing_src, missing_names
         n = len(ids)
-        # found as a checkpoint load finds them: by the ids' sorted hashes, no dict of strings
-        index_of = KeyIndex(ids, *key_hashes(ids))
+        # found as a checkpoint load finds them, by the ids' sorted hashes (Python's own here:
+        # never stored), no dict of strings
+        index_of = KeyIndex(ids, *process_hashes(ids), hasher=hash)
         node_cap = max(MIN_NODE_CAP, 1 << (n - 1).bit_length())
         order = _id_order(ids, n0)
         rank = np.empty(n, np.int64)

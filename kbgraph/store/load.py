@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
@@ -105,8 +104,10 @@ def load_columns(conn: sqlite3.Connection) -> ColumnSnapshot:
     return ColumnSnapshot(gid=gid, kbs=out)
 
 
-def _lists(texts: Sequence[str]) -> list[list[str]]:
+def _lists(texts: tuple[str, ...]) -> list[list[str]]:
     """Stored JSON lists decoded, each empty one the shared ``EMPTY``."""
+    if texts.count("[]") == len(texts):  # the common chunk: no list holds anything
+        return [EMPTY] * len(texts)
     decode = tags_decoder.decode
     return [EMPTY if t == "[]" else decode(t) for t in texts]
 
