@@ -245,7 +245,8 @@ def _same(a, a_start, a_end, b, b_start, b_end):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def _table_of(blob, off):  # pragma: no cover - compiled
-    """Open addressing, linear probing: slot -> row (-1 empty), at most half full."""
+    """Open addressing, linear probing, at most half full: slot -> the row's hash's top 31
+    bits << 32 | row (-1 empty), so a probe compares bytes only when those bits agree."""
     n = len(off) - 1
     size = 16
     while size < 2 * n:
@@ -253,25 +254,31 @@ def _table_of(blob, off):  # pragma: no cover - compiled
     table = np.full(size, -1, np.int64)
     mask = np.uint64(size - 1)
     for row in range(n):
-        slot = _fnv1a(blob, off[row], off[row + 1] - 1) & mask
+        h = _fnv1a(blob, off[row], off[row + 1] - 1)
+        slot = h & mask
         while table[slot] >= 0:
             slot = (slot + np.uint64(1)) & mask
-        table[slot] = row
+        table[slot] = (np.int64(h >> np.uint64(33)) << 32) | row
     return table
 
 
 @njit(cache=True, nogil=True)
 def _find_all(table, blob, off, qblob, qoff, out):  # pragma: no cover - compiled
     mask = np.uint64(len(table) - 1)
+    low = np.int64(0xFFFFFFFF)
     for i in range(len(qoff) - 1):
         start, end = qoff[i], qoff[i + 1] - 1
-        slot = _fnv1a(qblob, start, end) & mask
+        h = _fnv1a(qblob, start, end)
+        slot = h & mask
+        top = np.int64(h >> np.uint64(33))
         out[i] = -1
         while table[slot] >= 0:
-            row = table[slot]
-            if _same(blob, off[row], off[row + 1] - 1, qblob, start, end):
-                out[i] = row
-                break
+            entry = table[slot]
+            if entry >> 32 == top:
+                row = entry & low
+                if _same(blob, off[row], off[row + 1] - 1, qblob, start, end):
+                    out[i] = row
+                    break
             slot = (slot + np.uint64(1)) & mask
 
 

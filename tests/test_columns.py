@@ -15,6 +15,7 @@ import kbgraph.columns as columns
 from kbgraph.columns import (
     KeyIndex,
     StringColumn,
+    StringTable,
     decode_strings,
     encode_strings,
     key_hashes,
@@ -99,3 +100,14 @@ def test_key_index_by_the_process_hash_answers_as_a_dict(keys, probes) -> None:
     want = {key: i for i, key in enumerate(keys)}
     for key in [*keys, *probes]:
         assert index.get(key) == want.get(key)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(max_size=4), unique=True, max_size=40), st.lists(st.text(max_size=4)))
+def test_string_table_finds_rows_as_a_dict_does(keys, probes) -> None:
+    """The first build's link targets: every string found at its row, any other at -1."""
+    table = StringTable(*encode_strings(keys))
+    queries = [*keys, *probes]
+    want = {key: i for i, key in enumerate(keys)}
+    found = table.find_all(*encode_strings(queries)) if queries else []
+    assert list(found) == [want.get(q, -1) for q in queries]
