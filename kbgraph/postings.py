@@ -270,10 +270,14 @@ class PostingsBuilder:
         if unknown:
             new = list(dict.fromkeys([keys[i] for i in unknown]))
             known = self.postings.keys
-            key_id.update(zip(new, range(len(known), len(known) + len(new)), strict=True))
+            first = len(known)
+            key_id.update(zip(new, range(first, first + len(new)), strict=True))
             known.extend(new)
-            ids[unknown] = np.fromiter(map(key_id.__getitem__, [keys[i] for i in unknown]),
-                                       np.int64, len(unknown))  # fmt: skip
+            if len(new) == len(unknown):  # each new key once: numbered in their order
+                ids[unknown] = np.arange(first, first + len(new), dtype=np.int64)
+            else:
+                ids[unknown] = np.fromiter(map(key_id.__getitem__, [keys[i] for i in unknown]),
+                                           np.int64, len(unknown))  # fmt: skip
         return ids
 
     def add_rows(

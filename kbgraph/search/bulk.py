@@ -167,9 +167,13 @@ class BulkAnalyzer:
             own = np.fromiter(map(operator.is_, new, terms), bool, len(new))
             self._own[ids[own]] = True
             stemmed.update(itertools.compress(zip(new, ids.tolist(), strict=True), ~own))
-            now = dict(zip(new, ids.tolist(), strict=True))
-            got[unknown] = np.fromiter(map(now.__getitem__, [rest_tokens[i] for i in unknown]),
-                                       np.int64, len(unknown))  # fmt: skip
+            if len(new) == len(unknown):  # each once: in their order (most chunks)
+                got[unknown] = ids
+            else:
+                now = dict(zip(new, ids.tolist(), strict=True))
+                got[unknown] = np.fromiter(
+                    map(now.__getitem__, [rest_tokens[i] for i in unknown]), np.int64, len(unknown)
+                )
         keys[rest] = got
         return keys
 
