@@ -1,12 +1,13 @@
 """Inverted lists in flat arrays: a read-only base in CSR form, plus an overlay of changes.
 
 A million concepts' postings as Python objects (a dict per key, an int object per posting)
-cost about a gigabyte and seconds to build; as arrays they are 16 bytes a posting, built in
-one sort, and a checkpoint loads them by mapping its file. The base never changes in place:
-re-indexing or removing a node the base holds clears its ``base_live`` flag (its base postings
-are skipped from then on), and every node put after the base lives in the overlay, a dict per
-key. ``arrays`` folds the overlay into a new base, in the form ``from_arrays`` takes back (what
-a checkpoint stores). A reader gets a key's holders as arrays, cached until the key changes.
+cost about a gigabyte and seconds to build; as arrays they are 16 bytes a posting, placed by
+key in one compiled counting pass, and a checkpoint loads them by mapping its file. The base
+never changes in place: re-indexing or removing a node the base holds clears its
+``base_live`` flag (its base postings are skipped from then on), and every node put after the
+base lives in the overlay, a dict per key. ``arrays`` folds the overlay into a new base, in
+the form ``from_arrays`` takes back (what a checkpoint stores). A reader gets a key's holders
+as arrays, cached until the key changes.
 
 Keys are interned to ints for good (``keys``, ``key_id``), as concept ids are.
 """
