@@ -11,6 +11,7 @@ and the dicts that find them.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -85,17 +86,25 @@ def _decode(blob: np.ndarray, off: np.ndarray, i: int) -> str:
 _ITER_ROWS: Final = 1 << 12  # rows a StringColumn's iterator decodes at once
 
 
+def python_ints(values: np.ndarray) -> memoryview:
+    """A view of a 1-D array of machine integers whose items read as Python ints: what a
+    lookup on a request or follower path indexes (a numpy scalar costs ~10x more)."""
+    return memoryview(np.ascontiguousarray(values)).cast("B").cast(values.dtype.char)
+
+
 class StringColumn(Sequence[Any]):
     """A list over an encoded column: read lazily (each string through ``decode``, if given),
     changed and appended in memory."""
 
-    __slots__ = ("_base", "_blob", "_changed", "_decode", "_off", "_tail")
+    __slots__ = ("_base", "_blob", "_bytes", "_changed", "_decode", "_off", "_offs", "_tail")
 
     def __init__(
         self, blob: np.ndarray, off: np.ndarray, decode: Callable[[str], Any] | None = None
     ) -> None:
         self._blob = blob
         self._off = off
+        self._bytes = memoryview(np.ascontiguousarray(blob)).cast("B")
+        self._offs = python_ints(off)
         self._base = len(off) - 1
         self._decode = decode
         self._changed: dict[int, Any] = {}
@@ -113,7 +122,8 @@ class StringColumn(Sequence[Any]):
             raise IndexError(i)
         value = self._changed.get(i)
         if value is None:
-            value = _decode(self._blob, self._off, i)
+            offs = self._offs
+            value = str(self._bytes[offs[i] : offs[i + 1] - 1], "utf-8", "surrogatepass")
             if self._decode is not None:
                 value = self._decode(value)
         return value
@@ -187,7 +197,7 @@ class KeyIndex:
     hashes, each candidate checked against the string itself, so a collision costs a second
     look, never a wrong answer) plus the keys set since (a dict)."""
 
-    __slots__ = ("_added", "_column", "_hash", "_hashes", "_order")
+    __slots__ = ("_added", "_column", "_hash", "_rows", "_sorted")
 
     def __init__(
         self,
@@ -199,20 +209,19 @@ class KeyIndex:
         """``hashes``, ``order``: ``key_hashes`` of the column (``process_hashes`` with
         ``hasher=hash``)."""
         self._column = column
-        self._hashes = hashes
-        self._order = order
         self._hash = key_hash if hasher is None else hasher
+        self._sorted, self._rows = python_ints(hashes), python_ints(order)
         self._added: dict[str, int] = {}
 
     def get(self, key: str, default: int | None = None) -> int | None:
         found = self._added.get(key)
         if found is not None:
             return found
-        hashes = self._hashes
-        h = hashes.dtype.type(self._hash(key))
-        i = int(np.searchsorted(hashes, h))
+        h = self._hash(key)
+        hashes = self._sorted
+        i = bisect.bisect_left(hashes, h)
         while i < len(hashes) and hashes[i] == h:
-            position = int(self._order[i])
+            position = self._rows[i]
             if self._column[position] == key:
                 return position
             i += 1
