@@ -11,10 +11,11 @@ and the dicts that find them.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import numpy as np
@@ -51,6 +52,28 @@ def decode_strings(blob: np.ndarray, off: np.ndarray) -> list[str]:
     return [_decode(blob, off, i) for i in range(n)]
 
 
+def joined_columns(
+    parts: Sequence[tuple[np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """One encoded column of these encoded columns, one after another."""
+    off = np.zeros(sum(len(o) - 1 for _, o in parts) + 1, np.int64)
+    row = at = 0
+    for blob, part_off in parts:
+        rows = len(part_off) - 1
+        off[row + 1 : row + rows + 1] = part_off[1:] + at
+        row += rows
+        at += len(blob)
+    blob = np.concatenate([b for b, _ in parts]) if parts else np.zeros(0, np.uint8)
+    return blob, off
+
+
+def decode_range(blob: np.ndarray, off: np.ndarray, start: int, stop: int) -> list[str]:
+    """The strings of rows ``start:stop`` of an encoded column (one ``decode_strings``)."""
+    if start >= stop:
+        return []
+    return decode_strings(blob[off[start] : off[stop]], off[start : stop + 1] - off[start])
+
+
 def strings_at(blob: np.ndarray, off: np.ndarray, rows: Iterable[int]) -> list[str]:
     """The strings at these rows of an encoded column."""
     return [_decode(blob, off, i) for i in rows]
@@ -60,17 +83,28 @@ def _decode(blob: np.ndarray, off: np.ndarray, i: int) -> str:
     return blob[off[i] : off[i + 1] - 1].tobytes().decode("utf-8", "surrogatepass")
 
 
+_ITER_ROWS: Final = 1 << 12  # rows a StringColumn's iterator decodes at once
+
+
+def python_ints(values: np.ndarray) -> memoryview:
+    """A view of a 1-D array of machine integers whose items read as Python ints: what a
+    lookup on a request or follower path indexes (a numpy scalar costs ~10x more)."""
+    return memoryview(np.ascontiguousarray(values)).cast("B").cast(values.dtype.char)
+
+
 class StringColumn(Sequence[Any]):
     """A list over an encoded column: read lazily (each string through ``decode``, if given),
     changed and appended in memory."""
 
-    __slots__ = ("_base", "_blob", "_changed", "_decode", "_off", "_tail")
+    __slots__ = ("_base", "_blob", "_bytes", "_changed", "_decode", "_off", "_offs", "_tail")
 
     def __init__(
         self, blob: np.ndarray, off: np.ndarray, decode: Callable[[str], Any] | None = None
     ) -> None:
         self._blob = blob
         self._off = off
+        self._bytes = memoryview(np.ascontiguousarray(blob)).cast("B")
+        self._offs = python_ints(off)
         self._base = len(off) - 1
         self._decode = decode
         self._changed: dict[int, Any] = {}
@@ -88,7 +122,8 @@ class StringColumn(Sequence[Any]):
             raise IndexError(i)
         value = self._changed.get(i)
         if value is None:
-            value = _decode(self._blob, self._off, i)
+            offs = self._offs
+            value = str(self._bytes[offs[i] : offs[i + 1] - 1], "utf-8", "surrogatepass")
             if self._decode is not None:
                 value = self._decode(value)
         return value
@@ -104,11 +139,36 @@ class StringColumn(Sequence[Any]):
             raise IndexError(i)
 
     def __iter__(self) -> Iterator[Any]:
-        for i in range(len(self)):
-            yield self[i]
+        for start in range(0, len(self), _ITER_ROWS):
+            yield from self.strings(start, start + _ITER_ROWS)
+
+    def strings(self, start: int, stop: int) -> list[Any]:
+        """``list(self)[start:stop]`` (0 <= start), the base's rows decoded in one pass."""
+        stop = min(stop, len(self))
+        base_stop = min(stop, self._base)
+        out = decode_range(self._blob, self._off, start, base_stop)
+        if self._decode is not None:
+            out = list(map(self._decode, out))
+        changed = self._changed
+        if len(changed) <= base_stop - start:
+            for i, value in changed.items():
+                if start <= i < base_stop:
+                    out[i - start] = value
+        else:
+            for i in range(start, base_stop):
+                value = changed.get(i)
+                if value is not None:
+                    out[i - start] = value
+        out.extend(self._tail[max(start - self._base, 0) : max(stop - self._base, 0)])
+        return out
 
     def append(self, value: Any) -> None:
         self._tail.append(value)
+
+    @property
+    def encoded(self) -> tuple[np.ndarray, np.ndarray]:
+        """(blob, off) of the rows the column was made with (as made: changes not included)."""
+        return self._blob, self._off
 
 
 def key_hash(key: str) -> int:
@@ -124,28 +184,44 @@ def key_hashes(keys: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
     return hashes[order], order.astype(np.int32)
 
 
+def process_hashes(keys: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``key_hashes`` by Python's own ``hash`` (salted per process: for a ``KeyIndex`` made
+    with ``hasher=hash`` and never stored; about ten times cheaper than ``key_hash``)."""
+    hashes = np.fromiter(map(hash, keys), np.int64)
+    order = np.argsort(hashes, kind="stable")
+    return hashes[order], order.astype(np.int32)
+
+
 class KeyIndex:
     """str -> position, like a dict, for the strings of a column (found by their sorted 64-bit
     hashes, each candidate checked against the string itself, so a collision costs a second
     look, never a wrong answer) plus the keys set since (a dict)."""
 
-    __slots__ = ("_added", "_column", "_hashes", "_order")
+    __slots__ = ("_added", "_column", "_hash", "_rows", "_sorted")
 
-    def __init__(self, column: Sequence[str], hashes: np.ndarray, order: np.ndarray) -> None:
+    def __init__(
+        self,
+        column: Sequence[str],
+        hashes: np.ndarray,
+        order: np.ndarray,
+        hasher: Callable[[str], int] | None = None,
+    ) -> None:
+        """``hashes``, ``order``: ``key_hashes`` of the column (``process_hashes`` with
+        ``hasher=hash``)."""
         self._column = column
-        self._hashes = hashes
-        self._order = order
+        self._hash = key_hash if hasher is None else hasher
+        self._sorted, self._rows = python_ints(hashes), python_ints(order)
         self._added: dict[str, int] = {}
 
     def get(self, key: str, default: int | None = None) -> int | None:
         found = self._added.get(key)
         if found is not None:
             return found
-        h = np.uint64(key_hash(key))
-        hashes = self._hashes
-        i = int(np.searchsorted(hashes, h))
+        h = self._hash(key)
+        hashes = self._sorted
+        i = bisect.bisect_left(hashes, h)
         while i < len(hashes) and hashes[i] == h:
-            position = int(self._order[i])
+            position = self._rows[i]
             if self._column[position] == key:
                 return position
             i += 1
@@ -178,7 +254,8 @@ def _same(a, a_start, a_end, b, b_start, b_end):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def _table_of(blob, off):  # pragma: no cover - compiled
-    """Open addressing, linear probing: slot -> row (-1 empty), at most half full."""
+    """Open addressing, linear probing, at most half full: slot -> the row's hash's top 31
+    bits << 32 | row (-1 empty), so a probe compares bytes only when those bits agree."""
     n = len(off) - 1
     size = 16
     while size < 2 * n:
@@ -186,25 +263,31 @@ def _table_of(blob, off):  # pragma: no cover - compiled
     table = np.full(size, -1, np.int64)
     mask = np.uint64(size - 1)
     for row in range(n):
-        slot = _fnv1a(blob, off[row], off[row + 1] - 1) & mask
+        h = _fnv1a(blob, off[row], off[row + 1] - 1)
+        slot = h & mask
         while table[slot] >= 0:
             slot = (slot + np.uint64(1)) & mask
-        table[slot] = row
+        table[slot] = (np.int64(h >> np.uint64(33)) << 32) | row
     return table
 
 
 @njit(cache=True, nogil=True)
 def _find_all(table, blob, off, qblob, qoff, out):  # pragma: no cover - compiled
     mask = np.uint64(len(table) - 1)
+    low = np.int64(0xFFFFFFFF)
     for i in range(len(qoff) - 1):
         start, end = qoff[i], qoff[i + 1] - 1
-        slot = _fnv1a(qblob, start, end) & mask
+        h = _fnv1a(qblob, start, end)
+        slot = h & mask
+        top = np.int64(h >> np.uint64(33))
         out[i] = -1
         while table[slot] >= 0:
-            row = table[slot]
-            if _same(blob, off[row], off[row + 1] - 1, qblob, start, end):
-                out[i] = row
-                break
+            entry = table[slot]
+            if entry >> 32 == top:
+                row = entry & low
+                if _same(blob, off[row], off[row + 1] - 1, qblob, start, end):
+                    out[i] = row
+                    break
             slot = (slot + np.uint64(1)) & mask
 
 

@@ -1,12 +1,13 @@
 """Inverted lists in flat arrays: a read-only base in CSR form, plus an overlay of changes.
 
 A million concepts' postings as Python objects (a dict per key, an int object per posting)
-cost about a gigabyte and seconds to build; as arrays they are 16 bytes a posting, built in
-one sort, and a checkpoint loads them by mapping its file. The base never changes in place:
-re-indexing or removing a node the base holds clears its ``base_live`` flag (its base postings
-are skipped from then on), and every node put after the base lives in the overlay, a dict per
-key. ``arrays`` folds the overlay into a new base, in the form ``from_arrays`` takes back (what
-a checkpoint stores). A reader gets a key's holders as arrays, cached until the key changes.
+cost about a gigabyte and seconds to build; as arrays they are 16 bytes a posting, placed by
+key in one compiled counting pass, and a checkpoint loads them by mapping its file. The base
+never changes in place: re-indexing or removing a node the base holds clears its
+``base_live`` flag (its base postings are skipped from then on), and every node put after the
+base lives in the overlay, a dict per key. ``arrays`` folds the overlay into a new base, in
+the form ``from_arrays`` takes back (what a checkpoint stores). A reader gets a key's holders
+as arrays, cached until the key changes.
 
 Keys are interned to ints for good (``keys``, ``key_id``), as concept ids are.
 """
@@ -19,6 +20,7 @@ from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Final
 
 import numpy as np
+from numba import njit
 
 _EMPTY: Final = (np.empty(0, np.int64), np.empty(0, np.int64))
 ARRAY_NAMES: Final = ("key_off", "post_node", "post_hits", "node_off", "node_keys", "base_live")
@@ -114,24 +116,23 @@ class Postings:
             builder.add(node, items)
         return builder.build()
 
-    def _install(self, node: np.ndarray, key: np.ndarray, hits: np.ndarray) -> None:
-        """The base from rows (node, key, hits) grouped by node, in each node's key order;
-        rows with key -1 mark a node held."""
-        size = int(node.max()) + 1 if len(node) else 0
-        held = node[key < 0]
-        real = key >= 0
-        node, key, hits = node[real], key[real], hits[real]
+    def _install(
+        self, held: np.ndarray, node_off: np.ndarray, key: np.ndarray, hits: np.ndarray
+    ) -> None:
+        """The base from the nodes ``held`` (ascending) and rows (key int32, hits) grouped by
+        node, node u's at ``node_off[u]:node_off[u + 1]`` in its key order: each key's
+        postings placed by one compiled counting pass (no sort, no int64 index per row)."""
+        size = len(node_off) - 1
         self.base_live = np.zeros(size, np.uint8)
         self.base_live[held] = 1
         self.count = len(held)
-        self.node_off = np.zeros(size + 1, np.int64)
-        np.cumsum(np.bincount(node, minlength=size), out=self.node_off[1:])
-        self.node_keys = key.astype(np.int32)
-        order = np.lexsort((node, key))
-        self.post_node = node[order].astype(np.int32)
-        self.post_hits = hits[order]
+        self.node_off = node_off
+        self.node_keys = np.ascontiguousarray(key, np.int32)
         self.key_off = np.zeros(len(self.keys) + 1, np.int64)
-        np.cumsum(np.bincount(key, minlength=len(self.keys)), out=self.key_off[1:])
+        np.cumsum(np.bincount(self.node_keys, minlength=len(self.keys)), out=self.key_off[1:])
+        self.post_node = np.empty(len(key), np.int32)
+        self.post_hits = np.empty(len(key), np.int64)
+        _place_by_key(node_off, self.node_keys, hits, self.key_off, self.post_node, self.post_hits)
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -213,11 +214,17 @@ class Postings:
         held = np.flatnonzero(live[: len(self.base_live)]).tolist() + [u for u, _ in over]
         node = np.concatenate([base_node, over_node, np.array(held, np.int64)])
         key = np.concatenate([base_key, over_key, np.full(len(held), -1, np.int64)])
-        hits = np.concatenate([base_hits, over_hits, np.zeros(len(held), np.int64)])
+        node = np.concatenate([base_node, over_node])
+        key = np.concatenate([base_key, over_key])
+        hits = np.concatenate([base_hits, over_hits])
         order = np.argsort(node, kind="stable")  # node by node, each in its key order
+        held_nodes = np.array(sorted(held), np.int64)
+        size = int(held_nodes[-1]) + 1 if len(held_nodes) else 0
+        node_off = np.zeros(size + 1, np.int64)
+        np.cumsum(np.bincount(node, minlength=size), out=node_off[1:])
         folded = Postings()
         folded.keys, folded.key_id = self.keys, self.key_id
-        folded._install(node[order], key[order], hits[order])
+        folded._install(held_nodes, node_off, key[order], hits[order])
         return self.keys, {name: getattr(folded, name) for name in ARRAY_NAMES}
 
     @classmethod
@@ -242,17 +249,20 @@ class Postings:
 
 
 class PostingsBuilder:
-    """Rows (node, key, hits) gathered as flat machine integers, then one ``Postings`` base
-    in one sort: what ``Postings.built`` does, without a Python object per posting."""
+    """Rows (key, hits) of each node gathered as flat machine integers (int32 keys, the nodes
+    apart: each held node once, with its row count), then one ``Postings`` base in one
+    compiled pass: what ``Postings.built`` does, without a Python object per posting."""
 
     def __init__(self) -> None:
         self.postings = Postings()
-        self._node = array("q")
-        self._key = array("q")
+        self._held = array("i")  # the nodes held, ascending
+        self._rows = array("i")  # how many rows each of them has
+        self._key = array("i")
         self._hits = array("q")
 
     def add(self, node: int, items: Iterable[tuple[str, int]]) -> None:
-        """Hold ``node`` with these (key, hits) pairs (distinct keys, in the order to keep)."""
+        """Hold ``node`` (after every node added before) with these (key, hits) pairs
+        (distinct keys, in the order to keep)."""
         key_id, intern = self.postings.key_id, self.postings._intern
         rows = 0
         key_col, hits_col = self._key, self._hits
@@ -261,9 +271,8 @@ class PostingsBuilder:
             key_col.append(intern(key) if k is None else k)
             hits_col.append(hits)
             rows += 1
-        key_col.append(-1)  # a marker row (key -1): the node is held, even keyless
-        hits_col.append(0)
-        self._node.extend((node,) * (rows + 1))
+        self._held.append(node)
+        self._rows.append(rows)
 
     def intern_all(self, keys: list[str]) -> np.ndarray:
         """int64 id of each key, new keys interned in order of first appearance."""
@@ -273,10 +282,14 @@ class PostingsBuilder:
         if unknown:
             new = list(dict.fromkeys([keys[i] for i in unknown]))
             known = self.postings.keys
-            key_id.update(zip(new, range(len(known), len(known) + len(new)), strict=True))
+            first = len(known)
+            key_id.update(zip(new, range(first, first + len(new)), strict=True))
             known.extend(new)
-            ids[unknown] = np.fromiter(map(key_id.__getitem__, [keys[i] for i in unknown]),
-                                       np.int64, len(unknown))  # fmt: skip
+            if len(new) == len(unknown):  # each new key once: numbered in their order
+                ids[unknown] = np.arange(first, first + len(new), dtype=np.int64)
+            else:
+                ids[unknown] = np.fromiter(map(key_id.__getitem__, [keys[i] for i in unknown]),
+                                           np.int64, len(unknown))  # fmt: skip
         return ids
 
     def add_rows(
@@ -284,18 +297,35 @@ class PostingsBuilder:
     ) -> None:
         """Hold the nodes ``held`` (ascending, after every node added before) with the rows
         (node, key id, hits): grouped by node, each node's in the order to keep."""
-        for column, values in ((self._node, node), (self._key, key), (self._hits, hits)):
-            column.frombytes(np.ascontiguousarray(values, np.int64).tobytes())
-        self._node.frombytes(np.ascontiguousarray(held, np.int64).tobytes())
-        self._key.frombytes(np.full(len(held), -1, np.int64).tobytes())
-        self._hits.frombytes(np.zeros(len(held), np.int64).tobytes())
+        rows = np.bincount(np.searchsorted(held, node), minlength=len(held))
+        self._held.frombytes(np.ascontiguousarray(held, np.int32).tobytes())
+        self._rows.frombytes(rows.astype(np.int32).tobytes())
+        self._key.frombytes(np.ascontiguousarray(key, np.int32).tobytes())
+        self._hits.frombytes(np.ascontiguousarray(hits, np.int64).tobytes())
 
     def build(self) -> Postings:
+        held = np.frombuffer(self._held, np.int32)
+        size = int(held[-1]) + 1 if len(held) else 0
+        node_off = np.zeros(size + 1, np.int64)
+        node_off[held + 1] = np.frombuffer(self._rows, np.int32)
+        np.cumsum(node_off, out=node_off)
         postings = self.postings
         postings._install(
-            np.frombuffer(self._node, np.int64),
-            np.frombuffer(self._key, np.int64),
-            np.frombuffer(self._hits, np.int64),
+            held, node_off, np.frombuffer(self._key, np.int32), np.frombuffer(self._hits, np.int64)
         )
-        self._node, self._key, self._hits = array("q"), array("q"), array("q")
+        self._held, self._rows, self._key, self._hits = (array("i"), array("i"), array("i"),
+                                                         array("q"))  # fmt: skip
         return postings
+
+
+@njit(cache=True, nogil=True)
+def _place_by_key(node_off, node_keys, hits, key_off, post_node, post_hits):  # pragma: no cover
+    """Every row (node u, key k, hits) put in key k's postings, nodes ascending in each."""
+    at = key_off[:-1].copy()
+    for u in range(len(node_off) - 1):
+        for r in range(node_off[u], node_off[u + 1]):
+            k = node_keys[r]
+            p = at[k]
+            post_node[p] = u
+            post_hits[p] = hits[r]
+            at[k] = p + 1

@@ -12,7 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kbgraph.columns as columns
-from kbgraph.columns import KeyIndex, StringColumn, decode_strings, encode_strings, key_hashes
+from kbgraph.columns import (
+    KeyIndex,
+    StringColumn,
+    StringTable,
+    decode_strings,
+    encode_strings,
+    key_hashes,
+    process_hashes,
+)
 
 texts = st.lists(st.text(st.characters(codec=None, exclude_categories=()), max_size=8), max_size=20)
 
@@ -60,3 +68,46 @@ def test_key_hash_is_the_same_in_every_process() -> None:
     assert [hashes.tolist()[order.tolist().index(i)] for i in range(3)] == [
         columns.key_hash(k) for k in "bac"
     ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    texts,
+    st.lists(st.tuples(st.integers(0, 30), st.text(max_size=3))),
+    st.lists(st.text(max_size=3), max_size=5),
+    st.integers(0, 40),
+    st.integers(0, 40),
+)
+def test_a_column_range_reads_as_the_list_does(values, changes, appended, start, stop) -> None:
+    """``strings`` (the column's iterator, a first build's reads) sees changes and appends."""
+    column = StringColumn(*encode_strings(values))
+    want = list(values)
+    for value in appended:
+        column.append(value)
+        want.append(value)
+    for i, value in changes:
+        if i < len(want):
+            column[i] = want[i] = value
+    assert column.strings(start, stop) == want[start:stop]
+    assert list(column) == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(max_size=4), unique=True, max_size=30), st.lists(st.text(max_size=4)))
+def test_key_index_by_the_process_hash_answers_as_a_dict(keys, probes) -> None:
+    """A first build finds ids by Python's own ``hash`` (never stored)."""
+    index = KeyIndex(StringColumn(*encode_strings(keys)), *process_hashes(keys), hasher=hash)
+    want = {key: i for i, key in enumerate(keys)}
+    for key in [*keys, *probes]:
+        assert index.get(key) == want.get(key)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(max_size=4), unique=True, max_size=40), st.lists(st.text(max_size=4)))
+def test_string_table_finds_rows_as_a_dict_does(keys, probes) -> None:
+    """The first build's link targets: every string found at its row, any other at -1."""
+    table = StringTable(*encode_strings(keys))
+    queries = [*keys, *probes]
+    want = {key: i for i, key in enumerate(keys)}
+    found = table.find_all(*encode_strings(queries)) if queries else []
+    assert list(found) == [want.get(q, -1) for q in queries]

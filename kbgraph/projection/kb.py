@@ -45,14 +45,15 @@ import operator
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Final
 
 import numpy as np
+from numba import njit
 
 from kbgraph.access import RuleSet, visible
-from kbgraph.columns import StringTable, encode_strings, strings_at
+from kbgraph.columns import KeyIndex, StringColumn, StringTable, process_hashes, strings_at
 from kbgraph.embeddings import Embedder, concept_text
 from kbgraph.events import (
     ConceptDeleted,
@@ -90,14 +91,14 @@ class KBProjection:
         self.lock = RWLock()
         self.index = index_factory()
         self._node_cap = MIN_NODE_CAP
-        self._index_of: dict[str, int] = {}
-        self.ids: list[str] = []
-        self.titles: list[str] = []
+        self._index_of: dict[str, int] | KeyIndex = {}
+        self.ids: list[str] | StringColumn = []
+        self.titles: list[str] | StringColumn = []
         self.aliases: list[list[str]] = []
         self.types: list[str] = []
         self.statuses: list[str] = []
         self.tags: list[list[str]] = []
-        self.texts: list[str] = []
+        self.texts: list[str] | StringColumn = []
         self.versions: list[int] = []
         self.collections: list[str] = []
         self._alive = np.zeros(self._node_cap, np.uint8)
@@ -162,17 +163,20 @@ class KBProjection:
         """Build from a KB's columns (vectorised, no object per concept). Call before the
         projection is shared. The projection takes the column lists it is given."""
         n0 = len(cols.ids)
-        ids = cols.ids
-        encoded = encode_strings(ids)
+        ids: StringColumn = cols.ids
+        encoded = ids.encoded
         src, dst, missing_src, missing_names = _link_columns(cols.links, StringTable(*encoded))
         cols.links = []  # the targets' bytes are no longer needed: free them now
-        index_of = dict(zip(ids, range(n0), strict=True))
+        added: dict[str, int] = {}  # the missing targets, after the store's ids
         for t in sorted(set(missing_names)):
-            index_of[t] = len(ids)
+            added[t] = len(ids)
             ids.append(t)
-        dst[missing_src] = np.fromiter(map(index_of.__getitem__, missing_names), np.int64)
+        dst[missing_src] = np.fromiter(map(added.__getitem__, missing_names), np.int64)
         del missing_src, missing_names
         n = len(ids)
+        # found as a checkpoint load finds them, by the ids' sorted hashes (Python's own here:
+        # never stored), no dict of strings
+        index_of = KeyIndex(ids, *process_hashes(ids), hasher=hash)
         node_cap = max(MIN_NODE_CAP, 1 << (n - 1).bit_length())
         order = _id_order(ids, n0)
         rank = np.empty(n, np.int64)
@@ -200,31 +204,56 @@ class KBProjection:
         self.ids = ids
         self._keys = Keys.from_encoded(*encoded, node_cap)
         del encoded
-        for u in range(n0, n):
-            self._keys.add(u, ids[u])
+        for t, u in added.items():
+            self._keys.add(u, t)
         missing = n - n0
-        self.titles = cols.titles + [""] * missing
+        self.titles, self.texts = cols.titles, cols.texts  # encoded columns, read lazily
+        for _ in range(missing):
+            self.titles.append("")
+            self.texts.append("")
         self.aliases = cols.aliases + [[] for _ in range(missing)]
         self.types = cols.types + [""] * missing
         self.statuses = cols.statuses + [""] * missing
         self.tags = cols.tags + [[] for _ in range(missing)]
-        self.texts = cols.texts + [""] * missing
         self.versions = cols.versions + [0] * missing
-        shared = self._collection_names
-        heads = [h if s else "" for h, s, _ in map(str.partition, ids, itertools.repeat("/"))]
-        self.collections = list(map(shared.setdefault, heads, heads))  # as collection_of
-        del heads
+        self.collections = self._collections_of(ids, n0)
         self._alive = np.zeros(node_cap, np.uint8)
         self._alive[:n0] = 1
         self._cls = np.zeros(node_cap, np.int32)
-        pairs = list(zip(self.collections, self.types, strict=True))
-        for collection, concept_type in dict.fromkeys(pairs):  # in order of first appearance
-            self._class(collection, concept_type)
-        self._cls[:n] = np.fromiter(map(self._class_of.__getitem__, pairs), np.int32, n)
-        del pairs
+        self._cls[:n] = self._classes_of(self.collections, self.types)
         docs = zip(range(n0), cols.titles, cols.texts, cols.aliases, cols.tags, strict=False)
         self.index.put_many(docs)
         self.seq = cols.seq
+
+    def _collections_of(self, ids: StringColumn, n0: int) -> list[str]:
+        """``collection_of`` of every id, one shared string per collection: the store's ids
+        (sorted, so an id prefix's rows are runs) split at their first "/" in one compiled
+        pass, a string made per run; then the missing targets one by one."""
+        blob, off = ids.encoded
+        run_row, run_start, run_end = _prefix_runs(blob, off[: n0 + 1])
+        lengths = np.diff(np.append(run_row, n0)).tolist()
+        out: list[str] = []
+        shared = self._collection_names
+        for length, start, end in zip(lengths, run_start.tolist(), run_end.tolist(), strict=True):
+            name = blob[start:end].tobytes().decode("utf-8", "surrogatepass")
+            out.extend(itertools.repeat(shared.setdefault(name, name), length))
+        out.extend(self._collection(ids[u]) for u in range(n0, len(ids)))
+        return out
+
+    def _classes_of(self, collections: list[str], types: list[str]) -> np.ndarray:
+        """The (collection, type) class of every node, classes made in order of first
+        appearance: pairs coded as numbers (few distinct strings), not a million tuples."""
+        n = len(collections)
+        codes: dict[str, int] = {}  # each string -> the row it first appears at
+        column = np.fromiter(map(codes.setdefault, collections, itertools.count()), np.int64, n)
+        codes = {}
+        kind = np.fromiter(map(codes.setdefault, types, itertools.count()), np.int64, n)
+        _, first, inverse = np.unique(column * n + kind, return_index=True, return_inverse=True)
+        rank = np.empty(len(first), np.int32)
+        for j in np.argsort(first).tolist():  # in order of first appearance
+            row = int(first[j])
+            rank[j] = self._class(collections[row], types[row])
+        return rank[inverse.reshape(-1)]
 
     def _collection(self, concept_id: str) -> str:
         """collection_of, one shared string per collection (a million ids, a few names)."""
@@ -661,6 +690,36 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+@njit(cache=True, nogil=True)
+def _prefix_runs(blob, off):  # pragma: no cover - compiled
+    """(first row, prefix start, prefix end) of each run of rows whose ids share the part
+    before their first "/" (empty: no "/"), in UTF-8 bytes (no multi-byte character holds
+    the byte of "/")."""
+    n = len(off) - 1
+    rows = np.empty(n, np.int64)
+    starts = np.empty(n, np.int64)
+    ends = np.empty(n, np.int64)
+    runs = 0
+    for r in range(n):
+        start, stop = off[r], off[r + 1] - 1
+        end = start
+        while end < stop and blob[end] != 47:
+            end += 1
+        if end == stop:  # no "/": the empty collection
+            end = start
+        if runs > 0 and end - start == ends[runs - 1] - starts[runs - 1]:
+            same = True
+            for i in range(end - start):
+                if blob[start + i] != blob[starts[runs - 1] + i]:
+                    same = False
+                    break
+            if same:
+                continue
+        rows[runs], starts[runs], ends[runs] = r, start, end
+        runs += 1
+    return rows[:runs], starts[:runs], ends[:runs]
+
+
 def _link_columns(
     links: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], table: StringTable
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
@@ -691,16 +750,15 @@ def _link_columns(
     )
 
 
-def _id_order(ids: list[str], n0: int) -> np.ndarray:
+def _id_order(ids: Sequence[str], n0: int) -> np.ndarray:
     """The rows of ``ids`` in id order, when ``ids[:n0]`` (the store's, by id) and the rest
     (the missing targets, sorted) are each sorted: the two merged by a bisection per missing
     target, not a sort of a million strings. Otherwise sorted."""
     n = len(ids)
-    head = ids[:n0]
-    tail = ids[n0:]
-    if not (_ascending(head) and _ascending(tail)):
+    tail = [ids[i] for i in range(n0, n)]
+    if not (_ascending(itertools.islice(ids, n0)) and _ascending(tail)):
         return np.array(sorted(range(n), key=ids.__getitem__), np.int64)
-    below = np.array([bisect.bisect_left(head, t) for t in tail], np.int64)  # head rows < t
+    below = np.array([bisect.bisect_left(ids, t, 0, n0) for t in tail], np.int64)  # rows < t
     rank = np.empty(n, np.int64)
     rank[:n0] = np.arange(n0, dtype=np.int64) + np.searchsorted(below, np.arange(n0), "right")
     rank[n0:] = below + np.arange(n - n0, dtype=np.int64)
@@ -709,5 +767,7 @@ def _id_order(ids: list[str], n0: int) -> np.ndarray:
     return order
 
 
-def _ascending(values: list[str]) -> bool:
-    return all(map(operator.lt, values, itertools.islice(values, 1, None)))
+def _ascending(values: Iterable[str]) -> bool:
+    first, second = itertools.tee(values)
+    next(second, None)
+    return all(map(operator.lt, first, second))

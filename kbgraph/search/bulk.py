@@ -4,8 +4,9 @@ a time with a few calls per chunk instead of a dozen per document.
 
 Per chunk: every title, alias and text tokenised by one ``translate`` of the chunk joined
 (ASCII chunks; any other is tokenised text by text, as ``tokenize`` does), each distinct
-token's term found once per build (a dict of this build only: the stem cache that serves
-``put`` is left as it is), and each document's term counts and their order (its text's terms
+token's term found once per build (a token that is its own term found among the terms'
+keys, any other in a dict of this build only: the stem cache that serves ``put`` is left as
+it is), and each document's term counts and their order (its text's terms
 in the order they first appear, then its title's and aliases') made by sorting rows in numpy.
 ``tests/test_bulk_build.py`` holds it equal to ``put`` one by one.
 """
@@ -52,7 +53,9 @@ class BulkAnalyzer:
     ) -> None:
         self.terms, self.names, self.tags = terms, names, tags
         self.name_lengths: Counter[int] = Counter()
-        self._vocab: dict[str, int] = {}  # token -> term key (-1: a stop word); this build's
+        self._stemmed: dict[str, int] = {}  # token -> its term's key (-1: a stop word), of
+        # the tokens whose term is another string; this build's
+        self._own = np.zeros(1024, bool)  # term key k: keys[k] is a token, its own term
 
     def add(
         self,
@@ -134,12 +137,23 @@ class BulkAnalyzer:
         return owner[keep], keys[keep], pos[keep], lists
 
     def _term_keys(self, tokens: list[str]) -> np.ndarray:
-        """Each token's term key (-1: a stop word), each new token stemmed once."""
-        vocab = self._vocab
-        keys = np.fromiter(map(vocab.get, tokens, itertools.repeat(-2)), np.int64, len(tokens))
-        unknown = np.flatnonzero(keys == -2).tolist()
+        """Each token's term key (-1: a stop word), each new token stemmed once. A token
+        that is its own term (most are: a million number tokens) is found among the terms'
+        keys, flagged ``_own``; only the others are kept in ``_stemmed``."""
+        key_id = self.terms.postings.key_id
+        keys = np.fromiter(map(key_id.get, tokens, itertools.repeat(-1)), np.int64, len(tokens))
+        found = keys >= 0
+        found[found] = self._own[keys[found]]
+        rest = np.flatnonzero(~found).tolist()
+        if not rest:
+            return keys
+        stemmed = self._stemmed
+        rest_tokens = [tokens[i] for i in rest]
+        got = np.fromiter(map(stemmed.get, rest_tokens, itertools.repeat(-2)), np.int64,
+                          len(rest))  # fmt: skip
+        unknown = np.flatnonzero(got == -2).tolist()
         if unknown:
-            new = list(dict.fromkeys([tokens[i] for i in unknown]))
+            new = list(dict.fromkeys([rest_tokens[i] for i in unknown]))
             # a term equal to its token is the token's own string (a million number tokens)
             terms = [
                 token if t == token else t for token, t in zip(new, terms_of(new), strict=True)
@@ -148,9 +162,19 @@ class BulkAnalyzer:
             ids[[i for i, t in enumerate(terms) if t]] = self.terms.intern_all(
                 list(filter(None, terms))
             )
-            vocab.update(zip(new, ids.tolist(), strict=True))
-            keys[unknown] = np.fromiter(map(vocab.__getitem__, [tokens[i] for i in unknown]),
-                                        np.int64, len(unknown))  # fmt: skip
+            if len(self._own) < len(self.terms.postings.keys):
+                self._own = np.concatenate((self._own, np.zeros(len(self._own) + len(new), bool)))
+            own = np.fromiter(map(operator.is_, new, terms), bool, len(new))
+            self._own[ids[own]] = True
+            stemmed.update(itertools.compress(zip(new, ids.tolist(), strict=True), ~own))
+            if len(new) == len(unknown):  # each once: in their order (most chunks)
+                got[unknown] = ids
+            else:
+                now = dict(zip(new, ids.tolist(), strict=True))
+                got[unknown] = np.fromiter(
+                    map(now.__getitem__, [rest_tokens[i] for i in unknown]), np.int64, len(unknown)
+                )
+        keys[rest] = got
         return keys
 
     def _add_names(

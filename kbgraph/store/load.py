@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
 
-from kbgraph.columns import split_json_arrays
+from kbgraph.columns import StringColumn, encode_strings, joined_columns, split_json_arrays
 from kbgraph.store.model import ColumnSnapshot, ConceptState, KBColumns, KBState, StoreSnapshot
 from kbgraph.store.statements import tags_decoder, tags_encoder
 
@@ -60,20 +59,20 @@ def load_columns(conn: sqlite3.Connection) -> ColumnSnapshot:
     """``load_snapshot`` as columns, without an object per concept (call in a read
     transaction). Rows come in ``(kid, id)`` index order: SQLite compares TEXT as UTF-8 bytes,
     which orders strings as Python does (by code point). Each chunk of rows is turned into
-    its columns as it comes (the links split into an encoded column of target ids, types and
-    statuses shared, empty lists the shared ``EMPTY``), so a million rows' raw values never
-    live at once."""
+    its columns as it comes (ids, titles and texts encoded, the links split into an encoded column
+    of target ids, types and statuses shared, empty lists the shared ``EMPTY``), so a million
+    rows' raw values never live at once."""
     gid = conn.execute("SELECT coalesce(max(gid), 0) FROM log").fetchone()[0]
     kbs = conn.execute("SELECT kid, name, seq FROM kb WHERE seq > 0").fetchall()
     out: dict[str, KBColumns] = {}
     for kid, name, seq in sorted(kbs, key=lambda row: row[1]):
-        ids: list[str] = []
+        ids: list[tuple[np.ndarray, np.ndarray]] = []
         versions: list[int] = []
-        titles: list[str] = []
+        titles: list[tuple[np.ndarray, np.ndarray]] = []
         types: list[str] = []
         statuses: list[str] = []
         tags: list[list[str]] = []
-        texts: list[str] = []
+        texts: list[tuple[np.ndarray, np.ndarray]] = []
         aliases: list[list[str]] = []
         links: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         shared: dict[str, str] = {}
@@ -81,32 +80,34 @@ def load_columns(conn: sqlite3.Connection) -> ColumnSnapshot:
         while rows := cursor.fetchmany(_FETCH_ROWS):  # a chunk of row tuples at a time
             chunk = list(zip(*rows, strict=True))
             del rows
-            ids.extend(chunk[0])
+            ids.append(encode_strings(list(chunk[0])))
             versions.extend(chunk[1])
-            titles.extend(chunk[2])
+            titles.append(encode_strings(list(chunk[2])))
             types.extend(map(shared.setdefault, chunk[3], chunk[3]))
             statuses.extend(map(shared.setdefault, chunk[4], chunk[4]))
             tags.extend(_lists(chunk[5]))
-            texts.extend(chunk[6])
+            texts.append(encode_strings(list(chunk[6])))
             aliases.extend(_lists(chunk[7]))
             links.append(split_json_arrays(chunk[8]))
         out[name] = KBColumns(
             seq=seq,
-            ids=ids,
+            ids=StringColumn(*joined_columns(ids)),
             versions=versions,
-            titles=titles,
+            titles=StringColumn(*joined_columns(titles)),
             types=types,
             statuses=statuses,
             tags=tags,
-            texts=texts,
+            texts=StringColumn(*joined_columns(texts)),
             aliases=aliases,
             links=links,
         )
     return ColumnSnapshot(gid=gid, kbs=out)
 
 
-def _lists(texts: Sequence[str]) -> list[list[str]]:
+def _lists(texts: tuple[str, ...]) -> list[list[str]]:
     """Stored JSON lists decoded, each empty one the shared ``EMPTY``."""
+    if texts.count("[]") == len(texts):  # the common chunk: no list holds anything
+        return [EMPTY] * len(texts)
     decode = tags_decoder.decode
     return [EMPTY if t == "[]" else decode(t) for t in texts]
 
@@ -117,13 +118,13 @@ def columns_of(state: KBState) -> KBColumns:
     encode = tags_encoder.encode
     return KBColumns(
         seq=state.seq,
-        ids=[c.id for c in concepts],
+        ids=StringColumn(*encode_strings([c.id for c in concepts])),
         versions=[c.version for c in concepts],
-        titles=[c.title for c in concepts],
+        titles=StringColumn(*encode_strings([c.title for c in concepts])),
         types=[c.type for c in concepts],
         statuses=[c.status for c in concepts],
         tags=[list(c.tags) for c in concepts],
-        texts=[c.text for c in concepts],
+        texts=StringColumn(*encode_strings([c.text for c in concepts])),
         aliases=[list(c.aliases) for c in concepts],
         links=[split_json_arrays([encode(c.links).decode() for c in concepts])],
     )

@@ -73,18 +73,20 @@ class KBColumns(msgspec.Struct):
     ``links``: per chunk of concepts, ``kbgraph.columns.split_json_arrays`` of their stored
     JSON lists (how many targets each declares, and the target ids as one encoded column), so
     a million concepts' eight million target ids are flat bytes, never Python strings;
+    ``ids``, ``titles`` and ``texts`` are ``kbgraph.columns.StringColumn`` (flat UTF-8, as a
+    checkpoint holds them, decoded when read);
     ``tags`` and ``aliases`` are decoded, every empty one the same shared, never mutated,
     list.
     """
 
     seq: int
-    ids: list[str]
+    ids: Any  # kbgraph.columns.StringColumn
     versions: list[int]
-    titles: list[str]
+    titles: Any  # kbgraph.columns.StringColumn
     types: list[str]
     statuses: list[str]
     tags: list[list[str]]
-    texts: list[str]
+    texts: Any  # kbgraph.columns.StringColumn
     aliases: list[list[str]]
     links: list[tuple[Any, Any, Any]]  # (counts, blob, off) numpy arrays per chunk
 
