@@ -13,11 +13,13 @@ after any sequence of syncs equals a fresh import of the final folder.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -65,6 +67,22 @@ def event_id(kb: str, path: str, version: int, digest: str) -> str:
     return hashlib.sha256(key).hexdigest()[:40]
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """CPython's cycle collector paused for one run. A run keeps every note it read (states,
+    parsed fields, the report) until it ends, and the collector went over that growing heap
+    again and again: 40% of the importing process's CPU at 20,000 notes. A run makes next to
+    no reference cycles (5 objects at 20,000 notes): they wait for the collector's first pass
+    after the run, when it is switched back on."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def sync_once(
     root: Path,
     kb: str,
@@ -82,6 +100,18 @@ def sync_once(
     deterministic order, decided by the folder and the manifest alone.
     ``progress(stage, done, total)`` is called as notes are read (``"read"``) and sent.
     """
+    with _collector_paused():
+        return _sync_once(root, kb, sink, manifest, progress, workers)
+
+
+def _sync_once(
+    root: Path,
+    kb: str,
+    sink: Sink,
+    manifest: Manifest,
+    progress: Callable[[str, int, int], None] | None,
+    workers: int | None,
+) -> SyncReport:
     cache = manifest.parse_cache()
     cached = set(cache)
     scan = VaultScan.of(root)
