@@ -136,17 +136,17 @@ def walk(root: Path, skipped: list[tuple[str, str]] | None = None) -> tuple[list
 # opened (ELOOP), only the real path it was checked to have
 _NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
 _OPEN_FLAGS: Final = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW
+_DIRECTORY: Final = getattr(os, "O_DIRECTORY", 0)
 
 
 def read_note(root: Path, real_root: str, path: str, limit: int) -> bytes | str:
-    """The bytes of note ``path`` (found by ``walk``, so no folder on the way is a symlink),
-    or why it is not read: a symlink whose real path leaves the vault, not a regular file, or
-    over ``limit`` bytes (never read whole). Only a symlink has its real path resolved and
-    checked: any other note is opened as it is, ``O_NOFOLLOW`` refusing a symlink."""
-    full = os.path.join(root, path)
-    fd = _open_unless_symlink(full)
+    """The bytes of note ``path`` (found by ``walk``), or why it is not read: a symlink whose
+    real path leaves the vault, not a regular file, or over ``limit`` bytes (never read
+    whole). Only a symlinked note has its real path resolved and checked; any other is opened
+    folder by folder (``_open_unless_symlink``)."""
+    fd = _open_unless_symlink(root, path)
     if fd is None:
-        real = os.path.realpath(full)
+        real = os.path.realpath(os.path.join(root, path))
         if os.path.commonpath([real, real_root]) != real_root:
             return "symlink to a file outside the vault: not read"
         fd = os.open(real, _OPEN_FLAGS)
@@ -164,16 +164,27 @@ def read_note(root: Path, real_root: str, path: str, limit: int) -> bytes | str:
         os.close(fd)
 
 
-def _open_unless_symlink(full: str) -> int | None:
-    """``full`` opened, or None when it is a symlink (or might be: no ``O_NOFOLLOW`` here)."""
+def _open_unless_symlink(root: Path, path: str) -> int | None:
+    """Note ``path`` opened from ``root`` one folder at a time, each with ``O_NOFOLLOW``: a
+    folder swapped for a symlink since the walk raises (``ELOOP``, the note is unreadable),
+    never followed. None when the note itself is a symlink (or might be: no ``O_NOFOLLOW``)."""
     if not _NOFOLLOW:
         return None
+    folder, _, name = path.rpartition("/")
+    dir_fd = os.open(root, os.O_RDONLY | _DIRECTORY)
     try:
-        return os.open(full, _OPEN_FLAGS)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return None
-        raise
+        for part in folder.split("/") if folder else ():
+            inner = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=dir_fd)
+            os.close(dir_fd)
+            dir_fd = inner
+        try:
+            return os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return None
+            raise
+    finally:
+        os.close(dir_fd)
 
 
 def _read_upto(fd: int, size: int, limit: int) -> bytes:
