@@ -29,6 +29,7 @@ AIM_S_PER_100K = 30.0
 CHILD = """
 import hashlib, json, resource, sys, time
 from pathlib import Path
+import kbgraph
 from kbgraph.store import Store
 from kbgraph.vault.manifest import Manifest
 from kbgraph.vault.sinks import LocalSink
@@ -45,15 +46,21 @@ with Store(work / "kb.db") as store:
     state = store.load().kbs["kb"].concepts
 digest = hashlib.sha256(repr([(c.id, c.title, c.text, c.links, c.tags) for c in state]).encode())
 print(json.dumps({"import_s": wall, "cpu_s": sum(u.ru_utime + u.ru_stime for u in usage),
-                  "notes": len(state), "state_sha256": digest.hexdigest()}))
+                  "notes": len(state), "state_sha256": digest.hexdigest(),
+                  "code": str(Path(kbgraph.__file__).resolve())}))
 """
 
 
 def run(checkout: Path, vault: Path) -> dict[str, Any]:
+    """One import by ``checkout``'s code: its own ``.venv``, else this interpreter run in the
+    checkout (``-c`` puts the working folder first on ``sys.path``, the workers inherit it)."""
+    venv = checkout / ".venv/bin/python"
+    python = str(venv) if venv.exists() else sys.executable
     with tempfile.TemporaryDirectory(prefix="kbgraph-vault-") as work:
-        return child_json(
-            [str(checkout / ".venv/bin/python"), "-c", CHILD, str(vault), work], checkout
-        )
+        result = child_json([python, "-c", CHILD, str(vault), work], checkout)
+    if not Path(result.pop("code")).is_relative_to(checkout.resolve()):
+        raise SystemExit(f"{checkout}: the import ran other code than the checkout's")
+    return result
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import pytest
 from kbgraph.store import Store
 from kbgraph.vault.command import run_command
 from kbgraph.vault.markdown import MAX_YAML_ALIASES, parse
-from kbgraph.vault.reader import note_fields, read_vault
+from kbgraph.vault.reader import VaultScan, note_fields, read_vault
 
 pytestmark = pytest.mark.slow
 
@@ -186,3 +186,22 @@ def test_sync_watch_survives_the_hostile_vault_appearing(tmp_path: Path) -> None
         stop.set()
         thread.join(HANG_GUARD)
     assert codes == [0]
+
+
+def test_a_folder_swapped_for_a_symlink_after_the_walk_is_not_followed(tmp_path: Path) -> None:
+    """The notes are read after the walk (seconds later in a large vault): a folder replaced
+    by a symlink out of the vault meanwhile is not followed, its notes are unreadable."""
+    vault, outside = tmp_path / "vault", tmp_path / "outside"
+    (vault / "sub").mkdir(parents=True)
+    (vault / "sub" / "note.md").write_text("inside\n")
+    (vault / "top.md").write_text("top\n")
+    outside.mkdir()
+    (outside / "note.md").write_text("SECRET outside the vault\n")
+    scan = VaultScan.of(vault)
+    (vault / "sub" / "note.md").unlink()
+    (vault / "sub").rmdir()
+    (vault / "sub").symlink_to(outside, target_is_directory=True)
+    states = list(scan.reads())
+    assert [state.id for state in states] == ["top"]
+    assert all("SECRET" not in state.data.text for state in states)
+    assert scan.out.unreadable == {"sub/note"}

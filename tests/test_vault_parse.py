@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbgraph.vault.markdown import LinkRef, parse
+from kbgraph.vault.markdown import LinkRef, _parser, parse
 from kbgraph.vault.reader import read_vault
 from kbgraph.vault.resolve import Resolver
 from tests.vault_files import write_vault
@@ -196,3 +196,22 @@ def test_nothing_inside_code_is_a_link_or_a_tag(code: str, inline: str) -> None:
     spans = "``" + inline.replace("`", "") + "``" if inline.strip("` ") else ""
     parsed = parse(f"Before.\n\n{fenced}\nText {spans} after.\n")
     assert parsed.links == [] and parsed.tags == []
+
+
+# pieces of markdown whose meaning depends on their neighbours: links, tags, entities, escapes,
+# emphasis, code, autolinks, HTML, tables, headings, lists, reference definitions
+_PIECES = [
+    "a", "b c", " ", "\n", "\n\n", "#", "#tag", "# ", "## ", "[", "]", "[[", "]]", "![[", "|",
+    "(", ")", "](x.md)", "[r]: /u\n", "[r]", "<", ">", "<http://e.org>", "<b>", "</b>", "&",
+    "&num;", "&#35;", "&#x23;", ";", "\\", "\\#", "*", "_", "~~", "`", "```\n", "- ", "1. ",
+    "> ", "    ", "---\n", "| a | b |\n|---|---|\n", "!", ":", "/", "x.png",
+]  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=40).map("".join))
+def test_inline_runs_skipped_hold_no_link_and_no_tag(source: str) -> None:
+    """The parser skips inline runs without ``[ < # &``: the links, tags and body it finds are
+    those of markdown-it parsing every inline run."""
+    full = _parser(every_inline=True)
+    assert parse(source) == parse(source, full)

@@ -17,6 +17,7 @@ from typing import Any, Final
 import msgspec
 import yaml
 from markdown_it import MarkdownIt
+from markdown_it.rules_core import StateCore
 from markdown_it.rules_inline import StateInline
 from markdown_it.token import Token
 from mdit_py_plugins.front_matter import front_matter_plugin
@@ -85,10 +86,33 @@ def _wikilink_rule(state: StateInline, silent: bool) -> bool:
     return True
 
 
-def _parser() -> MarkdownIt:
+# A character without which an inline run holds no link and no tag: ``[`` opens wikilinks,
+# links and images (``![``), ``<`` autolinks, ``#`` a tag (``\#`` too), ``&`` an entity that
+# may read ``#`` (``&num;``, ``&#35;``). Linkify (bare URLs) is off.
+_MAY_HOLD_LINK_OR_TAG: Final = re.compile(r"[\[<#&]")
+
+
+def _inline_rule(state: StateCore) -> None:
+    """markdown-it's core ``inline`` rule, skipping the inline runs that cannot hold a link or
+    a tag (their children stay empty): nothing read from a note comes from them, and a
+    heading or a paragraph of plain prose is parsed no further than its block."""
+    md = state.md
+    for token in state.tokens:
+        if token.type == "inline":
+            if token.children is None:
+                token.children = []
+            if _MAY_HOLD_LINK_OR_TAG.search(token.content):
+                md.inline.parse(token.content, md, state.env, token.children)
+
+
+def _parser(*, every_inline: bool = False) -> MarkdownIt:
+    """The parser of notes; ``every_inline`` parses every inline run (as markdown-it does,
+    for the tests to compare with)."""
     md = MarkdownIt("commonmark").enable("table").enable("strikethrough")
     md.use(front_matter_plugin)
     md.inline.ruler.before("link", "wikilink", _wikilink_rule)
+    if not every_inline:
+        md.core.ruler.at("inline", _inline_rule)
     return md
 
 
@@ -113,9 +137,9 @@ def load_front_matter(text: str) -> Any:
     return yaml.load(text, Loader=_SafeLoader)
 
 
-def parse(source: str) -> ParsedNote:
+def parse(source: str, parser: MarkdownIt = _MD) -> ParsedNote:
     """Parse one note. Never raises on bad markdown or YAML: problems are listed instead."""
-    tokens = _MD.parse(source)
+    tokens = parser.parse(source)
     note = ParsedNote(front_matter={}, body_start=0)
     if tokens and tokens[0].type == "front_matter":
         fm = tokens[0]

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import datetime
+import errno
 import hashlib
 import os
 import stat
@@ -131,30 +132,75 @@ def walk(root: Path, skipped: list[tuple[str, str]] | None = None) -> tuple[list
     return sorted(notes), sorted(files)
 
 
+# O_NONBLOCK: opening a named pipe must not wait for a writer; O_NOFOLLOW: a symlink is not
+# opened (ELOOP), only the real path it was checked to have
+_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+_OPEN_FLAGS: Final = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW
+_DIRECTORY: Final = getattr(os, "O_DIRECTORY", 0)
+
+
 def read_note(root: Path, real_root: str, path: str, limit: int) -> bytes | str:
-    """The bytes of note ``path``, or why it is not read: a symlink whose real path leaves
-    the vault, not a regular file, or over ``limit`` bytes (never read whole)."""
-    full = os.path.join(root, path)
-    real = os.path.realpath(full)
-    if os.path.commonpath([real, real_root]) != real_root:
-        return "symlink to a file outside the vault: not read"
-    # O_NONBLOCK: opening a named pipe must not wait for a writer; O_NOFOLLOW: the real path
-    # checked above is what is opened, not a link put in its place since
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(real, flags)
+    """The bytes of note ``path`` (found by ``walk``), or why it is not read: a symlink whose
+    real path leaves the vault, not a regular file, or over ``limit`` bytes (never read
+    whole). Only a symlinked note has its real path resolved and checked; any other is opened
+    folder by folder (``_open_unless_symlink``)."""
+    fd = _open_unless_symlink(root, path)
+    if fd is None:
+        real = os.path.realpath(os.path.join(root, path))
+        if os.path.commonpath([real, real_root]) != real_root:
+            return "symlink to a file outside the vault: not read"
+        fd = os.open(real, _OPEN_FLAGS)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return "not a regular file: not read"
         if info.st_size > limit:
             return f"over {limit} bytes: not read"
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            raw = handle.read(limit + 1)
+        raw = _read_upto(fd, info.st_size, limit)
         if len(raw) > limit:
             return f"over {limit} bytes: not read"
         return raw
     finally:
         os.close(fd)
+
+
+def _open_unless_symlink(root: Path, path: str) -> int | None:
+    """Note ``path`` opened from ``root`` one folder at a time, each with ``O_NOFOLLOW``: a
+    folder swapped for a symlink since the walk raises (``ELOOP``, the note is unreadable),
+    never followed. None when the note itself is a symlink (or might be: no ``O_NOFOLLOW``)."""
+    if not _NOFOLLOW:
+        return None
+    folder, _, name = path.rpartition("/")
+    dir_fd = os.open(root, os.O_RDONLY | _DIRECTORY)
+    try:
+        for part in folder.split("/") if folder else ():
+            inner = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=dir_fd)
+            os.close(dir_fd)
+            dir_fd = inner
+        try:
+            return os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return None
+            raise
+    finally:
+        os.close(dir_fd)
+
+
+def _read_upto(fd: int, size: int, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of ``fd``, asked for as the file's ``size`` and one more
+    byte (a file that grew since is read on): a buffer sized by ``limit`` (2 MiB) cost each
+    note far more than its reading."""
+    parts: list[bytes] = []
+    got, want = 0, size + 1
+    while got <= limit:
+        part = os.read(fd, min(want, limit + 1 - got))
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+        want = 1 << 16
+    return b"".join(parts)
 
 
 class NoteFields(msgspec.Struct, frozen=True, array_like=True):
