@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from kbgraph.columns import decode_strings
 from kbgraph.projection import KBProjection, Projections
+from kbgraph.projection import kb as kb_module
 from kbgraph.search import SearchIndex
 from kbgraph.search import index as search_index
 from kbgraph.store import Store, load
@@ -197,12 +198,20 @@ def by_id(kb: KBProjection) -> dict:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(history_event, max_size=16), st.integers(1, 4), st.lists(history_event, max_size=8))
-def test_a_build_from_the_store_equals_the_events_applied_one_by_one(steps, chunk, later) -> None:
+@given(
+    st.lists(history_event, max_size=16),
+    st.integers(1, 4),
+    st.lists(history_event, max_size=8),
+    st.sampled_from([0, kb_module.DICT_IDS]),
+)
+def test_a_build_from_the_store_equals_the_events_applied_one_by_one(
+    steps, chunk, later, dict_ids
+) -> None:
     """Random histories (deletes, re-creations, links to concepts that appear later, type
     changes, link events): a first build from the store's columns (in chunks of a few rows
     and documents) answers as the projection that applied every event as it came, and goes
-    on doing so as both follow more events (the build's encoded columns then changed)."""
+    on doing so as both follow more events (the build's encoded columns then changed); its
+    ids found by a dict or, as past ``DICT_IDS`` ids, by a ``KeyIndex``."""
     with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "kb.db") as store:
         live = Projections(store)
         live.load()
@@ -213,6 +222,7 @@ def test_a_build_from_the_store_equals_the_events_applied_one_by_one(steps, chun
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(load, "_FETCH_ROWS", chunk)
             patch.setattr(search_index, "BULK_CHUNK", chunk)
+            patch.setattr(kb_module, "DICT_IDS", dict_ids)
             built = Projections(store)
             built.load()
         a, b = live.get("kb"), built.get("kb")
