@@ -222,6 +222,9 @@ class Load:
     def _reader(self, k: int) -> None:
         body = msgspec.json.encode({"query": "alpha concept text", "limit": 5})
         rng = random.Random(k)
+        # acknowledged by one node, the KB's first delivery may not be applied yet by the node
+        # read (a 404 for a KB it does not know yet): wait for it there, as an agent would
+        headers = {**self.auth, "X-Min-Seq": "1"}
         with httpx.Client(timeout=WRITE_TIMEOUT) as client:
             while not self.stopping.is_set():
                 live = self.targets()
@@ -231,7 +234,7 @@ class Load:
                         answer = client.post(
                             f"{url}/v1/kbs/{self.kb}/tools/graph_context",
                             content=body,
-                            headers=self.auth,
+                            headers=headers,
                         )
                         self.reads.append(answer.status_code)
                 time.sleep(0.02)
