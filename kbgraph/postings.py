@@ -212,8 +212,6 @@ class Postings:
         over_key = np.array([k for _, ids in over for k in ids], np.int64)
         over_hits = np.array([self._added[k][u] for u, ids in over for k in ids], np.int64)
         held = np.flatnonzero(live[: len(self.base_live)]).tolist() + [u for u, _ in over]
-        node = np.concatenate([base_node, over_node, np.array(held, np.int64)])
-        key = np.concatenate([base_key, over_key, np.full(len(held), -1, np.int64)])
         node = np.concatenate([base_node, over_node])
         key = np.concatenate([base_key, over_key])
         hits = np.concatenate([base_hits, over_hits])
