@@ -53,6 +53,22 @@ def node_permissions(stream: str) -> dict[str, dict[str, list[str]]]:
     }
 
 
+def _usage(
+    *, digital_signature: bool = False, key_cert_sign: bool = False, crl_sign: bool = False
+) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=digital_signature,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=key_cert_sign,
+        crl_sign=crl_sign,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 class Tls:
     """A CA, one certificate for the servers (client and route connections) and one client
     certificate that nodes and the tests' administrator present."""
@@ -64,23 +80,11 @@ class Tls:
         self.client_cert, self.client_key = folder / "client.pem", folder / "client-key.pem"
         ca_key = ec.generate_private_key(ec.SECP256R1())
         ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kbgraph test CA")])
+        ca_id = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
         ca = (
-            self._builder(ca_name, ca_name, ca_key)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            self._builder(ca_name, ca_name, ca_key, ca_id)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(_usage(key_cert_sign=True, crl_sign=True), critical=True)
             .sign(ca_key, hashes.SHA256())
         )
         self.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
@@ -96,7 +100,9 @@ class Tls:
             own = ec.generate_private_key(ec.SECP256R1())
             subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
             signed = (
-                self._builder(subject, ca_name, own)
+                self._builder(subject, ca_name, own, ca_id)
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .add_extension(_usage(digital_signature=True), critical=True)
                 .add_extension(
                     x509.SubjectAlternativeName(
                         [
@@ -120,11 +126,20 @@ class Tls:
 
     @staticmethod
     def _builder(
-        subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey
+        subject: x509.Name,
+        issuer: x509.Name,
+        key: ec.EllipticCurvePrivateKey,
+        issuer_id: x509.SubjectKeyIdentifier,
     ) -> x509.CertificateBuilder:
+        """A certificate as a CA makes one: its own key's identifier and its issuer's (a
+        strict verifier, Python 3.13's default context, refuses a leaf without the latter)."""
         now = datetime.datetime.now(datetime.UTC)
         return (
             x509.CertificateBuilder()
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(issuer_id), False
+            )
             .subject_name(subject)
             .issuer_name(issuer)
             .public_key(key.public_key())
