@@ -33,6 +33,7 @@ from nats.js import api
 from tests.nats_security import Accounts, Tls
 
 STREAM = "kbgraph"
+CONNECT_SECONDS = 10.0  # an administrator's connection not open by then fails the test
 # every stream a test may use: each has a node user allowed that stream alone
 STREAMS = [STREAM, "t-two", "t-cut", "t-rules", "t-skip", "t-mac", "t-snap", "t-fault", "t-work"]
 
@@ -135,8 +136,15 @@ class NatsCluster:
 
     def wait_ready(self, timeout: float = 60.0, replicas: int = 3) -> None:
         """Until the cluster has a JetStream meta leader and the stream exists with
-        ``replicas`` (created here if missing), or AssertionError after ``timeout``."""
-        asyncio.run(_ensure_stream(self, replicas, timeout))
+        ``replicas`` (created here if missing), or AssertionError after ``timeout`` (held
+        even by an attempt that never returns), naming the last error seen."""
+        errors: list[BaseException] = []
+        try:
+            asyncio.run(asyncio.wait_for(_ensure_stream(self, replicas, errors), timeout))
+        except TimeoutError:
+            raise AssertionError(
+                f"JetStream cluster not ready in {timeout} s: {errors[-1:]!r}\n{self.log_tail()}"
+            ) from None
 
     def leader(self, stream: str = STREAM) -> int:
         """The index of the server leading ``stream`` (its raft group's leader)."""
@@ -177,14 +185,19 @@ class NatsCluster:
         return context
 
     async def connect(self, **options: Any) -> Any:
-        """An administrator's connection to the cluster (the tests' own reads and faults)."""
-        return await nats.connect(
-            servers=self.urls,
-            user="admin",
-            password=self.accounts.admin_password,
-            tls=self.tls_context(),
-            error_cb=_quiet,
-            **options,
+        """An administrator's connection to the cluster (the tests' own reads and faults),
+        open within ``CONNECT_SECONDS`` or TimeoutError (nats-py may retry, or hang after a
+        failed TLS handshake, for good)."""
+        options.setdefault("error_cb", _quiet)
+        return await asyncio.wait_for(
+            nats.connect(
+                servers=self.urls,
+                user="admin",
+                password=self.accounts.admin_password,
+                tls=self.tls_context(),
+                **options,
+            ),
+            CONNECT_SECONDS,
         )
 
     def log_tail(self) -> str:
@@ -196,13 +209,16 @@ class NatsCluster:
         return "\n".join(out)
 
 
-async def _ensure_stream(cluster: NatsCluster, replicas: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
+async def _ensure_stream(cluster: NatsCluster, replicas: int, errors: list[BaseException]) -> None:
+    """Try until the stream has a leader (the caller bounds it), each error into ``errors``."""
+
+    async def heard(exc: Exception) -> None:
+        errors.append(exc)
+
+    while True:
         nc = None
         try:
-            nc = await cluster.connect(connect_timeout=1, max_reconnect_attempts=2)
+            nc = await cluster.connect(connect_timeout=1, max_reconnect_attempts=2, error_cb=heard)
             js = nc.jetstream(timeout=2)
             try:
                 await js.stream_info(STREAM)
@@ -220,13 +236,13 @@ async def _ensure_stream(cluster: NatsCluster, replicas: int, timeout: float) ->
             if info.cluster is not None and info.cluster.leader:
                 return
         except Exception as exc:
-            last = exc
+            errors.append(exc)
         finally:
             if nc is not None:
                 with contextlib.suppress(Exception):
-                    await nc.close()
+                    await asyncio.wait_for(nc.close(), CONNECT_SECONDS)
+        del errors[:-1]  # the last alone is reported
         await asyncio.sleep(0.2)
-    raise AssertionError(f"JetStream cluster not ready in {timeout} s: {last!r}")
 
 
 async def _quiet(exc: Exception) -> None:

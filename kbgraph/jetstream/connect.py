@@ -3,6 +3,7 @@ with the decision rules its nodes share."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import ssl
@@ -20,6 +21,11 @@ log = logging.getLogger("kbgraph.jetstream")
 
 DUPLICATE_WINDOW_SECONDS: Final = 120.0  # JetStream drops a re-publish with the same Msg-Id
 RULES_KEY: Final = "kbgraph_decision_rules"  # stream metadata: what every node decides with
+OPEN_SECONDS: Final = 10.0  # a NATS connection not open by then fails, naming the last error
+
+
+class ConnectFailed(RuntimeError):
+    """No NATS connection: the message names why (TLS, the servers refusing or silent)."""
 
 
 class SecretMissing(RuntimeError):
@@ -123,7 +129,22 @@ async def connect(
     reconnect: bool = True,
 ) -> Any:
     """A NATS connection to the configured servers, with the configured credentials and TLS
-    (nats-py's own options)."""
+    (nats-py's own options), or ``ConnectFailed`` naming why, within ``OPEN_SECONDS``.
+
+    A TLS failure while opening (a certificate that does not verify, an expired one, a server
+    that speaks no TLS) fails at once: nats-py would retry, or hang for good closing the
+    connection whose TLS upgrade failed (its issue 718), and an unusable CA or certificate does
+    not mend itself within a connection attempt. The caller retries (a node) or reports it."""
+    said = error or _quiet
+    last: list[Exception] = []
+    tls_failed: asyncio.Future[ssl.SSLError] = asyncio.get_running_loop().create_future()
+
+    async def heard(exc: Exception) -> None:
+        last[:] = [exc]
+        if isinstance(exc, ssl.SSLError) and not tls_failed.done():
+            tls_failed.set_result(exc)
+        await said(exc)
+
     options: dict[str, Any] = {
         **security_options(config),
         "servers": list(config.servers),
@@ -133,13 +154,32 @@ async def connect(
         "max_reconnect_attempts": -1 if reconnect else 1,
         "reconnect_time_wait": 0.2,
         "connect_timeout": 2,
-        "error_cb": error or _quiet,
+        "error_cb": heard,
     }
     if disconnected is not None:
         options["disconnected_cb"] = disconnected
     if reconnected is not None:
         options["reconnected_cb"] = reconnected
-    return await nats.connect(**options)
+    opening = asyncio.ensure_future(nats.connect(**options))
+    try:
+        await asyncio.wait(
+            {opening, tls_failed}, timeout=OPEN_SECONDS, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        if not opening.done():
+            opening.cancel()
+            await asyncio.wait({opening}, timeout=1.0)  # its own cleanup, bounded too
+    if opening.done() and not opening.cancelled():
+        cause = opening.exception()
+        if cause is None:
+            return opening.result()
+        seen = last[0] if last else cause  # nats-py's NoServersError says no more
+        servers = ", ".join(config.servers)
+        raise ConnectFailed(f"no NATS server reachable ({servers}): {seen!r}") from cause
+    if tls_failed.done():
+        raise ConnectFailed(f"TLS with the NATS server failed: {tls_failed.result()}")
+    seen = f"{last[0]!r}" if last else "no answer"
+    raise ConnectFailed(f"NATS not connected within {OPEN_SECONDS:.0f} s: {seen}")
 
 
 async def ensure_stream(js: Any, config: LogConfig, rules: str) -> int:

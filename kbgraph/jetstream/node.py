@@ -16,7 +16,13 @@ from typing import Any, Final
 from kbgraph.config import LogConfig
 from kbgraph.events import Event
 from kbgraph.jetstream import snapshots
-from kbgraph.jetstream.connect import RulesDiffer, decision_rules, ensure_stream, signer
+from kbgraph.jetstream.connect import (
+    ConnectFailed,
+    RulesDiffer,
+    decision_rules,
+    ensure_stream,
+    signer,
+)
 from kbgraph.jetstream.follower import (
     ApplyFailed,
     Diverged,
@@ -33,6 +39,7 @@ APPLY_WAIT_SECONDS: Final = 30.0  # a published delivery not applied here by the
 NODE_ENV: Final = "KBGRAPH_NODE_ID"  # set by kbgraph serve: its start-up report's key
 REPORT_SECONDS: Final = 5.0  # this node's position to "<stream>-nodes" this often (it is live)
 WATCH_SECONDS: Final = 1.0  # the stream's leader asked this often whether it answers
+CLOSE_SECONDS: Final = 5.0  # a NATS connection not closed by then is left behind
 SILENT_SECONDS: Final = 4.0  # no answer from it for this long: /readyz says not ready
 
 
@@ -56,6 +63,7 @@ class JetStreamLog(Follower, Publisher):
         self.target: int | None = None  # the stream's last sequence when this node started
         self.connected = False
         self.error: str | None = "connecting to JetStream"
+        self.nats_error = ""  # the last error nats-py reported (named while reconnecting)
         self.failure: str | None = None  # why following fails, until a message applies
         self.stuck: Stuck | None = None  # the message that fails to apply here, if one does
         self._skips: dict[int, tuple[int, str]] = {}
@@ -100,7 +108,8 @@ class JetStreamLog(Follower, Publisher):
         if self.target is None:
             return self.error or "connecting to JetStream"
         if not self.connected:
-            return "disconnected from JetStream: reconnecting"
+            last = f" (last error: {self.nats_error})" if self.nats_error else ""
+            return f"disconnected from JetStream: reconnecting{last}"
         if self.failure is not None:
             return f"following stream {self.stream} fails: {self.failure}"
         if self.applied < self.target:
@@ -128,6 +137,7 @@ class JetStreamLog(Follower, Publisher):
     async def _connect(self) -> None:
         async def error(exc: Exception) -> None:  # nats-py retries; /readyz says why
             log.debug("nats: %r", exc)
+            self.nats_error = repr(exc)
             if "authorization" in str(exc).lower():  # kept: it says the most
                 self.error = f"JetStream refused this node's credentials: {exc}"
             elif self.target is None and "credentials" not in (self.error or ""):
@@ -163,10 +173,12 @@ class JetStreamLog(Follower, Publisher):
                 if isinstance(exc, RulesDiffer):
                     self.error = str(exc)
                 elif self.target is None:
-                    self.error = f"JetStream not reachable: {exc!r}"
+                    if "credentials" not in (self.error or ""):  # kept: it says the most
+                        cause = str(exc) if isinstance(exc, ConnectFailed) else repr(exc)
+                        self.error = f"JetStream not reachable: {cause}"
                     if self._nc is not None and not self._nc.is_connected:
                         with contextlib.suppress(Exception):
-                            await self._nc.close()
+                            await asyncio.wait_for(self._nc.close(), CLOSE_SECONDS)
                         self._nc = None
                 if not isinstance(exc, ApplyFailed):  # ApplyFailed was said once already
                     log.warning(
