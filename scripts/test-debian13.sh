@@ -1,28 +1,34 @@
 #!/usr/bin/env bash
 # The whole test suite on Debian 13 "trixie" (Python 3.13, SQLite 3.46): a debootstrap chroot
 # built from Debian's packages, the repository copied in, scripts/test.sh run there on the
-# chroot's own SQLite (the sqlean.py matrix is this machine's job: KBGRAPH_SQLITE_MATRIX=0).
-# Not part of .ci/run (building the chroot and installing the dependencies takes longer than
-# CI's budget allows); run it by hand, as root, before a release or after a platform change.
+# chroot's own Python and SQLite (the sqlean.py matrix is this machine's job). scripts/test.sh
+# calls it (so .ci/run does); alone, as root:
 #
-#   sudo bash scripts/test-debian13.sh [pytest args]
+#   bash scripts/test-debian13.sh [pytest args]
 #
-# The chroot is kept (DEBIAN13_ROOT, default /var/tmp/kbgraph-trixie) and reused by the next
-# run; delete it to start afresh. setup.sh installs chromium in the chroot (apt-get as root) so
-# the explorer's browser tests run there too; e2fsprogs (chattr) is part of the chroot so the
-# read-only-store tests run rather than skip.
+# The chroot is kept (DEBIAN13_ROOT, default /var/tmp/kbgraph-trixie) with its apt and pip
+# caches and its .venv, and reused by the next run: a fresh machine builds it (debootstrap,
+# then chromium and the Python packages), a later run only brings them up to date. Delete the
+# folder to start afresh. Everything comes from Debian's packages and PyPI: pip in the chroot
+# uses this machine's CA bundle, timeout and proxy settings, not its local wheel folders.
+# e2fsprogs (chattr) is part of the chroot so the read-only-store tests run rather than skip.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 ROOT="${DEBIAN13_ROOT:-/var/tmp/kbgraph-trixie}"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 [ "$(id -u)" = 0 ] || { echo "test-debian13: needs root (debootstrap, chroot)" >&2; exit 2; }
+started=$SECONDS
 if ! command -v debootstrap >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap
 fi
 if [ ! -x "$ROOT/usr/bin/python3" ]; then
     echo "test-debian13: building the trixie chroot in $ROOT" >&2
+    # a build cut short is started again (never across a file system still mounted there)
+    rm -rf --one-file-system "$ROOT"
     debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,e2fsprogs \
-        trixie "$ROOT" "$MIRROR"
+        trixie "$ROOT" "$MIRROR" >"$ROOT.debootstrap.log" 2>&1 \
+        || { tail -20 "$ROOT.debootstrap.log" >&2; exit 1; }
+    echo "test-debian13: chroot built in $((SECONDS - started)) s" >&2
 fi
 # The host's resolver and CA bundle (a proxying CA, if this machine has one) for apt and pip.
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
@@ -43,14 +49,22 @@ for fs in proc sys dev dev/pts dev/shm; do
         mounted+=("$ROOT/$fs")
     fi
 done
-# The working tree as it is (committed or not), without this machine's venv; the chroot's
-# own .venv and pip cache stay between runs.
+# The working tree as it is (committed or not), without this machine's venv, in place of the
+# last run's; the chroot's own .venv, pip cache and numba cache (NUMBA_CACHE_DIR) stay.
 mkdir -p "$ROOT/kbgraph"
+find "$ROOT/kbgraph" -mindepth 1 -maxdepth 1 ! -name .venv -exec rm -rf {} +
 tar -C "$REPO" --exclude=./.venv --exclude=./.git --exclude='*/__pycache__' -cf - . \
     | tar -C "$ROOT/kbgraph" -xf -
+# pip as this machine's is set up to reach PyPI (its CA bundle, its timeout, a proxy if any).
+forward=()
+for name in PIP_DEFAULT_TIMEOUT PIP_INDEX_URL http_proxy https_proxy no_proxy HTTP_PROXY \
+    HTTPS_PROXY NO_PROXY CI HYPOTHESIS_PROFILE; do
+    [ -z "${!name:-}" ] || forward+=("$name=${!name}")
+done
 chroot "$ROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
-    DEBIAN_FRONTEND=noninteractive KBGRAPH_SQLITE_MATRIX=0 \
+    DEBIAN_FRONTEND=noninteractive KBGRAPH_SQLITE_MATRIX=0 KBGRAPH_DEBIAN13=0 "${forward[@]}" \
+    NUMBA_CACHE_DIR=/var/cache/kbgraph-numba \
     bash -c 'cd /kbgraph && echo "== $(. /etc/os-release; echo "$PRETTY_NAME"), $(python3 --version)" >&2 && bash scripts/test.sh "$@"' \
     test-debian13 "$@"

@@ -1,26 +1,40 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: install, lint, then pytest (extra args go to pytest).
 # Hypothesis runs its deterministic "ci" profile here (tests/conftest.py): every run draws the
-# same examples, so the result never depends on chance or on an earlier run.
+# same examples, so the result never depends on chance or on an earlier run. Every test has a
+# deadline (pyproject.toml, pytest-timeout): one that hangs fails with its stack.
 #
-# Then the SQLite matrix: the store, ingest, crash and JetStream tests again on each SQLite
-# build of tests/sqlite_swap/builds.txt (sqlean.py wheels from PyPI, installed by setup.sh),
+# The whole suite runs on Debian 13 (Python 3.13, SQLite 3.46: the newest a stable
+# distribution gives), in the chroot scripts/test-debian13.sh builds and keeps (root and the
+# package registries needed); KBGRAPH_DEBIAN13=0 runs it on this machine's Python instead (the
+# default when not root).
+#
+# Then the SQLite matrix, on this machine's Python: the store, ingest, crash and JetStream tests
+# again on each SQLite build of tests/sqlite_swap/builds.txt (sqlean.py wheels from PyPI,
+# installed by setup.sh),
 # swapped in for the sqlite3 module by tests/sqlite_swap/sitecustomize.py in the test process
 # and every server it starts. Each run prints the SQLite it used (pytest's header) and
 # tests/test_sqlite_matrix.py asserts it. KBGRAPH_SQLITE_MATRIX=0 skips the matrix.
 # Every run goes on after a failed one; the script fails if any run failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+stage_start=$SECONDS
+took() {  # how long the stage just ended took (docs/getting-started.md lists them)
+    echo "== took $((SECONDS - stage_start)) s: $1" >&2
+    stage_start=$SECONDS
+}
 bash scripts/setup.sh
+took "setup (venv, packages)"
 .venv/bin/ruff check kbgraph tests loadtest
 .venv/bin/ruff format --check kbgraph tests loadtest
+took "lint"
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 MATRIX_TESTS=(
     tests/test_sqlite_matrix.py tests/test_store_json_text.py tests/test_store.py
     tests/test_ingest.py tests/test_ingest_hardening.py tests/test_crash.py
     tests/test_jetstream_unit.py
 )
-# Kept under .ci/run's 15 minutes: the whole JetStream cluster file (4 minutes a build) runs
+# Kept within .ci/run's budget: the whole JetStream cluster file (4 minutes a build) runs
 # once, on the machine's SQLite. On 3.45.1, the release whose JSONB reading halted clusters, a
 # three-node cluster takes writes and decides as one store, and snapshots trim the stream and
 # restore a fresh node (SQLite's backup API); every build runs the store, ingest, crash and
@@ -33,8 +47,16 @@ MATRIX_CLUSTER_TESTS=(
     "tests/test_jetstream.py::test_snapshots_trim_the_stream_and_a_fresh_node_starts_from_one"
 )
 failed=()
-echo "== the whole suite on the machine's SQLite" >&2
-.venv/bin/python -m pytest "$@" || failed+=("the whole suite (machine's SQLite)")
+debian13="${KBGRAPH_DEBIAN13:-$([ "$(id -u)" = 0 ] && echo 1 || echo 0)}"
+if [ "$debian13" != 0 ]; then
+    echo "== the whole suite on Debian 13 (scripts/test-debian13.sh)" >&2
+    bash scripts/test-debian13.sh "$@" || failed+=("the whole suite (Debian 13)")
+    took "the whole suite on Debian 13 (chroot, its packages, the suite)"
+else
+    echo "== the whole suite on $(.venv/bin/python --version), this machine's SQLite" >&2
+    .venv/bin/python -m pytest "$@" || failed+=("the whole suite (this machine)")
+    took "the whole suite"
+fi
 if [ "${KBGRAPH_SQLITE_MATRIX:-1}" != 0 ]; then
     while read -r build; do
         [ -n "$build" ] || continue
@@ -48,6 +70,7 @@ if [ "${KBGRAPH_SQLITE_MATRIX:-1}" != 0 ]; then
             PYTHONPATH="$PWD/tests/sqlite_swap${PYTHONPATH:+:$PYTHONPATH}" \
             .venv/bin/python -m pytest "${tests[@]}" -k "$MATRIX_SKIP" \
             || failed+=("SQLite $version")
+        took "SQLite $version"
     done < tests/sqlite_swap/builds.txt
 fi
 if [ ${#failed[@]} -gt 0 ]; then
