@@ -9,6 +9,7 @@ release the GIL) -> deterministic JSON bytes with ``X-KB-Seq``.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import time
@@ -49,6 +50,7 @@ CONFIG_ENV: Final = "KBGRAPH_CONFIG"
 TOOL_THREADS: Final = 2  # one per core: the kernels run in parallel, the Python parts share the GIL
 MAX_SEQ_DIGITS: Final = 19  # X-Min-Seq: plain decimal digits only
 _ADMIN: Final = TokenGrant(name="anonymous-admin", admin=True, rules={})
+log = logging.getLogger("kbgraph.api")
 
 REQUEST_SECONDS = Histogram(
     "kbgraph_request_seconds",
@@ -360,6 +362,8 @@ def create_app(config: Config) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        for door in config.open_doors():  # loud: a config taken as written may be a mistake
+            log.warning("door open: %s (served on loopback names only)", door)
         # Tools run here, off the event loop; the compiled kernels release the GIL.
         tool_threads = ToolThreads(TOOL_THREADS)
         app.state.tool_threads = tool_threads
@@ -454,7 +458,8 @@ def create_app(config: Config) -> Starlette:
     app.router.redirect_slashes = False  # its redirect would echo the Host header: 404 instead
     app.add_middleware(
         HostOriginCheck,
-        auth_off=not config.tokens,
+        reads_open=not config.tokens,
+        ingest_open=lambda kb: not config.webhooks.secrets_for(kb),
         allowed_origins=frozenset(config.server.allowed_origins),
     )
     app.state.config = config

@@ -30,7 +30,7 @@ from typing import Any, Final
 from kbgraph.config import Config, ConfigError, load_config
 from kbgraph.embeddings import make_embedder
 from kbgraph.graphalgo import vectors as vector_kernels
-from kbgraph.health import store_problem
+from kbgraph.health import store_folder_problem, store_problem
 
 CONFIG_ENV: Final = "KBGRAPH_CONFIG"  # read by kbgraph.api.app_from_env
 APP_FACTORY: Final = "kbgraph.cli:app_factory"
@@ -69,6 +69,19 @@ def auth_problem(config: Config, host: str) -> str | None:
     return (
         f"refusing to serve on non-loopback address {host!r} with authentication off: "
         f"{' and '.join(missing)}; configure both, or bind to 127.0.0.1"
+    )
+
+
+def unsigned_problem(config: Config) -> str | None:
+    """Why tokens beside unsigned deliveries must not start unless ``[webhooks] unsigned``
+    says they are meant: a locked read door beside an open write door is almost always a
+    forgotten secret, and anyone reaching the port could write what agents then read."""
+    if not config.tokens or config.webhooks.secrets or config.webhooks.unsigned:
+        return None
+    return (
+        "[[tokens]] are set but there is no webhook secret ([webhooks] secrets): every KB"
+        " without secrets of its own would take unsigned deliveries; set [webhooks] secrets,"
+        " or [webhooks] unsigned = true if that is meant"
     )
 
 
@@ -145,7 +158,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = _load(args.config)
     if config is None:
         return EXIT_USAGE
-    problem = auth_problem(config, args.host)
+    problem = auth_problem(config, args.host) or unsigned_problem(config)
+    problem = problem or store_folder_problem(config.store.path)
     if problem:
         return _fail(problem)
     if args.workers < 1:
@@ -369,7 +383,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return _fail("--size: expected at least 1")
     if config.log.kind == "jetstream":  # the demo seeds its store directly
         return _fail(f"config {config_path}: the demo runs on [log] kind = sqlite")
-    problem = store_problem(config.store.path)
+    problem = unsigned_problem(config) or store_problem(config.store.path)
     if problem:
         return _fail(problem)
     seq = seed_demo(config.store.path, args.size)

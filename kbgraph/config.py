@@ -10,6 +10,7 @@ path = "kbgraph.db"
 
 [webhooks]
 secrets = ["whsec_..."]          # every KB without secrets of its own
+# unsigned = true              # with tokens and no secrets above: unsigned deliveries, meant
 
 [webhooks.kbs.homelab]
 secrets = ["whsec_..."]          # only these sign deliveries to KB homelab
@@ -60,6 +61,8 @@ from kbgraph.access import Rule, RuleSet, canonical
 from kbgraph.names import is_kb_name
 
 DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
+# a token written in the config: shorter is guessable (a token_sha256 cannot be measured)
+MIN_TOKEN_CHARS: Final = 16
 _HEX64: Final = re.compile(r"[0-9a-fA-F]{64}")
 _MSGSPEC_AT: Final = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN: Final = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
@@ -95,6 +98,8 @@ class KBWebhooksConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class WebhooksConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     secrets: list[str] = []  # every KB without secrets of its own
     kbs: dict[str, KBWebhooksConfig] = {}
+    # no secret above beside [[tokens]]: `serve` refuses that unless this says it is meant
+    unsigned: bool = False
 
     def secrets_for(self, kb: str) -> list[str]:
         own = self.kbs.get(kb)
@@ -218,6 +223,20 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         """Both doors locked: signed webhooks (for every KB) and bearer tokens."""
         return bool(self.webhooks.secrets) and bool(self.tokens)
 
+    def open_doors(self) -> list[str]:
+        """What anyone who can reach the port may do without a credential, one line each."""
+        doors = []
+        if not self.tokens:
+            doors.append("no bearer token ([[tokens]]): every caller reads every KB as admin")
+        if not self.webhooks.secrets:
+            signed = ", ".join(sorted(self.webhooks.kbs))
+            but = f" but {signed}" if signed else ""
+            doors.append(
+                f"no webhook secret ([webhooks] secrets): unsigned deliveries write into every"
+                f" KB{but}"
+            )
+        return doors
+
     def token_index(self) -> dict[str, TokenGrant]:
         """Grants keyed by the sha256 hex of the token (compare hashes, never raw tokens)."""
         index: dict[str, TokenGrant] = {}
@@ -327,6 +346,11 @@ def _check(config: Config) -> None:
         raise ConfigError("store.path: empty")
     _check_log(config.log)
     _check_secrets(config.webhooks.secrets, "webhooks.secrets")
+    if config.webhooks.unsigned and config.webhooks.secrets:
+        raise ConfigError(
+            "webhooks.unsigned: true beside webhooks.secrets: deliveries are signed or not,"
+            " remove one"
+        )
     for kb, own in config.webhooks.kbs.items():
         if not is_kb_name(kb):
             raise ConfigError(
@@ -352,6 +376,12 @@ def _check(config: Config) -> None:
             # A caller's bearer token is stripped, so this one could never authenticate.
             raise ConfigError(
                 f"{where}.token: leading or trailing whitespace in the token of {token.name!r}"
+            )
+        if token.token is not None and 0 < len(token.token) < MIN_TOKEN_CHARS:
+            raise ConfigError(
+                f"{where}.token: {len(token.token)} characters, too short to be secret: a token"
+                f" needs at least {MIN_TOKEN_CHARS} (e.g. python -c 'import secrets;"
+                " print(secrets.token_urlsafe(32))')"
             )
         if token.token_sha256 is not None and not _HEX64.fullmatch(token.token_sha256):
             raise ConfigError(f"{where}.token_sha256: expected 64 hex digits (sha256 of the token)")

@@ -36,18 +36,29 @@ def describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def store_problem(path: str) -> str | None:
-    """None when the store at ``path`` opens for writing, else "store <path>: <cause>"."""
-    from kbgraph.store import Store
-
+def store_folder_problem(path: str) -> str | None:
+    """Why the store at ``path`` has no folder to live in, or None: kbgraph creates the store
+    file, never its folder (a mistyped path would quietly make a new, empty store)."""
     target = Path(path)
-    if target.is_dir():
-        return f"store {path}: is a directory"
     for folder in target.parents:
         if folder.exists():
             if not folder.is_dir():
                 return f"store {path}: {folder} is not a directory"
             break
+    if not target.parent.is_dir():
+        return f"store {path}: the folder {target.parent} does not exist (create it first)"
+    return None
+
+
+def store_problem(path: str) -> str | None:
+    """None when the store at ``path`` opens for writing, else "store <path>: <cause>"."""
+    from kbgraph.store import Store
+
+    if Path(path).is_dir():
+        return f"store {path}: is a directory"
+    problem = store_folder_problem(path)
+    if problem:
+        return problem
     try:
         Store(path).close()
     except (OSError, sqlite3.Error) as exc:

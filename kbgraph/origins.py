@@ -1,16 +1,19 @@
-"""``Host`` and ``Origin`` checks against DNS rebinding and cross-site requests (issue 28).
+"""``Host`` and ``Origin`` checks against DNS rebinding and cross-site requests (issues 28, 34).
 
 A web page a user opens may make their browser send requests to ``127.0.0.1``, or, after
 rebinding its own name to ``127.0.0.1``, to this service under the page's name. So:
 
-- **authentication off** (allowed on loopback only): every request's ``Host`` must name a
-  loopback host (``localhost``, ``127.0.0.1``, ``[::1]``, any port; a request without one, not
-  sent by a browser, passes), else ``421``; an ``Origin``, when sent, must be this same origin
+- **a request that needs no credential** (any request when there is no token; a delivery to a
+  KB no webhook secret applies to, whatever the tokens: an open door is open whatever the other
+  door does; such configurations are loopback only): its ``Host`` must name a loopback host
+  (``localhost``, ``127.0.0.1``, ``[::1]``, any port; a request without one, not sent by a
+  browser, passes), else ``421``; an ``Origin``, when sent, must be this same origin
   (``http://`` plus the request's own ``Host``) or one of ``[server] allowed_origins``, else
   ``403``.
-- **authentication on**: a browser never sends the bearer token by itself, so only the MCP
-  endpoint checks ``Origin`` (the MCP specification asks streamable HTTP servers to), the same
-  way; ``Host`` is whatever name the service is published under.
+- **a request that needs a credential**: a browser never sends a bearer token or a webhook
+  signature by itself, so only the MCP endpoint checks ``Origin`` (the MCP specification asks
+  streamable HTTP servers to), the same way; ``Host`` is whatever name the service is
+  published under.
 
 The MCP SDK's ``TransportSecuritySettings`` holds fixed host and origin lists and answers in
 plain text, for its own endpoint only: these checks cover the whole API, answer JSON like every
@@ -20,6 +23,7 @@ other refusal, and compare an ``Origin`` with the request's own ``Host``.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Final
 
 from starlette.datastructures import Headers
@@ -30,6 +34,7 @@ from kbgraph.ingest import error_response
 LOOPBACK_NAMES: Final = frozenset({"localhost", "127.0.0.1", "[::1]"})
 _HOST: Final = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]]+)(?::([0-9]{1,5}))?")
 MCP_PATH: Final = re.compile(r"/v1/kbs/[^/]+/mcp")
+EVENTS_PATH: Final = re.compile(r"/v1/kbs/([^/]+)/events")
 
 
 def is_loopback_host(host: str) -> bool:
@@ -53,9 +58,17 @@ def origin_problem(headers: Headers, allowed: frozenset[str]) -> str | None:
 class HostOriginCheck:
     """ASGI middleware: the checks above, before any route runs."""
 
-    def __init__(self, app: ASGIApp, auth_off: bool, allowed_origins: frozenset[str]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        reads_open: bool,
+        ingest_open: Callable[[str], bool],
+        allowed_origins: frozenset[str],
+    ) -> None:
+        """``reads_open``: no token; ``ingest_open(kb)``: no webhook secret applies to ``kb``."""
         self.app = app
-        self.auth_off = auth_off
+        self.reads_open = reads_open
+        self.ingest_open = ingest_open
         self.allowed = allowed_origins
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -68,12 +81,14 @@ class HostOriginCheck:
 
     def problem(self, scope: Scope) -> tuple[int, str] | None:
         headers = Headers(scope=scope)
-        if self.auth_off:
+        path = scope["path"]
+        events = EVENTS_PATH.fullmatch(path)
+        if self.reads_open or (events is not None and self.ingest_open(events[1])):
             host = headers.get("host")
             if host is not None and not is_loopback_host(host):
                 shown = host[:200]
                 return 421, f"Host {shown!r}: authentication is off, so only loopback names"
-        elif not MCP_PATH.fullmatch(scope["path"]):
+        elif not MCP_PATH.fullmatch(path):
             return None
         why = origin_problem(headers, self.allowed)
         return None if why is None else (403, why)

@@ -68,6 +68,15 @@ class ToolError(Exception):
         self.message = message
 
 
+ECHO_CHARS: Final = 200  # of a caller's value a refusal repeats (it could be a megabyte)
+
+
+def invalid_choice(field: str, value: str, expected: str) -> ToolError:
+    """``422 invalid <field> "<value>": expected <expected>``, the value cut to ECHO_CHARS."""
+    shown = value if len(value) <= ECHO_CHARS else value[:ECHO_CHARS] + "…"
+    return ToolError(422, f'invalid {field} "{shown}": expected {expected}')
+
+
 def clamp(value: int, default: int, low: int, high: int) -> int:
     """SPEC 3: absent or 0 takes the default, anything else is clamped into [low, high]."""
     return default if value == 0 else min(max(value, low), high)
@@ -201,7 +210,7 @@ def link_suggest(snap: Snapshot, view: View, req: LinkSuggestRequest) -> LinkSug
     retired candidates skipped before the limit."""
     method = "hybrid" if req.method is None else req.method
     if method not in METHODS:
-        raise ToolError(422, f'invalid method "{method}": expected hybrid or structure')
+        raise invalid_choice("method", method, "hybrid or structure")
     limit = clamp(req.limit, 5, 1, 20)
     node = visible_node(snap, view, req.id)
     if method == "hybrid":
@@ -283,7 +292,7 @@ def graph_path(snap: Snapshot, view: View, req: GraphPathRequest) -> GraphPathRe
     """The lexicographically smallest shortest chain between two concepts."""
     direction = "both" if req.direction is None else req.direction
     if direction not in ("out", "both"):
-        raise ToolError(422, f'invalid direction "{direction}": expected out or both')
+        raise invalid_choice("direction", direction, "out or both")
     max_hops = clamp(req.max_hops, 6, 1, 12)
     source = visible_node(snap, view, req.source)
     target = visible_node(snap, view, req.target)
@@ -308,7 +317,7 @@ def search(
     if mode is None:
         mode = retrieval.default_mode(snap)
     elif mode not in retrieval.MODES:
-        raise ToolError(422, f'invalid mode "{mode}": expected lexical, vector or hybrid')
+        raise invalid_choice("mode", mode, "lexical, vector or hybrid")
     try:
         ranked = retrieval.hits(snap, view, query, limit, mode)
     except retrieval.Unavailable as exc:

@@ -41,13 +41,13 @@ import httpx  # noqa: E402
 import msgspec  # noqa: E402
 
 from kbgraph.store import Store  # noqa: E402
-from loadtest.bench_ingest import SECRET, free_port, start_server, stop_server  # noqa: E402
+from loadtest.bench_ingest import ADMIN, SECRET, free_port, start_server, stop_server  # noqa: E402
 from loadtest.bench_projection import cid  # noqa: E402
 from loadtest.bench_restart import KB, fill  # noqa: E402
 from tests import webhook_client as wc  # noqa: E402
 
 LIVE = "live"
-AUTH = {"Authorization": "Bearer bench-admin"}
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
 AIMS = {"backup_s": 10.0}
 
 

@@ -44,6 +44,7 @@ import httpx  # noqa: E402
 from tests import webhook_client as wc  # noqa: E402
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+ADMIN = "bench-admin-token-local"
 AIM_SINGLE = 3_000.0  # issue 15
 AIM_EVENTS = 50_000.0
 BATCH = 500
@@ -69,7 +70,7 @@ def start_server(
     config = folder / "kbgraph.toml"
     config.write_text(
         f'[store]\npath = "bench.db"\n[webhooks]\nsecrets = ["{SECRET}"]\n'
-        '[[tokens]]\nname = "admin"\ntoken = "bench-admin"\nadmin = true\n' + extra_config
+        f'[[tokens]]\nname = "admin"\ntoken = "{ADMIN}"\nadmin = true\n' + extra_config
     )
     own = checkout / ".venv/bin/python"
     python = str(own) if checkout != ROOT and own.exists() else sys.executable

@@ -41,7 +41,7 @@ from loadtest.bench_ingest import (
 from tests import webhook_client as wc
 from tests.nats_cluster import STREAM, NatsCluster
 
-ADMIN = "bench-admin"
+ADMIN = "bench-admin-token-local"
 
 
 def start_node(folder: Path, port: int, cluster: NatsCluster) -> subprocess.Popen[bytes]:

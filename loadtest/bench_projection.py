@@ -82,7 +82,7 @@ WORDS = ("dns", "backup", "router", "cluster", "vpn", "certificate", "disk", "in
          "monitoring", "firewall")  # fmt: skip
 LINKS = 8
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-ADMIN = "bench-admin"
+ADMIN = "bench-admin-token-local"
 RSS = psutil.Process()
 
 

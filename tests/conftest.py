@@ -31,10 +31,10 @@ def pytest_report_header() -> str:
 
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-ADMIN = "admin-token"
-INFRA = "infra-token"  # homelab: collection infra only
-RUNBOOKS = "runbooks-token"  # homelab: type Runbook only
-OTHER = "other-token"  # a rule for another KB only
+ADMIN = "admin-token-of-the-tests"
+INFRA = "infra-token-of-the-tests"  # homelab: collection infra only
+RUNBOOKS = "runbooks-token-of-the-tests"  # homelab: type Runbook only
+OTHER = "other-token-of-the-tests"  # a rule for another KB only
 
 
 def write_config(folder: Path, extra: str = "", min_seq_wait: float = 1.0) -> Path:

@@ -405,7 +405,9 @@ def test_metrics_need_an_admin_or_metrics_token(service: Service) -> None:
     assert narrowed.status_code == 403
     assert narrowed.json() == {"error": "this token may not read /metrics: needs admin or metrics"}
     assert service.call(ADMIN, "GET", "/metrics").status_code == 200
-    scraper = parse_config('[[tokens]]\nname = "scraper"\ntoken = "s"\nmetrics = true\n')
+    scraper = parse_config(
+        '[[tokens]]\nname = "scraper"\ntoken = "scraper-token-of-tests"\nmetrics = true\n'
+    )
     (grant,) = scraper.token_index().values()
     assert (grant.metrics, grant.admin, grant.rules) == (True, False, {})  # sees no KB
 

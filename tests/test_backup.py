@@ -3,6 +3,7 @@ and a server started on it answers as the original did at the copy's seq (issue 
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -213,3 +214,111 @@ def test_a_corrupt_copy_is_refused(tmp_path: Path) -> None:
         backup(store_path, tmp_path / "copy.db")
     assert not (tmp_path / "copy.db").exists()
     assert not list(tmp_path.glob(".copy.db*"))
+
+
+# --- issue 34, cases 6 to 8: the temporary file, the store's own names, no replacing --------
+
+
+def _store(tmp_path: Path, mode: int = 0o600) -> Path:
+    store_path = tmp_path / "kb.db"
+    with Store(store_path) as store:
+        store.append(KB, [upsert("a"), upsert("b")])
+    store_path.chmod(mode)
+    return store_path
+
+
+def test_symlinks_planted_at_temporary_names_are_never_written_through(tmp_path: Path) -> None:
+    """The old temporary name was ``.DEST.<pid>.tmp``: symlinks planted there for the next
+    pids made the backup overwrite their target and left DEST a symlink."""
+    store_path = _store(tmp_path)
+    victim = tmp_path / "other-service.db"
+    with sqlite3.connect(victim) as conn:
+        conn.execute("CREATE TABLE theirs (x)")
+        conn.execute("INSERT INTO theirs VALUES ('their data')")
+    conn.close()
+    before = victim.read_bytes()
+    dest = tmp_path / "copy.db"
+
+    planted = [tmp_path / f".copy.db.{pid}.tmp" for pid in range(os.getpid() - 5, os.getpid() + 6)]
+    for link in planted:
+        link.symlink_to(victim)
+    done = backup(store_path, dest)
+    assert victim.read_bytes() == before
+    assert not dest.is_symlink() and dest.is_file() and done.path == dest
+    with Store(dest) as copy:
+        assert copy.kb_seq(KB) == 2
+    assert all(link.is_symlink() for link in planted)  # left alone, not followed
+
+
+def test_the_copy_has_the_store_permissions(tmp_path: Path) -> None:
+
+    for mode in (0o600, 0o640):
+        folder = tmp_path / oct(mode)
+        folder.mkdir()
+        store_path = _store(folder, mode)
+        old = os.umask(0o022)
+        try:
+            done = backup(store_path, folder / "copy.db")
+        finally:
+            os.umask(old)
+        assert done.path.stat().st_mode & 0o777 == mode
+
+
+@pytest.mark.parametrize("suffix", ["-journal", "-wal", "-shm", ".writelock"])
+def test_a_destination_named_like_the_stores_own_files_is_refused(
+    tmp_path: Path, suffix: str
+) -> None:
+    """SQLite deletes a ``-journal`` (or ``-wal``, ``-shm``) beside the store at its next
+    start: a backup there would vanish."""
+    store_path = _store(tmp_path)
+    dest = tmp_path / f"kb.db{suffix}"
+    dest.unlink(missing_ok=True)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(BackupError, match=f"is the store's own {suffix} file"):
+        backup(store_path, dest)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_the_last_step_never_replaces_a_destination_written_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two backups to one DEST at once: the one that places its copy first wins, the other
+    fails naming DEST and leaves the winner's copy alone (it replaced it before)."""
+    from kbgraph.store import backup as module
+
+    store_path = _store(tmp_path)
+    dest = tmp_path / "copy.db"
+    real_check = module.check
+    won: list[int] = []
+
+    def check_then_another_backup_wins(conn: sqlite3.Connection) -> tuple[int, dict[str, int]]:
+        result = real_check(conn)
+        if not won:  # the first backup's copy is checked: another backup finishes first
+            won.append(0)
+            won[0] = backup(store_path, dest).path.stat().st_ino
+        return result
+
+    monkeypatch.setattr(module, "check", check_then_another_backup_wins)
+    with pytest.raises(BackupError, match=f"{dest}: exists"):
+        backup(store_path, dest)
+    assert dest.stat().st_ino == won[0]
+    assert not list(tmp_path.glob(".copy.db*"))  # the loser's temporary files are gone
+
+
+def test_two_backup_commands_at_once_one_wins(tmp_path: Path) -> None:
+    store_path = _store(tmp_path)
+    config = tmp_path / "kbgraph.toml"
+    config.write_text(f'[store]\npath = "{store_path}"\n')
+    dest = tmp_path / "copy.db"
+    command = [sys.executable, "-m", "kbgraph", "backup", "--config", str(config), str(dest)]
+    procs = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = [(p.wait(timeout=120), *p.communicate(timeout=10)) for p in procs]
+    assert sorted(code for code, _, _ in results) == [0, 2], results
+    (failed,) = [err for code, _, err in results if code]
+    assert failed.startswith(f"kbgraph: backup: {dest}") and "exists" in failed
+    assert not list(tmp_path.glob(".copy.db*"))
+    with Store(dest) as copy:
+        assert copy.kb_seq(KB) == 2

@@ -28,7 +28,7 @@ min_seq_wait_seconds = 2.5
 
 [[tokens]]
 name = "admin"
-token = "secret-admin"
+token = "secret-admin-token-of-tests"
 admin = true
 
 [[tokens]]
@@ -50,7 +50,7 @@ def test_good_config(tmp_path: Path) -> None:
     assert config.server.max_body_bytes == 1000
     assert config.server.min_seq_wait_seconds == 2.5
     index = config.token_index()
-    admin = index[hashlib.sha256(b"secret-admin").hexdigest()]
+    admin = index[hashlib.sha256(b"secret-admin-token-of-tests").hexdigest()]
     assert (admin.name, admin.admin, admin.rules) == ("admin", True, {})
     ops = index[hashlib.sha256(b"ops").hexdigest()]
     assert ops.admin is False
@@ -71,7 +71,7 @@ def test_defaults() -> None:
     assert config.tokens == [] and config.webhooks.secrets == []
 
 
-TOKEN = 'name = "t"\ntoken = "x"\n'
+TOKEN = 'name = "t"\ntoken = "token-x-of-the-config-tests"\n'
 
 
 @pytest.mark.parametrize(

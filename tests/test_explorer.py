@@ -28,7 +28,7 @@ from tests.test_crash import SECRET, start_server, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-ADMIN, NARROW = "explorer-admin", "explorer-network"
+ADMIN, NARROW = "explorer-admin-token", "explorer-network-token"
 QUESTION = "how do I back up the photos from my phone"
 
 if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):

@@ -344,3 +344,33 @@ def test_http_checks_the_origin(served: Served) -> None:
     # the rest of the API, where a browser never sends the token by itself, is not checked
     api = served.http(INFRA, "GET", f"/v1/kbs/{KB}/status")
     assert api.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "field", "expected"),
+    [
+        ("search", {"query": "dns"}, "mode", "expected lexical, vector or hybrid"),
+        ("graph_path", {"source": "infra/dns", "target": "infra/router"}, "direction",
+         "expected out or both"),
+        ("link_suggest", {"id": "infra/dns"}, "method", "expected hybrid or structure"),
+    ],
+)  # fmt: skip
+def test_an_invalid_choice_is_cut_in_the_refusal(
+    served: Served, tool: str, arguments: dict, field: str, expected: str
+) -> None:
+    """Issue 34, case 10: a 15 KB ``mode`` was echoed whole over HTTP, 1 MB over MCP; cut to
+    200 characters as other refusals are."""
+    value = "x" * 500_000
+    message = f'invalid {field} "{"x" * 200}…": {expected}'
+
+    async def main() -> Any:
+        async with http_session(served, ADMIN) as session:
+            return await session.call_tool(tool, {**arguments, field: value})
+
+    result = run(main)
+    assert result.is_error and [c.text for c in result.content] == [message]
+    if tool == "search":
+        http = served.http(ADMIN, "GET", f"/v1/kbs/{KB}/search?q=dns&mode={'x' * 15_000}")
+    else:
+        http = served.http(ADMIN, "POST", f"/v1/kbs/{KB}/tools/{tool}", {**arguments, field: value})
+    assert http.status_code == 422 and http.json() == {"error": message}

@@ -4,22 +4,37 @@ The copy is SQLite's online backup (``sqlite3.Connection.backup``) of the whole 
 step: one read transaction on the source, so the copy is the store as of one commit (whole
 deliveries, the log and the state together) while the service goes on serving and writing
 (WAL: a reader never blocks the writer, and one step means a write cannot restart the copy).
-The copy is written under a temporary name beside DEST, switched to a single self-contained
-file (journal mode DELETE; a service opening it turns WAL on again), checked (``PRAGMA
-integrity_check``, the schema version, each KB's log end against its ``seq``), fsynced, then
-renamed to DEST and the folder fsynced: DEST is either the whole checked copy or absent.
+The copy is written in a private folder made beside DEST (``mkdtemp``: a new name, mode 0700,
+so nothing planted in DEST's folder, a symlink at a guessable name included, is written
+through, and SQLite's own journal of the copy lives there too), its file created exclusively
+without following links and with the store's permissions, switched to a single
+self-contained file (journal mode DELETE; a service opening it turns WAL on again), checked
+(``PRAGMA integrity_check``, the schema version, each KB's log end against its ``seq``),
+fsynced, then hard-linked to DEST, which never replaces a file there (two backups to one DEST:
+the first placed wins, the other fails naming DEST), and the folder fsynced: DEST is either the
+whole checked copy or absent. DEST named like one of the store's own files (``-journal``,
+``-wal``, ``-shm``, which SQLite deletes or rewrites, and the write lock) is refused.
 """
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import os
+import shutil
 import sqlite3
+import stat
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from kbgraph.store.schema import SCHEMA_VERSION
+
+# files SQLite and the store keep beside the store, named after it
+OWN_SUFFIXES: Final = ("-journal", "-wal", "-shm", ".writelock")
+# the copy's file, created exclusively (O_EXCL), never through a symlink (O_NOFOLLOW)
+_CREATE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
 
 
 class BackupError(Exception):
@@ -37,11 +52,14 @@ class Backup:
 
 def destination(source: Path, dest: Path) -> Path:
     """The file the copy goes to: DEST, or DEST/<store file name> when DEST is a folder.
-    ``BackupError`` when that is the store itself, exists already, or its folder is missing
-    or not writable."""
+    ``BackupError`` when that is the store itself or one of its own files, exists already, or
+    its folder is missing or not writable."""
     target = dest / source.name if dest.is_dir() else dest
     if target.resolve() == source.resolve():
         raise BackupError(f"{target} is the store itself")
+    for suffix in OWN_SUFFIXES:
+        if target.resolve() == Path(f"{source.resolve()}{suffix}"):
+            raise BackupError(f"{target} is the store's own {suffix} file: name another file")
     if target.exists() or target.is_symlink():
         raise BackupError(f"{target} exists: remove it or name another file")
     folder = target.parent
@@ -58,8 +76,15 @@ def backup(source: Path, dest: Path) -> Backup:
     if not source.is_file():
         raise BackupError(f"store {source}: no such file")
     target = destination(source, dest)
-    temporary = target.parent / f".{target.name}.{os.getpid()}.tmp"
+    folder = None
     try:
+        folder = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        temporary = folder / "copy.db"
+        fd = os.open(temporary, _CREATE, 0o600)
+        try:
+            os.fchmod(fd, stat.S_IMODE(os.stat(source).st_mode))
+        finally:
+            os.close(fd)
         src = sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
         try:
             copy = sqlite3.connect(temporary, isolation_level=None)
@@ -73,7 +98,7 @@ def backup(source: Path, dest: Path) -> Backup:
             src.close()
         with open(temporary, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(temporary, target)
+        place(temporary, target)
         fd = os.open(target.parent, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -84,10 +109,27 @@ def backup(source: Path, dest: Path) -> Backup:
     except OSError as exc:
         raise BackupError(f"{target}: {exc.strerror or exc}") from None
     finally:
-        for leftover in (temporary, Path(f"{temporary}-journal")):
-            with contextlib.suppress(FileNotFoundError):
-                leftover.unlink()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     return Backup(target, target.stat().st_size, gid, kbs, time.perf_counter() - start)
+
+
+def place(temporary: Path, target: Path) -> None:
+    """``temporary`` at ``target`` unless a file is there (``BackupError``, nothing replaced):
+    ``link`` never replaces, where ``rename`` would."""
+    try:
+        os.link(temporary, target, follow_symlinks=False)
+    except FileExistsError:
+        raise BackupError(
+            f"{target}: exists (written meanwhile, by another backup?): this copy was not placed"
+        ) from None
+    except OSError as exc:
+        if exc.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
+            raise BackupError(
+                f"{target}: its file system takes no hard link ({exc.strerror}), the one way"
+                " to place the copy without replacing a file: back up to another folder"
+            ) from None
+        raise
 
 
 def check(conn: sqlite3.Connection) -> tuple[int, dict[str, int]]:

@@ -72,7 +72,9 @@ def open_sink(args: argparse.Namespace) -> Sink | str:
             f"config {args.config}: [log] kind = jetstream: a node's store follows the stream;"
             " send with --url to a node instead"
         )
-    return LocalSink(config.store.path)
+    from kbgraph.health import store_folder_problem
+
+    return store_folder_problem(config.store.path) or LocalSink(config.store.path)
 
 
 def run_command(args: argparse.Namespace, stop_event: threading.Event | None = None) -> int:
