@@ -34,7 +34,13 @@ from tests.nats_security import Accounts, Tls
 
 STREAM = "kbgraph"
 # every stream a test may use: each has a node user allowed that stream alone
-STREAMS = [STREAM, "t-two", "t-cut", "t-rules", "t-skip", "t-mac", "t-snap", "t-fault", "t-work"]
+STREAMS = [
+    STREAM,
+    *("t-two", "t-cut", "t-rules", "t-skip", "t-mac", "t-snap", "t-fault", "t-work", "t-squat"),
+]
+# the administrator's own stream, made to see the cluster ready (a node's streams are its
+# own to create: it states its decision rules then, and may not change them after)
+PROBE = "ready-probe"
 
 
 def nats_server_binary() -> str:
@@ -134,8 +140,8 @@ class NatsCluster:
             self.kill(index)
 
     def wait_ready(self, timeout: float = 60.0, replicas: int = 3) -> None:
-        """Until the cluster has a JetStream meta leader and the stream exists with
-        ``replicas`` (created here if missing), or AssertionError after ``timeout``."""
+        """Until the cluster has a JetStream meta leader and a stream of ``replicas`` (the
+        ``PROBE``, created here if missing) has a leader, or AssertionError after ``timeout``."""
         asyncio.run(_ensure_stream(self, replicas, timeout))
 
     def leader(self, stream: str = STREAM) -> int:
@@ -205,18 +211,17 @@ async def _ensure_stream(cluster: NatsCluster, replicas: int, timeout: float) ->
             nc = await cluster.connect(connect_timeout=1, max_reconnect_attempts=2)
             js = nc.jetstream(timeout=2)
             try:
-                await js.stream_info(STREAM)
+                await js.stream_info(PROBE)
             except nats.js.errors.NotFoundError:
                 await js.add_stream(
                     api.StreamConfig(
-                        name=STREAM,
-                        subjects=[f"{STREAM}.*"],
+                        name=PROBE,
+                        subjects=[PROBE],
                         num_replicas=replicas,
-                        storage=api.StorageType.FILE,
-                        duplicate_window=120.0,
+                        storage=api.StorageType.MEMORY,
                     )
                 )
-            info = await js.stream_info(STREAM)
+            info = await js.stream_info(PROBE)
             if info.cluster is not None and info.cluster.leader:
                 return
         except Exception as exc:
