@@ -1,4 +1,5 @@
-"""The publisher believes a duplicate acknowledgement only for its own message.
+"""The publisher believes a duplicate acknowledgement only for its own message, and the follower
+settles a waiting delivery only with its own message.
 
 JetStream answers a message whose ``Nats-Msg-Id`` it already holds with the first one's
 sequence and ``duplicate``. A stand-in for nats-py's JetStream context plays a stream where
@@ -8,6 +9,7 @@ one where the publisher's own earlier attempt got in (its acknowledgement lost).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 
 from kbgraph.config import LogConfig
 from kbgraph.jetstream import wire
-from kbgraph.jetstream.follower import LogUnavailable
+from kbgraph.jetstream.follower import Follower, LogUnavailable
 from kbgraph.jetstream.publisher import PUBLISH_ATTEMPTS, Publisher
 from tests.kb_events import upsert
 
@@ -133,3 +135,32 @@ def test_msg_ids_are_random_and_long() -> None:
     ids = {pub.new_msg_id() for _ in range(1000)}
     assert len(ids) == 1000
     assert all(len(msg_id.rpartition("-")[2]) == 32 for msg_id in ids)
+
+
+class Awaiting(Follower):
+    """A follower with one delivery awaiting its message (a subclass: its owner sets these)."""
+
+    def __init__(self, msg_id: str, mac: str) -> None:
+        self._waiters = {msg_id: (mac, concurrent.futures.Future())}  # type: ignore[dict-item]
+
+    def awaited(self, headers: dict[str, str]) -> str | None:
+        return self._awaited(SimpleNamespace(headers=headers))  # type: ignore[arg-type]
+
+
+def test_only_the_awaited_id_with_the_deliverys_own_mac_settles_it() -> None:
+    """Another's message under the awaited id (unsigned, a wrong MAC, another delivery's valid
+    MAC) settles nothing: its position is noted, the delivery waits for its own message."""
+    pub = StandIn(Stream({}))
+    subject, payload, headers = pub.delivery()
+    mine = dict(headers, **{wire.MSG_ID: "node-abc-1"})
+    follower = Awaiting("node-abc-1", mine[wire.MAC])
+    assert follower.awaited(mine) == "node-abc-1"
+    other: dict[str, str] = {}
+    pub.signer.sign(subject, payload + b"x", other)  # a valid MAC, of another payload
+    for forged in (
+        {wire.MSG_ID: "node-abc-1"},
+        {wire.MSG_ID: "node-abc-1", wire.MAC: "0" * 64},
+        {wire.MSG_ID: "node-abc-1", wire.MAC: other[wire.MAC]},
+        {wire.MSG_ID: "node-abc-2", wire.MAC: mine[wire.MAC]},
+    ):
+        assert follower.awaited(forged) is None
