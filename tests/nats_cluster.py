@@ -35,7 +35,13 @@ from tests.nats_security import Accounts, Tls
 STREAM = "kbgraph"
 CONNECT_SECONDS = 10.0  # an administrator's connection not open by then fails the test
 # every stream a test may use: each has a node user allowed that stream alone
-STREAMS = [STREAM, "t-two", "t-cut", "t-rules", "t-skip", "t-mac", "t-snap", "t-fault", "t-work"]
+STREAMS = [
+    STREAM,
+    *("t-two", "t-cut", "t-rules", "t-skip", "t-mac", "t-snap", "t-fault", "t-work", "t-squat"),
+]
+# the administrator's own stream, made to see the cluster ready (a node's streams are its
+# own to create: it states its decision rules then, and may not change them after)
+PROBE = "ready-probe"
 
 
 def nats_server_binary() -> str:
@@ -135,9 +141,9 @@ class NatsCluster:
             self.kill(index)
 
     def wait_ready(self, timeout: float = 60.0, replicas: int = 3) -> None:
-        """Until the cluster has a JetStream meta leader and the stream exists with
-        ``replicas`` (created here if missing), or AssertionError after ``timeout`` (held
-        even by an attempt that never returns), naming the last error seen."""
+        """Until the cluster has a JetStream meta leader and a stream of ``replicas`` (the
+        ``PROBE``, created here if missing) has a leader, or AssertionError after ``timeout``
+        (held even by an attempt that never returns), naming the last error seen."""
         errors: list[BaseException] = []
         try:
             asyncio.run(asyncio.wait_for(_ensure_stream(self, replicas, errors), timeout))
@@ -210,7 +216,7 @@ class NatsCluster:
 
 
 async def _ensure_stream(cluster: NatsCluster, replicas: int, errors: list[BaseException]) -> None:
-    """Try until the stream has a leader (the caller bounds it), each error into ``errors``."""
+    """Try until the probe stream has a leader (the caller bounds it), each error into ``errors``."""
 
     async def heard(exc: Exception) -> None:
         errors.append(exc)
@@ -221,18 +227,17 @@ async def _ensure_stream(cluster: NatsCluster, replicas: int, errors: list[BaseE
             nc = await cluster.connect(connect_timeout=1, max_reconnect_attempts=2, error_cb=heard)
             js = nc.jetstream(timeout=2)
             try:
-                await js.stream_info(STREAM)
+                await js.stream_info(PROBE)
             except nats.js.errors.NotFoundError:
                 await js.add_stream(
                     api.StreamConfig(
-                        name=STREAM,
-                        subjects=[f"{STREAM}.*"],
+                        name=PROBE,
+                        subjects=[PROBE],
                         num_replicas=replicas,
-                        storage=api.StorageType.FILE,
-                        duplicate_window=120.0,
+                        storage=api.StorageType.MEMORY,
                     )
                 )
-            info = await js.stream_info(STREAM)
+            info = await js.stream_info(PROBE)
             if info.cluster is not None and info.cluster.leader:
                 return
         except Exception as exc:

@@ -1,6 +1,7 @@
 """The tests' NATS runs as a team would run it: TLS with client certificates (a CA made here
 with ``cryptography``), accounts, and for each stream a node user whose permissions are that
-stream's subjects and JetStream API, nothing else (the list ``docs/incoming/25.md`` gives)."""
+stream's subjects and the JetStream API calls a node makes, nothing else (no stream config
+update or deletion: ``docs/operations.md`` gives the list)."""
 
 from __future__ import annotations
 
@@ -25,21 +26,27 @@ def node_permissions(stream: str) -> dict[str, dict[str, list[str]]]:
                 f"{stream}.*",  # deliveries (and, for the admin command, decisions)
                 f"{api}.STREAM.INFO.{stream}",
                 f"{api}.STREAM.CREATE.{stream}",  # the first node creates the stream
-                f"{api}.STREAM.UPDATE.{stream}",  # and states its decision rules
                 f"{api}.STREAM.MSG.GET.{stream}",
                 f"{api}.CONSUMER.CREATE.{stream}",
                 f"{api}.CONSUMER.CREATE.{stream}.>",
                 f"{api}.CONSUMER.DELETE.{stream}.*",
                 f"$JS.FC.{stream}.>",  # flow control replies of its push consumer
                 f"{api}.STREAM.PURGE.{stream}",  # trimming below the snapshots
-                # the snapshots' object store and the live nodes' positions: these two alone
+                # the snapshots' object store and the live nodes' positions: these two alone,
+                # made, read, written and trimmed (never updated or deleted)
                 *[
-                    subject
+                    f"{api}.{call}.{bucket}{tail}"
                     for bucket in (f"OBJ_{stream}-snapshots", f"KV_{stream}-nodes")
-                    for subject in (
-                        f"{api}.*.*.{bucket}",
-                        f"{api}.*.*.{bucket}.>",
-                        f"{api}.STREAM.MSG.GET.{bucket}",
+                    for call, tail in (
+                        ("STREAM.INFO", ""),
+                        ("STREAM.CREATE", ""),
+                        ("STREAM.PURGE", ""),
+                        ("STREAM.MSG.GET", ""),
+                        ("DIRECT.GET", ""),
+                        ("DIRECT.GET", ".>"),
+                        ("CONSUMER.CREATE", ""),
+                        ("CONSUMER.CREATE", ".>"),
+                        ("CONSUMER.DELETE", ".*"),
                     )
                 ],
                 f"{api}.STREAM.NAMES",  # nats-py finds the object store's stream by subject

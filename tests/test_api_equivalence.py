@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,3 +142,44 @@ def test_narrowed_equals_hidden_never_written(
         if path == "status":
             expected = expected.replace(ref_kb.encode(), full_kb.encode())
         assert narrowed.content == expected, (path, body)
+
+
+TIED = 4200  # identical visible notes: more than the vector search's shortlist holds
+
+
+def test_ties_and_the_shortlist_cut_do_not_follow_hidden_concepts(shared_service: Service) -> None:
+    """Thousands of visible notes with one text (their vectors, codes and scores all tie), and
+    as many hidden ones, written first, each linking to a visible note not yet written, in
+    reverse id order: they intern the visible notes in that reverse order. Vector, hybrid and
+    graph_context answers to a narrowed token must still be the never-written KB's, byte for
+    byte (ties and the shortlist's cut-off fall by id, never by interning row)."""
+    service = shared_service
+    n = next(_counter)
+    full_kb, ref_kb, token = f"full-{n}", f"ref-{n}", f"narrow-{n}"
+    rules = canonical([Rule(frozenset({"pub"}), frozenset())])
+    service.app.state.tokens[hashlib.sha256(token.encode()).hexdigest()] = TokenGrant(
+        name=token, admin=False, rules={full_kb: rules}
+    )
+    text = "dns router backup owner"
+    notes = [upsert(f"pub/v{i:05d}", title="router notes", text=text) for i in range(TIED)]
+    hidden = [upsert(f"sec/h{i:05d}", links=[f"pub/v{TIED - 1 - i:05d}"]) for i in range(TIED)]
+    service.write(full_kb, hidden)
+    full_seq = service.write(full_kb, notes)
+    ref_seq = service.write(ref_kb, notes)
+    for kb, seq in ((full_kb, full_seq), (ref_kb, ref_seq)):  # thousands of vectors to make
+        deadline = time.monotonic() + 600
+        while service.call(ADMIN, "GET", f"/v1/kbs/{kb}/status", seq).status_code != 200:
+            assert time.monotonic() < deadline, f"{kb} not at seq {seq} in time"
+    calls: list[tuple[str, str, dict | None]] = []
+    for query in ("router", "dns backup"):
+        for mode in ("vector", "hybrid"):
+            for limit in (5, 50):
+                calls.append(("GET", f"search?q={query}&limit={limit}&mode={mode}", None))
+        calls.append(("POST", "tools/graph_context", {"query": query, "limit": 10}))
+        calls.append(("POST", "tools/graph_context", {"query": query, "limit": 30}))
+    for method, path, body in calls:
+        narrowed = service.call(token, method, f"/v1/kbs/{full_kb}/{path}", full_seq, json=body)
+        reference = service.call(ADMIN, method, f"/v1/kbs/{ref_kb}/{path}", ref_seq, json=body)
+        assert reference.status_code == 200, (path, body, reference.text)
+        assert narrowed.status_code == 200, (path, body, narrowed.text)
+        assert narrowed.content == reference.content, (path, body)

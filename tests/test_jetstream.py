@@ -952,7 +952,8 @@ def test_snapshots_trim_the_stream_and_a_fresh_node_starts_from_one(
 
 
 def publishers(cluster: NatsCluster, stream: str) -> dict[str, str]:
-    """webhook-id -> the process that published its delivery (``Nats-Msg-Id`` less its count)."""
+    """webhook-id -> the process that published its delivery (``Nats-Msg-Id`` less its last,
+    random, part)."""
 
     async def read() -> dict[str, str]:
         nc = await cluster.connect()

@@ -223,7 +223,7 @@ def test_a_publish_in_process_is_asked_again_not_refused() -> None:
         nats.js.errors.APIError(
             code=409, err_code=10158, description="duplicate message id is in process"
         ),
-        SimpleNamespace(seq=41),
+        SimpleNamespace(seq=41, duplicate=None),
     ]
     sent: list[dict[str, str]] = []
 
@@ -240,5 +240,6 @@ def test_a_publish_in_process_is_asked_again_not_refused() -> None:
         answered_at=0.0,
     )
     headers = {"Nats-Msg-Id": "node-7"}
-    seq = asyncio.run(JetStreamLog._publish(node, "t-fault.kb", b"x", headers))  # type: ignore[arg-type]
-    assert seq == 41 and sent == [headers, headers] and node.answered_at > 0
+    deadline = time.monotonic() + 5.0
+    answer = asyncio.run(JetStreamLog._publish_once(node, "t-fault.kb", b"x", headers, deadline))  # type: ignore[arg-type]
+    assert answer == (41, False) and sent == [headers, headers] and node.answered_at > 0

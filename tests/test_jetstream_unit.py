@@ -3,6 +3,7 @@ store's side (``Store.submit_from_log``: positions in order, decisions timed by 
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import fcntl
 import ssl
@@ -11,15 +12,18 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import msgspec
+import nats.errors
 import pytest
 from prometheus_client import REGISTRY, generate_latest
 
 from kbgraph import cli
-from kbgraph.config import ConfigError, parse_config
+from kbgraph.config import ConfigError, LogConfig, parse_config
 from kbgraph.jetstream import applier, decode_delivery, encode_delivery, follower
 from kbgraph.jetstream.applier import ApplierProbe
+from kbgraph.jetstream.connect import RULES_KEY, RulesDiffer, ensure_stream
 from kbgraph.jetstream.wire import NotPublishable, pack, unpack
 from kbgraph.store import DeliveryResult, ReplayRefused, Store, WebhookMessage, positions
 from kbgraph.store.group import GroupWriter
@@ -403,3 +407,22 @@ def test_secrets_come_from_files_and_variables_into_nats_py_options(
     assert other.valid("s.kb", b"payload", headers)  # the same secret: the same MAC
     assert not one.valid("s.kb", b"payloaD", headers) and not one.valid("s.kc", b"payload", headers)
     assert not one.valid("s.kb", b"payload", {})
+
+
+def test_a_stream_without_rules_a_node_may_not_update_says_how_to_state_them() -> None:
+    """A node's NATS user is not allowed ``STREAM.UPDATE`` (it could change the rules): on a
+    stream made by other means without them, the node follows nothing and names the value."""
+
+    class NoUpdate:
+        async def stream_info(self, stream: str):
+            return SimpleNamespace(
+                config=SimpleNamespace(metadata=None, num_replicas=3),
+                state=SimpleNamespace(last_seq=0),
+            )
+
+        async def update_stream(self, config):
+            raise nats.errors.TimeoutError  # what a permissions violation looks like here
+
+    config = LogConfig(kind="jetstream", stream="made-elsewhere")
+    with pytest.raises(RulesDiffer, match=f"{RULES_KEY} to 'max_kbs=1'"):
+        asyncio.run(ensure_stream(NoUpdate(), config, "max_kbs=1"))

@@ -8,7 +8,9 @@ that is 256 + 4 + 16 = 276 bytes a concept, 276 MB at a million.
 
 ``nearest`` scans the codes of exactly the rows whose ``mask`` byte is set (the caller passes
 the visible concepts that have a vector), keeps the ``shortlist`` rows with the smallest
-Hamming distance to the query's code (ties by row), re-ranks those by the int8 dot product with
+Hamming distance to the query's code (and every row tied with the farthest of them: a cut by
+row would depend on interning order, which a hidden concept moves by linking to a visible one
+before it is written), re-ranks those by the int8 dot product with
 the query (in 16 bits: integer sums, exact and alike on every CPU), and returns them best
 first. A row outside the mask is never read, so no hidden vector can decide (or be pushed out
 of) a visible answer; with at most ``shortlist`` rows in the mask the answer equals a full
@@ -77,27 +79,22 @@ def _shortlist(codes, mask, query, shortlist):  # pragma: no cover - compiled
             hist[d] += 1
         else:
             dist[u] = -1
-    # The largest distance t kept: rows closer than t all, rows at t by row until full.
+    # The smallest distance t within which at least ``shortlist`` rows lie: every row at
+    # most t away is kept, those tied at t included (taking some of them would take them by
+    # row, and rows are interning order, which hidden concepts move).
     total = 0
     t = 0
-    while t <= bits and total + hist[t] < shortlist:
+    while t < bits and total + hist[t] < shortlist:
         total += hist[t]
         t += 1
-    room = shortlist - total
-    out = np.empty(min(shortlist, total + (hist[t] if t <= bits else 0)), np.int64)
+    out = np.empty(total + hist[t], np.int64)
     k = 0
     for u in range(n):
         d = dist[u]
-        if d < 0:
-            continue
-        if d < t:
+        if 0 <= d <= t:
             out[k] = u
             k += 1
-        elif d == t and room > 0:
-            out[k] = u
-            k += 1
-            room -= 1
-    return out[:k]
+    return out
 
 
 @nb.njit(cache=True, nogil=True)

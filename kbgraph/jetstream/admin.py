@@ -62,9 +62,21 @@ async def skip(config: LogConfig, position: int, reason: str) -> int:
                     )
             after = int(found.seq) + 1
         payload = wire.encode_decision(wire.Skip(position, reason))
-        headers = {wire.MSG_ID: f"skip-{position}"}
+        headers: dict[str, str] = {}
         signing.sign(subject, payload, headers)
+        # the id is the MAC's: a retried command publishes nothing new, and nobody without
+        # the cluster secret can store a message under it first
+        headers[wire.MSG_ID] = f"skip-{position}-{headers[wire.MAC][:32]}"
         ack = await js.publish(subject, payload, headers=headers)
+        if ack.duplicate:
+            stored = await js.get_msg(stream, int(ack.seq))
+            if (stored.data or b"") != payload or not signing.valid(
+                subject, stored.data or b"", stored.headers or {}
+            ):
+                raise DecisionRefused(
+                    f"the stream answered with the message at {ack.seq}, not this decision:"
+                    " not recorded, run the command again"
+                )
         return int(ack.seq)
     finally:
         with contextlib.suppress(Exception):

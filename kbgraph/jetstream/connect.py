@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
 import nats
+import nats.errors
 import nats.js.errors
 from nats.js import api
 
@@ -205,7 +206,14 @@ async def ensure_stream(js: Any, config: LogConfig, rules: str) -> int:
     stated = (info.config.metadata or {}).get(RULES_KEY)
     if stated is None:  # a stream made by other means, or before the rules were stated
         info.config.metadata = {**(info.config.metadata or {}), RULES_KEY: rules}
-        info = await js.update_stream(info.config)
+        try:  # a node's NATS user need not (should not) be allowed to change the stream
+            info = await js.update_stream(info.config)
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
+            raise RulesDiffer(
+                f"stream {stream} states no decision rules and this node may not state them"
+                f" ({exc!r}): create the stream by starting a node (it states them), or set"
+                f" the stream's metadata {RULES_KEY} to {rules!r} as its administrator"
+            ) from None
         stated = (info.config.metadata or {}).get(RULES_KEY)
     if stated != rules:
         raise RulesDiffer(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 from collections.abc import Callable
 from typing import Any, Final
@@ -54,6 +55,18 @@ NOTED = Counter(
     ["stream", "kind"],
 )
 STREAM_METRICS: Final = (POSITION, FAILING, FAILURES, NOTED)
+
+
+def count_notes(store: Store, stream: str) -> None:
+    """Set ``NOTED`` from the notes ``store`` holds for ``stream``: the counts a restarted
+    node shows are those of its store, as the notes are."""
+    counts: dict[str, int] = {}
+    for _, kind, _ in store.stream_notes(stream):
+        counts[kind] = counts.get(kind, 0) + 1
+    for kind, count in counts.items():
+        with contextlib.suppress(KeyError):
+            NOTED.remove(stream, kind)
+        NOTED.labels(stream, kind).inc(count)
 
 
 class _Collectors:
@@ -115,7 +128,7 @@ class Follower:
     on_applied: Callable[[], None]
     _nc: Any
     _js: Any
-    _waiters: dict[str, asyncio.Future[DeliveryResult]]
+    _waiters: dict[str, tuple[str, asyncio.Future[DeliveryResult]]]  # Msg-Id -> (MAC, its)
     _skips: dict[int, tuple[int, str]]  # position -> (the decision's position, its reason)
     _refusals: dict[int, Exception]  # what the sender of a skipped delivery hears
     skipped_messages: set[WebhookMessage]  # the signed messages of skipped deliveries
@@ -259,7 +272,7 @@ class Follower:
                         await done
                 self.applied = await asyncio.to_thread(self.store.log_position, self.stream)
                 raise
-            submitted.append((seq, (msg.headers or {}).get(wire.MSG_ID), future))
+            submitted.append((seq, self._awaited(msg), future))
         failed: BaseException | None = None
         for seq, msg_id, future in submitted:
             if failed is not None:  # after a failure: only consume the rest's outcomes
@@ -274,7 +287,7 @@ class Follower:
                     continue
             self.applied = seq
             refusal = self._refusals.pop(seq, None)
-            waiter = self._waiters.pop(msg_id, None) if msg_id else None
+            waiter = self._waiter(msg_id)
             if waiter is not None and not waiter.done():
                 exc = refusal or future.exception()
                 if exc is not None:
@@ -289,7 +302,7 @@ class Follower:
             self._failed(failed)
             culprit = failed.seq if isinstance(failed, MessageFailed) else None
             for seq, msg_id, _ in submitted:  # its sender hears it now, not after a time-out
-                waiter = self._waiters.pop(msg_id, None) if seq == culprit and msg_id else None
+                waiter = self._waiter(msg_id) if seq == culprit else None
                 if waiter is not None and not waiter.done():
                     waiter.set_exception(LogUnavailable(f"stored in the stream, {self.failure}"))
             raise ApplyFailed(f"applying stream {self.stream} after {self.applied}") from failed
@@ -298,6 +311,21 @@ class Follower:
             FAILING.clear()
             self.stuck = None
         self.failure = None
+
+    def _awaited(self, msg: Msg) -> str | None:
+        """The Msg-Id of ``msg`` if a delivery this node published awaits it: the id is its
+        and so is the MAC (the message is that delivery). Another's message under the id, a
+        forged or unsigned one, settles nothing."""
+        headers = msg.headers or {}
+        msg_id, mac = headers.get(wire.MSG_ID), headers.get(wire.MAC)
+        awaited = self._waiters.get(msg_id) if isinstance(msg_id, str) else None
+        if awaited is None or not isinstance(mac, str) or not hmac.compare_digest(mac, awaited[0]):
+            return None
+        return msg_id
+
+    def _waiter(self, msg_id: str | None) -> asyncio.Future[DeliveryResult] | None:
+        pending = self._waiters.pop(msg_id, None) if msg_id is not None else None
+        return None if pending is None else pending[1]
 
     def _failed(self, exc: BaseException) -> None:
         """Say which message fails, once per message in the log, on every attempt in the

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from kbgraph.config import LogConfig
 from kbgraph.events import Event
-from kbgraph.jetstream import snapshots
+from kbgraph.jetstream import snapshots, wire
 from kbgraph.jetstream.connect import (
     ConnectFailed,
     RulesDiffer,
@@ -29,6 +29,7 @@ from kbgraph.jetstream.follower import (
     Follower,
     LogUnavailable,
     Stuck,
+    count_notes,
 )
 from kbgraph.jetstream.publisher import Publisher
 from kbgraph.store import DeliveryResult, Store, WebhookMessage
@@ -69,9 +70,10 @@ class JetStreamLog(Follower, Publisher):
         self._skips: dict[int, tuple[int, str]] = {}
         self._refusals: dict[int, Exception] = {}
         self.skipped_messages = store.skipped_messages(config.stream)
+        count_notes(store, config.stream)
         self._node = os.environ.get(NODE_ENV) or secrets.token_hex(6)
         self._msg_ids(self._node)
-        self._waiters: dict[str, asyncio.Future[DeliveryResult]] = {}
+        self._waiters: dict[str, tuple[str, asyncio.Future[DeliveryResult]]] = {}
         self._nc: Any = None
         self._js: Any = None
         self._task: asyncio.Task[None] | None = None
@@ -266,13 +268,16 @@ class JetStreamLog(Follower, Publisher):
         refusal = self.refusal()
         if refusal is not None:
             raise LogUnavailable(refusal)
-        subject, payload, headers, msg_id = self._message(
-            kb, events, message, self.skipped_messages
-        )
+        subject, payload, headers = self._message(kb, events, message, self.skipped_messages)
         waiter: asyncio.Future[DeliveryResult] = asyncio.get_running_loop().create_future()
-        self._waiters[msg_id] = waiter
+        claimed: list[str] = []
+
+        def claim(msg_id: str) -> None:  # only a message with this id and this MAC settles it
+            claimed.append(msg_id)
+            self._waiters[msg_id] = (headers[wire.MAC], waiter)
+
         try:
-            await self._publish(subject, payload, headers)
+            await self._publish(subject, payload, headers, claim)
             try:
                 return await asyncio.wait_for(asyncio.shield(waiter), APPLY_WAIT_SECONDS)
             except TimeoutError:
@@ -280,7 +285,8 @@ class JetStreamLog(Follower, Publisher):
                     "stored in the stream, not yet applied on this node: retry"
                 ) from None
         finally:
-            self._waiters.pop(msg_id, None)
+            for msg_id in claimed:
+                self._waiters.pop(msg_id, None)
             if not waiter.done():
                 waiter.cancel()
             elif not waiter.cancelled():

@@ -1,12 +1,18 @@
 """Publishing one delivery to the stream, as every process that takes deliveries does: the
 node's single worker (``kbgraph.jetstream.node``) or each of its workers beside an applier
-(``kbgraph.jetstream.worker``). One message per delivery, MAC-signed, with a
-``Nats-Msg-Id`` unique to this process, published until acknowledged."""
+(``kbgraph.jetstream.worker``). One message per delivery, MAC-signed, with a random
+``Nats-Msg-Id`` (128 bits: nobody can publish under it first), published until acknowledged.
+
+JetStream drops a message whose Msg-Id it stored within its duplicate window and acknowledges
+it with the first one's sequence. Such an acknowledgement is believed only when the message
+stored there is this delivery, byte for byte (its MAC and payload): else someone who may
+write the stream claimed the id first, and the delivery is published again under a new one
+(``PUBLISH_ATTEMPTS`` in all), never answered by another's message."""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import hmac
 import logging
 import secrets
 import time
@@ -25,6 +31,7 @@ from kbgraph.store import WebhookMessage
 
 log = logging.getLogger("kbgraph.jetstream")
 IN_PROCESS: Final = 10158  # JetStream: a publish with this Msg-Id is being stored: ask again
+PUBLISH_ATTEMPTS: Final = 3  # Msg-Ids found taken by another's message: then 503
 
 
 class DeliveryTooLarge(ValueError):
@@ -60,10 +67,13 @@ class Publisher:
         self.connected = True
 
     def _msg_ids(self, node: str) -> None:
-        """Message ids ``<node>-<process>-<n>``: unique per process (one node's workers, and a
-        restarted worker, never reuse one within JetStream's duplicate window)."""
+        """This process's name ``<node>-<process>`` (its NATS connection's, its ids' prefix)."""
         self._id_prefix = f"{node}-{secrets.token_hex(3)}"
-        self._ids = itertools.count(1)
+
+    def _new_msg_id(self) -> str:
+        """``<node>-<process>-<128 random bits>``: unique, and unknown to anyone until it is
+        published, so nobody can store a message under it first."""
+        return f"{self._id_prefix}-{secrets.token_hex(16)}"
 
     def _message(
         self,
@@ -71,8 +81,8 @@ class Publisher:
         events: list[Event],
         message: WebhookMessage | None,
         skipped: set[WebhookMessage],
-    ) -> tuple[str, bytes, dict[str, str], str]:
-        """(subject, payload, headers, message id) of one delivery, signed; refusals first:
+    ) -> tuple[str, bytes, dict[str, str]]:
+        """(subject, payload, headers) of one delivery, signed; refusals first:
         ``DeliverySkipped`` (a re-send of a delivery an operator skipped), ``DeliveryTooLarge``."""
         if message is not None and message in skipped:  # nothing published
             raise DeliverySkipped(
@@ -88,14 +98,62 @@ class Publisher:
             )
         subject = f"{self.stream}.{kb}"
         self.signer.sign(subject, payload, headers)
-        msg_id = f"{self._id_prefix}-{next(self._ids)}"
-        headers[wire.MSG_ID] = msg_id
-        return subject, payload, headers, msg_id
+        return subject, payload, headers
 
-    async def _publish(self, subject: str, payload: bytes, headers: dict[str, str]) -> int:
-        """Publish until acknowledged (same ``Nats-Msg-Id``: JetStream keeps one copy) or the
-        configured timeout passes; the stream sequence."""
+    async def _publish(
+        self,
+        subject: str,
+        payload: bytes,
+        headers: dict[str, str],
+        claim: Callable[[str], None] = lambda msg_id: None,
+    ) -> int:
+        """Publish under a new Msg-Id (``claim`` hears it first: the node awaits its message
+        by it) until acknowledged, and the acknowledgement is for this delivery; the stream
+        sequence. ``LogUnavailable`` when the configured timeout passes, or when
+        ``PUBLISH_ATTEMPTS`` ids in a row were found taken by another's message."""
         deadline = time.monotonic() + self.config.publish_timeout_seconds
+        for _ in range(PUBLISH_ATTEMPTS):
+            msg_id = headers[wire.MSG_ID] = self._new_msg_id()
+            claim(msg_id)
+            seq, duplicate = await self._publish_once(subject, payload, headers, deadline)
+            if not duplicate or await self._stored_is(seq, subject, payload, headers):
+                return seq
+            log.warning(
+                "stream %s: Msg-Id %s was taken by the message at %s, not this delivery's:"
+                " published again under a new one",
+                self.stream,
+                msg_id,
+                seq,
+            )
+        raise LogUnavailable(
+            f"the stream acknowledged {PUBLISH_ATTEMPTS} other messages in place of this"
+            " delivery (their Msg-Ids were taken first): not stored, retry"
+        )
+
+    async def _stored_is(
+        self, seq: int, subject: str, payload: bytes, headers: dict[str, str]
+    ) -> bool:
+        """Whether the message at ``seq`` is this delivery: same subject, payload and MAC."""
+        try:
+            stored = await self._js.get_msg(self.stream, seq)
+        except nats.js.errors.NotFoundError:
+            raise LogUnavailable(
+                f"the stream acknowledged this delivery as a duplicate of {seq}, which it no"
+                " longer holds: not known to be stored, retry"
+            ) from None
+        mac = (stored.headers or {}).get(wire.MAC)
+        return (
+            stored.subject == subject
+            and (stored.data or b"") == payload
+            and isinstance(mac, str)
+            and hmac.compare_digest(mac, headers[wire.MAC])
+        )
+
+    async def _publish_once(
+        self, subject: str, payload: bytes, headers: dict[str, str], deadline: float
+    ) -> tuple[int, bool]:
+        """Publish until acknowledged (same ``Nats-Msg-Id``: JetStream keeps one copy) or
+        ``deadline`` passes: (the stream sequence, whether JetStream called it a duplicate)."""
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -105,7 +163,7 @@ class Publisher:
                     subject, payload, timeout=min(2.0, remaining), headers=headers
                 )
                 self.answered_at = time.monotonic()
-                return int(ack.seq)
+                return int(ack.seq), bool(ack.duplicate)
             except (
                 nats.errors.TimeoutError,
                 nats.errors.NoRespondersError,

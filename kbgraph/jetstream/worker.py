@@ -103,7 +103,7 @@ class WorkerLog(Publisher):
         if refusal is not None:
             raise LogUnavailable(refusal)
         skipped = await asyncio.to_thread(self.store.skipped_messages, self.stream)
-        subject, payload, headers, _ = self._message(kb, events, message, skipped)
+        subject, payload, headers = self._message(kb, events, message, skipped)
         seq = await self._publish(subject, payload, headers)
         deadline = time.monotonic() + APPLY_WAIT_SECONDS
         result = await self._outcome(seq)
@@ -139,11 +139,11 @@ class WorkerLog(Publisher):
                 log.warning("worker: reading the applied positions failed: %r", exc)
                 position, results, notes = 0, [], []
             outcomes: dict[int, DeliveryResult | BaseException] = {}
-            for seq, kind, detail in notes:
+            for seq, kind, detail in notes:  # a delivery noted, not applied, is never a 200
                 outcomes[seq] = (
                     DeliverySkipped(f"not applied: skipped {detail}")
                     if kind == "skipped"
-                    else DeliveryResult(0, 0, 0, 0, 0, 0)
+                    else LogUnavailable(f"the stream's message at {seq} was {kind} here: retry")
                 )
             for seq, result, refusal, detail in results:
                 if result is not None:
