@@ -136,10 +136,10 @@ class Publisher:
         """Whether the message at ``seq`` is this delivery: same subject, payload and MAC."""
         try:
             stored = await self._js.get_msg(self.stream, seq)
-        except nats.js.errors.NotFoundError:
+        except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
             raise LogUnavailable(
-                f"the stream acknowledged this delivery as a duplicate of {seq}, which it no"
-                " longer holds: not known to be stored, retry"
+                f"the stream acknowledged this delivery as a duplicate of {seq}, which could"
+                f" not be read ({exc!r}): not known to be stored, retry"
             ) from None
         mac = (stored.headers or {}).get(wire.MAC)
         return (
