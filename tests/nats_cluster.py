@@ -216,7 +216,7 @@ class NatsCluster:
 
 
 async def _ensure_stream(cluster: NatsCluster, replicas: int, errors: list[BaseException]) -> None:
-    """Try until the probe stream has a leader (the caller bounds it), each error into ``errors``."""
+    """Until the probe stream has a leader (the caller bounds it), each error into ``errors``."""
 
     async def heard(exc: Exception) -> None:
         errors.append(exc)
