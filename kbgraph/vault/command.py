@@ -45,6 +45,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
             help="what was sent, for re-runs (default DIR/.kbgraph/manifest.sqlite)",
         )
         command.add_argument("--quiet", action="store_true", help="print only problems")
+        command.add_argument(
+            "--allow-hardlinks",
+            action="store_true",
+            help="read notes with more than one name (skipped else: the other may be outside)",
+        )
         if name == "sync":
             command.add_argument("--watch", action="store_true", help="keep syncing on changes")
         command.set_defaults(func=run_command, watch=False)
@@ -121,7 +126,9 @@ def _run(root: Path, args: argparse.Namespace, sink: Sink, manifest: Manifest) -
             print(f"\r  {stage} {done:,} of {total:,}", end=end, file=sys.stderr, flush=True)
 
     try:
-        report = sync_once(root, args.kb, sink, manifest, progress)
+        report = sync_once(
+            root, args.kb, sink, manifest, progress, allow_hardlinks=args.allow_hardlinks
+        )
     except SyncError as exc:  # reported; under --watch the next change tries again
         return _fail(str(exc), EXIT_FAILED)
     _print(report, args.quiet)

@@ -17,6 +17,9 @@
   a device), a note over the size bound (checked with ``fstat`` before a byte is read, and the
   read stops past it) and a file or folder whose name is not valid UTF-8 are skipped, each
   with the reason in the report. Such a note previously sent is deleted, as a removed one.
+- A regular file with more than one name (a hard link) is skipped the same way unless
+  ``allow_hardlinks`` (``--allow-hardlinks``) says the vault's hard links are meant (issue 34):
+  its other name may be a file outside the vault, which no path check can see.
 """
 
 from __future__ import annotations
@@ -139,11 +142,13 @@ _OPEN_FLAGS: Final = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW
 _DIRECTORY: Final = getattr(os, "O_DIRECTORY", 0)
 
 
-def read_note(root: Path, real_root: str, path: str, limit: int) -> bytes | str:
+def read_note(
+    root: Path, real_root: str, path: str, limit: int, allow_hardlinks: bool = False
+) -> bytes | str:
     """The bytes of note ``path`` (found by ``walk``), or why it is not read: a symlink whose
-    real path leaves the vault, not a regular file, or over ``limit`` bytes (never read
-    whole). Only a symlinked note has its real path resolved and checked; any other is opened
-    folder by folder (``_open_unless_symlink``)."""
+    real path leaves the vault, not a regular file, a hard link (unless ``allow_hardlinks``),
+    or over ``limit`` bytes (never read whole). Only a symlinked note has its real path
+    resolved and checked; any other is opened folder by folder (``_open_unless_symlink``)."""
     fd = _open_unless_symlink(root, path)
     if fd is None:
         real = os.path.realpath(os.path.join(root, path))
@@ -154,6 +159,11 @@ def read_note(root: Path, real_root: str, path: str, limit: int) -> bytes | str:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return "not a regular file: not read"
+        if info.st_nlink > 1 and not allow_hardlinks:
+            return (
+                f"hard link ({info.st_nlink} names, one may be outside the vault): not read"
+                " (--allow-hardlinks reads it)"
+            )
         if info.st_size > limit:
             return f"over {limit} bytes: not read"
         raw = _read_upto(fd, info.st_size, limit)
@@ -239,6 +249,7 @@ class ReadContext:
     real_root: str
     resolver: Resolver
     cache: dict[str, NoteFields]
+    allow_hardlinks: bool = False
 
 
 def read_chunk(ctx: ReadContext, jobs: list[tuple[int, str, str]]) -> list[NoteRead]:
@@ -273,7 +284,7 @@ def _load(
 ) -> NoteRead | tuple[int, str, str, str, str]:
     """The note's (index, id, path, text, cache key), or why it is skipped."""
     try:
-        raw = read_note(ctx.root, ctx.real_root, path, MAX_NOTE_BYTES)
+        raw = read_note(ctx.root, ctx.real_root, path, MAX_NOTE_BYTES, ctx.allow_hardlinks)
         if isinstance(raw, str):
             return NoteRead(index, nid, path, skipped=raw)
         source = raw.decode("utf-8").removeprefix("\ufeff")
@@ -294,9 +305,10 @@ class VaultScan:
     ids: dict[str, str]  # id -> path, in path order
     files: list[str]  # the other files (attachments), NFC
     out: VaultRead
+    allow_hardlinks: bool = False  # read notes with more than one name (see the module)
 
     @classmethod
-    def of(cls, root: Path) -> VaultScan:
+    def of(cls, root: Path, allow_hardlinks: bool = False) -> VaultScan:
         """Walk ``root``: the notes' ids (a path breaking the id rules, or an NFC/NFD twin,
         is reported and skipped) and the other files."""
         out = VaultRead()
@@ -311,7 +323,8 @@ class VaultScan:
                 out.skipped.append((path, f"same id {nid!r} as {ids[nid]!r} (NFC/NFD twins)"))
             else:
                 ids[nid] = path
-        return cls(root, ids, [unicodedata.normalize("NFC", f) for f in files], out)
+        files = [unicodedata.normalize("NFC", f) for f in files]
+        return cls(root, ids, files, out, allow_hardlinks)
 
     def reads(
         self,
@@ -330,7 +343,8 @@ class VaultScan:
         order = sorted(self.ids.items())  # the order sync sends in
         index = {path: i for i, path in enumerate(self.ids.values())}
         jobs = [(index[path], nid, path) for nid, path in order]
-        context = (self.root, os.path.realpath(self.root), self.files, cache or {})
+        real_root = os.path.realpath(self.root)
+        context = (self.root, real_root, self.files, cache or {}, self.allow_hardlinks)
         results: list[NoteRead | None] = [None] * len(jobs)
         for done, result in enumerate(read_all(context, list(self.ids), jobs, workers), 1):
             results[result.index] = result
@@ -360,10 +374,11 @@ def read_vault(
     cache: dict[str, NoteFields] | None = None,
     progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,
+    allow_hardlinks: bool = False,
 ) -> VaultRead:
     """Every note of the vault at ``root`` as a concept state, links resolved, in path order:
     the same whatever the number of workers (see ``VaultScan.reads``)."""
-    scan = VaultScan.of(root)
+    scan = VaultScan.of(root, allow_hardlinks)
     for _ in scan.reads(cache, progress, workers):
         pass
     return scan.out

@@ -59,9 +59,20 @@ class SyncReport:
         ]
         if self.reset:
             lines.append("the KB was behind this vault's manifest (a new store?): sent every note")
-        lines += [f"skipped {path}: {why}" for path, why in r.skipped]
-        lines += [f"warning {path}: {what}" for path, what in r.warnings]
+        lines += [f"skipped {printable(path)}: {printable(why)}" for path, why in r.skipped]
+        lines += [f"warning {printable(path)}: {printable(what)}" for path, what in r.warnings]
         return "\n".join(lines)
+
+
+def printable(text: str) -> str:
+    """``text`` on one line of the report as it is: a character that is not printable (a
+    newline, a terminal escape, a bidi override in a file name could forge or hide lines)
+    written as its Python escape (``\\n``, ``\\x1b``, ``\\u202e``)."""
+    if text.isprintable():
+        return text
+    return "".join(
+        ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text
+    )
 
 
 def event_id(kb: str, path: str, version: int, digest: str) -> str:
@@ -92,6 +103,7 @@ def sync_once(
     manifest: Manifest,
     progress: Callable[[str, int, int], None] | None = None,
     workers: int | None = None,
+    allow_hardlinks: bool = False,
 ) -> SyncReport:
     """One pass: read the vault, send what changed, record it. Raises SyncError on refusal.
 
@@ -101,9 +113,10 @@ def sync_once(
     are still there but can no longer be read as notes (too large, a symlink out): a
     deterministic order, decided by the folder and the manifest alone.
     ``progress(stage, done, total)`` is called as notes are read (``"read"``) and sent.
+    ``allow_hardlinks``: read notes with more than one name (``reader`` skips them else).
     """
     with _collector_paused():
-        return _sync_once(root, kb, sink, manifest, progress, workers)
+        return _sync_once(root, kb, sink, manifest, progress, workers, allow_hardlinks)
 
 
 def _sync_once(
@@ -113,10 +126,11 @@ def _sync_once(
     manifest: Manifest,
     progress: Callable[[str, int, int], None] | None,
     workers: int | None,
+    allow_hardlinks: bool,
 ) -> SyncReport:
     cache = manifest.parse_cache()
     cached = set(cache)
-    scan = VaultScan.of(root)
+    scan = VaultScan.of(root, allow_hardlinks)
     report = SyncReport(scan.out)
     seq = sink.kb_seq(kb)
     report.reset = seq is not None and manifest.forget_if_behind(sink.dest, kb, seq)
