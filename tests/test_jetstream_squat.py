@@ -120,9 +120,11 @@ def test_squatted_msg_ids_never_lose_an_acknowledged_delivery(
         answers = [post(client, node.url, [wc.upsert(f"real/{i}")]) for i in (1, 2, 3)]
         wait_caught_up([node], cluster)
         for i, answer in zip((1, 2, 3), answers, strict=True):
-            stored = client.get(f"{node.url}/v1/kbs/{KB}/concepts/real/{i}", headers=AUTH)
             if answer.status_code == 200:  # acknowledged: applied and stored
                 assert answer.json()["applied"] == 1, answer.text
+                # read at the answer's position: the projection follows the store
+                seen = AUTH | {"X-Min-Seq": str(answer.json()["seq"])}
+                stored = client.get(f"{node.url}/v1/kbs/{KB}/concepts/real/{i}", headers=seen)
                 assert stored.status_code == 200, (answer.text, stored.text)
             else:
                 assert answer.status_code == 503, answer.text
