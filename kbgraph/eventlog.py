@@ -101,9 +101,12 @@ class SqliteLog:
         self._read_sql: str | None = None  # _READ, or _READ_WITHOUT for an older file
 
     @classmethod
-    def append(cls, conn: sqlite3.Connection, entries: list[tuple[str, int, Event, bool]]) -> None:
-        """Append (kb, seq, event, last_in_delivery) rows in the caller's transaction, each
-        with its ``analysis_of`` (computed here, once for every process following the log).
+    def append(
+        cls, conn: sqlite3.Connection, entries: list[tuple[str, int, Event, bool, bytes | None]]
+    ) -> None:
+        """Append (kb, seq, event, last_in_delivery, analysis) rows in the caller's
+        transaction; ``analysis`` is ``analysis_of(event)``, computed once by the appending
+        process for every process following the log (the store's writer: before its lock).
 
         Rows go in in the order given (commit order), so ``gid`` order is delivery order. The
         encoded events travel as one blob (substr() of a BLOB counts bytes), each row cut out of
@@ -112,11 +115,10 @@ class SqliteLog:
         """
         if not entries:
             return
-        payloads = [encode_for_log(event) for _, _, event, _ in entries]
-        analyses = [analysis_of(event) for _, _, event, _ in entries]
+        payloads = [encode_for_log(entry[2]) for entry in entries]
         rows = []
         offset = at = 1  # substr() counts from 1
-        for (kb, seq, _, last), payload, analysis in zip(entries, payloads, analyses, strict=True):
+        for (kb, seq, _, last, analysis), payload in zip(entries, payloads, strict=True):
             size = len(analysis) if analysis else 0
             rows.append((kb, seq, offset, len(payload), int(last), at, size))
             offset += len(payload)
@@ -125,14 +127,11 @@ class SqliteLog:
         if meta is None:
             conn.executemany(
                 cls._INSERT,
-                [
-                    (e[0], e[1], p, e[3], a)
-                    for e, p, a in zip(entries, payloads, analyses, strict=True)
-                ],
+                [(e[0], e[1], p, e[3], e[4]) for e, p in zip(entries, payloads, strict=True)],
             )
         else:
-            joined = b"".join(a for a in analyses if a)
-            conn.execute(cls._INSERT_BULK, (meta, b"".join(payloads), joined))
+            analyses = b"".join(entry[4] for entry in entries if entry[4])
+            conn.execute(cls._INSERT_BULK, (meta, b"".join(payloads), analyses))
 
     def _read_statement(self, conn: sqlite3.Connection) -> str:
         if self._read_sql is None:

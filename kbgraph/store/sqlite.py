@@ -362,6 +362,8 @@ class Store:
         """
         outcomes: list[tuple[DeliveryResult | None, BaseException | None]] = []
         try:
+            for pending in group:
+                pending.analyse()  # before the lock, never raises: see Pending.analyse
             with self._write_lock():
                 self._begin_immediate(conn)
                 try:
