@@ -68,10 +68,11 @@ class Pending:
     analyses: dict[int, bytes] = field(default_factory=dict)  # id(event) -> its log analysis
 
     def analyse(self) -> None:
-        """Each upsert's text analysis for the log (``eventlog.analysis_of``): the writer
-        calls this before it takes the write lock, so the analysis never lengthens a
-        transaction other processes' writers wait for. Never a refusal: a delivery whose
-        analysis raises is decided by its writes alone, its rows carrying none."""
+        """Each upsert's text analysis for the log (``eventlog.analysis_of``), by the store's
+        analyser thread before the writer takes the delivery: never inside a transaction
+        other processes' writers wait for, nor on the writer's serial path. Never a refusal:
+        a delivery whose analysis raises is decided by its writes alone, its rows carrying
+        none."""
         try:
             for event in self.events:
                 analysis = analysis_of(event)
