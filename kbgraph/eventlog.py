@@ -106,7 +106,7 @@ class SqliteLog:
     ) -> None:
         """Append (kb, seq, event, last_in_delivery, analysis) rows in the caller's
         transaction; ``analysis`` is ``analysis_of(event)``, computed once by the appending
-        process for every process following the log (the store's writer: before its lock).
+        process for every process following the log (the store's analyser thread).
 
         Rows go in in the order given (commit order), so ``gid`` order is delivery order. The
         encoded events travel as one blob (substr() of a BLOB counts bytes), each row cut out of
