@@ -29,25 +29,21 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from kbgraph import evidence, explorer, graphalgo, ingest, search, shapes, tools, toolspecs
+from kbgraph import explorer, ingest, shapes, tools, toolspecs
 from kbgraph import mcp as mcp_out
 from kbgraph.access import RuleSet
 from kbgraph.bodies import BodyRefused, read_body, replay
 from kbgraph.config import Config, TokenGrant, load_config
-from kbgraph.embeddings import make_embedder
 from kbgraph.events import SignatureVerifier
-from kbgraph.graphalgo import vectors as vector_kernels
 from kbgraph.health import WriteProbe
 from kbgraph.ingest import error_response
 from kbgraph.names import is_kb_name
 from kbgraph.openapi import document as openapi_document
 from kbgraph.origins import HostOriginCheck
 from kbgraph.projection import KBProjection, Projections, Snapshot
-from kbgraph.store import Store
-from kbgraph.threads import ToolThreads
+from kbgraph.service import Service
 
 CONFIG_ENV: Final = "KBGRAPH_CONFIG"
-TOOL_THREADS: Final = 2  # one per core: the kernels run in parallel, the Python parts share the GIL
 MAX_SEQ_DIGITS: Final = 19  # X-Min-Seq: plain decimal digits only
 _ADMIN: Final = TokenGrant(name="anonymous-admin", admin=True, rules={})
 log = logging.getLogger("kbgraph.api")
@@ -323,21 +319,21 @@ async def healthz(request: Request) -> Response:
     return json_response({"status": "ok"})
 
 
-async def readyz(request: Request) -> Response:
+async def readyz(request: Request, service: Service) -> Response:
     """Ready once the projection is built and the kernels compiled; not ready again if the
     follower stopped (it does when applying a record fails, rather than serve a stale graph)
-    or while the store cannot write (``kbgraph.health.WriteProbe``); over JetStream, also
-    until this node has applied the stream as far as it reached when the node started."""
+    or while the store cannot write (``kbgraph.health.WriteProbe``), or while the delivery
+    log says why it cannot take deliveries (over JetStream: until this node has applied the
+    stream as far as it reached when the node started, among others)."""
     if not getattr(request.app.state, "ready", False):
         return error_response(503, "starting: building the projection")
-    failure = request.app.state.projections.error
+    failure = service.projections.error
     if failure is not None:
         return error_response(503, f"projection stopped following the log: {failure!r}")
     problem = await request.app.state.write_probe.problem()
     if problem is not None:
         return error_response(503, problem)
-    replicated = getattr(request.app.state, "log", None)  # [log] kind = "jetstream"
-    problem = replicated.problem() if replicated is not None else None
+    problem = service.log.problem()
     if problem is not None:
         return error_response(503, problem)
     return json_response({"status": "ready"})
@@ -360,55 +356,18 @@ def create_app(config: Config) -> Starlette:
     openapi = _encode(openapi_document(explorer.OPENAPI_PATHS))
     listing = _encode(toolspecs.http_listing())
 
+    service = Service(config)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         for door in config.open_doors():  # loud: a config taken as written may be a mistake
             log.warning("door open: %s (served on loopback names only)", door)
-        # Tools run here, off the event loop; the compiled kernels release the GIL.
-        tool_threads = ToolThreads(TOOL_THREADS)
-        app.state.tool_threads = tool_threads
-        store = Store(
-            config.store.path,
-            max_kbs=config.limits.max_kbs,
-            named_kbs=frozenset(config.webhooks.kbs),
-            dedupe_keys=config.store.dedupe_keys,
-        )
-        projections = Projections(
-            store,
-            checkpoints=config.store.checkpoint_folder,
-            checkpoint_every=config.store.checkpoint_every_events,
-            log_retain=config.store.log_retain_events,
-            embedder=make_embedder(config.embeddings),
-        )
-        app.state.store = store
-        app.state.projections = projections
-        app.state.on_commit = projections.kick
-        await anyio.to_thread.run_sync(projections.start)
-        replicated = None
-        if config.log.kind == "jetstream" and os.environ.get("KBGRAPH_APPLIER"):
-            # one of several workers: the node's applier process follows the stream
-            # (kbgraph.jetstream.applier; the variable is its APPLIER_ENV)
-            from kbgraph.jetstream.worker import WorkerLog
-
-            replicated = WorkerLog(config.log, store, projections)
-            app.state.log = replicated
-            await replicated.start()
-        elif config.log.kind == "jetstream":  # the stream decides the order; follow it here
-            from kbgraph.jetstream import JetStreamLog
-
-            replicated = JetStreamLog(
-                config.log,
-                store,
-                on_applied=projections.kick,
-                checkpoints=config.store.checkpoint_folder,
-            )
-            app.state.log = replicated
-            await replicated.start()
-        await anyio.to_thread.run_sync(graphalgo.warm_up)
-        await anyio.to_thread.run_sync(vector_kernels.warm_up)
-        await anyio.to_thread.run_sync(search.warm_up)
-        await anyio.to_thread.run_sync(evidence.warm_up)
-        mcp_manager = mcp_out.http_session_manager(lambda: tool_threads)
+        await anyio.to_thread.run_sync(service.open)  # kbgraph.service: built in one place
+        app.state.store = service.store
+        app.state.projections = service.projections
+        app.state.tool_threads = service.tool_threads
+        await service.follow()
+        mcp_manager = mcp_out.http_session_manager(lambda: service.tool_threads)
         app.state.mcp = mcp_manager
         app.state.ready = True
         try:
@@ -416,11 +375,10 @@ def create_app(config: Config) -> Starlette:
                 yield
         finally:
             app.state.ready = False
-            if replicated is not None:
-                await replicated.close()
-            tool_threads.close()
-            projections.stop()
-            store.close()
+            await service.close()
+
+    async def ready(request: Request) -> Response:
+        return await readyz(request, service)
 
     async def openapi_json(request: Request) -> Response:
         return Response(openapi, media_type="application/json")
@@ -441,10 +399,10 @@ def create_app(config: Config) -> Starlette:
         Route("/v1/kbs/{kb}/mcp", MCPEndpoint(), methods=["GET", "POST", "DELETE"]),
         Route("/v1/tools", tools_json, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
+        Route("/readyz", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
-        *ingest.routes,
+        *ingest.routes(service),
         *explorer.routes,
     ]
     app = Starlette(

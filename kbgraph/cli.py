@@ -28,8 +28,6 @@ from pathlib import Path
 from typing import Any, Final
 
 from kbgraph.config import Config, ConfigError, load_config
-from kbgraph.embeddings import make_embedder
-from kbgraph.graphalgo import vectors as vector_kernels
 from kbgraph.health import store_folder_problem, store_problem
 
 CONFIG_ENV: Final = "KBGRAPH_CONFIG"  # read by kbgraph.api.app_from_env
@@ -181,7 +179,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     supervisor = None
     if args.workers > 1 and config.log.kind == "jetstream":
         # one applier process writes the node's store from the stream; the workers follow it
-        from kbgraph.jetstream.applier import APPLIER_ENV, Supervisor
+        from kbgraph.jetstream.applier import Supervisor
+        from kbgraph.service import APPLIER_ENV
 
         supervisor = Supervisor(Path(args.config), args.log_level)
         supervisor.start()
@@ -226,31 +225,19 @@ def cmd_mcp(args: argparse.Namespace) -> int:
                 return _fail(f"--token: {args.token!r} has no rule for KB {args.kb!r}")
     import anyio
 
-    from kbgraph import evidence, graphalgo, search
     from kbgraph.mcp import serve_stdio
-    from kbgraph.projection import Projections
-    from kbgraph.store import Store
+    from kbgraph.service import Service
 
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
+    service = Service(config, read_only=True)  # the one builder: store, projections, kernels
     try:
-        store = Store(config.store.path, read_only=True)
+        service.open()
     except (OSError, sqlite3.Error) as exc:
         return _fail(f"store {config.store.path}: {exc}")
-    projections = Projections(
-        store,
-        checkpoints=config.store.checkpoint_folder,
-        embedder=make_embedder(config.embeddings),
-    )
     try:
-        projections.start()
-        graphalgo.warm_up()
-        vector_kernels.warm_up()
-        search.warm_up()
-        evidence.warm_up()
-        anyio.run(serve_stdio, projections, args.kb, rules)
+        anyio.run(serve_stdio, service.projections, args.kb, rules)
     finally:
-        projections.stop()
-        store.close()
+        service.stop()
     return 0
 
 
@@ -468,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     from kbgraph.vault.command import add_commands
 
     add_commands(sub)
-    from kbgraph.jetstream.admin import add_commands as add_cluster_commands
+    from kbgraph.jetstream.commands import add_commands as add_cluster_commands
 
     add_cluster_commands(sub)
 

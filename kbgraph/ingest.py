@@ -11,12 +11,12 @@ and body) already accepted for another KB, or re-sent with new events (401), a K
 ``max_kbs`` (403). A 200 is sent
 only after the store's commit is durable (over JetStream: after a quorum of the stream's
 replicas stored the delivery and this node's follower applied it, ``kbgraph.jetstream``);
-then ``app.state.on_commit()`` wakes this process's projection follower when the delivery
-applied at least one event.
+the log wakes this process's projection follower when the delivery applied at least one event.
 
-The route reads from ``request.app.state``: ``store`` (Store), ``verifier`` (the default
-SignatureVerifier) and ``kb_verifiers`` (per KB), ``inflight`` (InflightBytes), ``config``
-(Config) and ``on_commit`` (zero-argument callable).
+Where the delivery goes is the process's one ``kbgraph.deliverylog.DeliveryLog``, given to
+the route (``routes(service)``: anything with a ``log``), whatever ``[log] kind`` says. The
+route reads its settings from ``request.app.state``: ``verifier`` (the default
+SignatureVerifier) and ``kb_verifiers`` (per KB), ``inflight`` (InflightBytes) and ``config``.
 
 The endpoint is a plain ASGI app (``PostEvents``), not a Starlette request function: it reads
 the scope, the body messages and answers with two ``send`` calls, without a ``Request``, a
@@ -31,7 +31,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Iterator
-from typing import Final
+from typing import Final, Protocol
 
 import anyio.to_thread
 import msgspec
@@ -42,14 +42,13 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from kbgraph.binding import decode_request
+from kbgraph.deliverylog import DeliveryLog, DeliverySkipped, DeliveryTooLarge, LogUnavailable
 from kbgraph.events import DeliveryError, Event, SignatureVerifier
-from kbgraph.jetstream import DeliverySkipped, DeliveryTooLarge, LogUnavailable
 from kbgraph.names import is_kb_name
 from kbgraph.store import (
     DeliveryResult,
     KBLimitReached,
     ReplayRefused,
-    Store,
     StoreBusy,
     StoreClosed,
     WebhookMessage,
@@ -246,13 +245,24 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return _Answer(status, _result_encoder.encode({"error": message}), headers)
 
 
+class HasLog(Protocol):
+    """What the route is given: the process's log (``kbgraph.service.Service``), read per
+    delivery since a service opens its log once the app starts."""
+
+    @property
+    def log(self) -> DeliveryLog: ...
+
+
 class PostEvents:
     """``POST /v1/kbs/{kb}/events`` as a plain ASGI app (see the module's docstring)."""
+
+    def __init__(self, service: HasLog) -> None:
+        self.service = service
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Take one delivery: answer 200 with the DeliveryResult once it is durable."""
         started = time.perf_counter()
-        answer = await _handle(scope, receive)
+        answer = await _handle(scope, receive, self.service.log)
         await answer.send_to(send)
         counter = _delivery_counter.get(answer.status_code)
         if counter is None:
@@ -263,7 +273,7 @@ class PostEvents:
         ACK_SECONDS.observe(time.perf_counter() - started)
 
 
-async def _handle(scope: Scope, receive: Receive) -> _Answer:
+async def _handle(scope: Scope, receive: Receive, delivery_log: DeliveryLog) -> _Answer:
     kb: str = scope["path_params"]["kb"]
     if not is_kb_name(kb):
         return _error(422, f'invalid kb name "{kb}": expected {KB_NAME_PATTERN}')
@@ -283,7 +293,7 @@ async def _handle(scope: Scope, receive: Receive) -> _Answer:
     inflight: InflightBytes | None = getattr(state, "inflight", None)
     room = None if inflight is None else inflight.reservation()
     try:
-        return await _take(receive, headers, state, kb, verifier, limit, room)
+        return await _take(receive, headers, delivery_log, kb, verifier, limit, room)
     finally:
         if room is not None:
             room.release()
@@ -292,7 +302,7 @@ async def _handle(scope: Scope, receive: Receive) -> _Answer:
 async def _take(
     receive: Receive,
     headers: Headers,
-    state: object,
+    delivery_log: DeliveryLog,
     kb: str,
     verifier: SignatureVerifier,
     limit: int,
@@ -324,13 +334,8 @@ async def _take(
         return _error(exc.status, exc.message)
     del body
 
-    store: Store = state.store  # type: ignore[attr-defined]
-    replicated = getattr(state, "log", None)  # [log] kind = "jetstream": the stream decides
     try:
-        if replicated is not None and events:
-            result: DeliveryResult = await replicated.append(kb, events, message)
-        else:
-            result = await store.append_async(kb, events, message=message)
+        result: DeliveryResult = await delivery_log.append(kb, events, message)
     except ReplayRefused as exc:
         return _error(401, str(exc))
     except KBLimitReached as exc:
@@ -351,12 +356,6 @@ async def _take(
 
     if result.applied:
         _event_counter["applied"].inc(result.applied)
-        on_commit = getattr(state, "on_commit", None)
-        if on_commit is not None:
-            try:
-                on_commit()
-            except Exception:  # the delivery is durable: the follower catches up on its own
-                log.exception("on_commit hook failed")
     if result.duplicates:
         _event_counter["duplicate"].inc(result.duplicates)
     if result.stale:
@@ -366,4 +365,6 @@ async def _take(
     return _Answer(200, _result_encoder.encode(result))
 
 
-routes: list[Route] = [Route("/v1/kbs/{kb}/events", PostEvents(), methods=["POST"])]
+def routes(service: HasLog) -> list[Route]:
+    """The webhook route, appending to ``service.log``."""
+    return [Route("/v1/kbs/{kb}/events", PostEvents(service), methods=["POST"])]

@@ -11,8 +11,9 @@ signed) go through each stage of a delivery's way in, timed apart, without HTTP:
   shares each fsync (``deliveries_per_commit``: how many did); ``store_cpu`` is the
   process's CPU time over the same calls;
 - ``follower``: the projection following the log to the end (``Projections.follow_once``),
-  with the server's default embedder; of it ``index`` (``SearchIndex.put``: analysing the
-  text and putting its postings) and ``embed`` (the embedder's calls).
+  with the server's default embedder (``--embeddings none``: without); of it ``index``
+  (``SearchIndex.put``: analysing the text, unless the log carried its analysis, and putting
+  its postings) and ``embed`` (the embedder's calls).
 
 Figures are µs per event (per delivery for single deliveries): CPU time of the thread doing
 the stage (the machine is shared, and CPU time is what one process's GIL is short of), but
@@ -21,7 +22,7 @@ process of its own (a peer: ``--peer CHECKOUT``, its ``.venv`` or this Python wi
 first on the path), alternating ``--rounds`` times; the last line is one JSON object with the
 medians and this over peer.
 
-    .venv/bin/python -m loadtest.bench_write_stages --peer CHECKOUT [--rounds 2]
+    .venv/bin/python -m loadtest.bench_write_stages --peer CHECKOUT [--rounds 2] [--embeddings none]
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from loadtest.bench_ingest import SECRET, Concepts
 from tests import webhook_client as wc
 import hashlib
 
-batches, singles = int(sys.argv[1]), int(sys.argv[2])
+batches, singles, provider = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 spent = {"index": 0.0, "embed": 0.0}
 
 clock = time.thread_time
@@ -62,7 +63,7 @@ class TimedIndex(SearchIndex):
         super().put(*args, **kw)
         spent["index"] += clock() - t
 
-embedder = make_embedder(EmbeddingsConfig())
+embedder = make_embedder(EmbeddingsConfig(provider=provider))
 if embedder is not None:
     real = embedder.embed
     def embed(texts, _real=real):
@@ -140,10 +141,10 @@ print(json.dumps(out))
 """
 
 
-def run(checkout: Path, batches: int, singles: int) -> dict[str, Any]:
+def run(checkout: Path, batches: int, singles: int, provider: str) -> dict[str, Any]:
     own = checkout / ".venv/bin/python"
     python = str(own) if own.exists() else sys.executable
-    return child_json([python, "-c", CHILD, str(batches), str(singles)], checkout)
+    return child_json([python, "-c", CHILD, str(batches), str(singles), provider], checkout)
 
 
 def main() -> None:
@@ -156,11 +157,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batches", type=int, default=20, help="500-event deliveries")
     parser.add_argument("--singles", type=int, default=4000, help="single-event deliveries")
+    parser.add_argument(
+        "--embeddings",
+        default="default",
+        choices=["default", "local", "none"],
+        help="[embeddings] provider of the follower (none: the follower without vectors)",
+    )
     args = parser.parse_args()
     runs: dict[str, list[dict[str, Any]]] = {"peer": [], "this": []}
     for _ in range(args.rounds):
         for name, checkout in (("peer", args.peer), ("this", ROOT)):
-            runs[name].append(run(checkout, args.batches, args.singles))
+            runs[name].append(run(checkout, args.batches, args.singles, args.embeddings))
             print(name, json.dumps(runs[name][-1]), flush=True)
     med: dict[str, dict[str, dict[str, float]]] = {}
     for name, rs in runs.items():

@@ -29,7 +29,7 @@ def test_queries_see_whole_deliveries_while_they_stream_in(service: Service) -> 
         try:
             for g in range(1, DELIVERIES):
                 service.write(KB, group(g))
-                service.app.state.on_commit()
+                service.app.state.projections.kick()
         finally:
             done.set()
 

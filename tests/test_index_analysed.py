@@ -1,4 +1,4 @@
-"""A document analysed for the search index: the one-pass ``SearchIndex._analyzed`` (each name
+"""A document analysed for the search index: the one-pass ``document.parts`` (each name
 tokenised once, for its terms and its name key) equals the straightforward version it replaced,
 kept here as the oracle, on random titles, texts, aliases and tags."""
 
@@ -10,7 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kbgraph.search.analysis import analyze, fold, tokenize
-from kbgraph.search.index import _FIELD, _NAME_SEP, SearchIndex
+from kbgraph.search.bulk import FIELD as _FIELD
+from kbgraph.search.document import parts
+from kbgraph.search.nametrie import NAME_SEP as _NAME_SEP
 
 
 def oracle(title: str, text: str, aliases: list[str], tags: list[str]) -> tuple:
@@ -41,9 +43,7 @@ texts = st.lists(st.sampled_from(WORDS) | st.text(max_size=6), max_size=12).map(
 def test_analysed_equals_the_oracle(
     title: str, text: str, aliases: list[str], tags: list[str]
 ) -> None:
-    freq, name_keys, tag_keys, title_len, text_len = SearchIndex._analyzed(
-        title, text, aliases, tags
-    )
+    freq, name_keys, tag_keys, title_len, text_len = parts(title, text, aliases, tags)
     assert (list(freq.items()), name_keys, tag_keys, title_len, text_len) == oracle(
         title, text, aliases, tags
     )

@@ -14,6 +14,7 @@ from starlette.testclient import TestClient
 
 from kbgraph import ingest
 from kbgraph.config import Config, parse_config
+from kbgraph.deliverylog import DeliveryLog, StoreLog
 from kbgraph.events import SignatureVerifier
 from kbgraph.store import Store, StoreBusy
 from tests import webhook_client as wc
@@ -39,21 +40,29 @@ class Harness:
         return self.post(kb, body, headers)
 
 
+class Spine:
+    """What the route is given (``kbgraph.service.Service`` in the real service): the log."""
+
+    log: DeliveryLog
+
+
 def make_app(config: Config, commits: list[int]) -> Starlette:
-    """The same app.state the real service sets (kbgraph.api), with only the ingest routes."""
+    """The ingest routes over the SQLite delivery log, as the real service builds them
+    (``kbgraph.service``), with the projection's wake-up counted instead."""
+    spine = Spine()
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
-        app.state.store = Store(config.store.path)
+        app.state.store = store = Store(config.store.path)
+        spine.log = StoreLog(store, lambda: commits.append(1))
         try:
             yield
         finally:
-            app.state.store.close()
+            store.close()
 
-    app = Starlette(routes=ingest.routes, lifespan=lifespan)
+    app = Starlette(routes=ingest.routes(spine), lifespan=lifespan)
     app.state.config = config
     app.state.verifier = SignatureVerifier(list(config.webhooks.secrets))
-    app.state.on_commit = lambda: commits.append(1)
     return app
 
 
@@ -282,11 +291,11 @@ class _FailingStore:
 )
 def test_store_failures_are_not_acknowledged(tmp_path: Path, exc: Exception, status: int) -> None:
     commits: list[int] = []
-    app = Starlette(routes=ingest.routes)
+    spine = Spine()
+    spine.log = StoreLog(_FailingStore(exc), lambda: commits.append(1))  # type: ignore[arg-type]
+    app = Starlette(routes=ingest.routes(spine))
     app.state.config = parse_config("", base_dir=tmp_path)
     app.state.verifier = SignatureVerifier([])
-    app.state.store = _FailingStore(exc)
-    app.state.on_commit = lambda: commits.append(1)
     with TestClient(app) as client:
         body, headers = wc.delivery(None, [wc.upsert("x")])
         response = client.post("/v1/kbs/kb/events", content=body, headers=headers)

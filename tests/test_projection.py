@@ -377,7 +377,8 @@ def test_search_index_receives_puts_and_removes() -> None:
     calls: list[tuple] = []
 
     class Recorder:
-        def put(self, node: int, title: str, text: str, aliases: list[str], tags: list) -> None:
+        def put(self, node: int, title: str, text: str, aliases: list[str], tags: list,
+                analysed: object = None) -> None:  # fmt: skip
             assert aliases == [] and tags == []
             calls.append(("put", node, title, text))
 

@@ -65,10 +65,11 @@ def test_unchanged_title_text_and_aliases_are_not_reindexed() -> None:
 
     class Recorder(SearchIndex):
         def put(
-            self, node: int, title: str, text: str, aliases: Sequence[str] = (), tags=()
-        ) -> None:
+            self, node: int, title: str, text: str, aliases: Sequence[str] = (), tags=(),
+            analysed=None,
+        ) -> None:  # fmt: skip
             calls.append(("put", node, title, text, *aliases))
-            super().put(node, title, text, aliases, tags)
+            super().put(node, title, text, aliases, tags, analysed)
 
         def remove(self, node: int) -> None:
             calls.append(("remove", node))

@@ -14,24 +14,35 @@ with the result its own follower computed for that message.
 Along its jobs: ``wire`` (what a message carries), ``connect`` (the NATS connection, the
 stream and its decision rules), ``follower`` (reading and applying, failures and operators'
 decisions), ``node`` (``JetStreamLog``: a node's lifecycle and publishing), ``admin``
-(``kbgraph cluster`` commands).
+(``kbgraph cluster`` commands), ``commands`` (their command line, without nats-py).
+
+The names below are loaded on first use: importing the package (``kbgraph.jetstream.commands``
+does, for ``kbgraph --help``) must not import nats-py, which only ``[log] kind =
+"jetstream"`` needs.
 """
 
-from kbgraph.jetstream.connect import RulesDiffer, decision_rules
-from kbgraph.jetstream.follower import ApplyFailed, DeliverySkipped, LogUnavailable, StreamBehind
-from kbgraph.jetstream.node import JetStreamLog
-from kbgraph.jetstream.publisher import DeliveryTooLarge
-from kbgraph.jetstream.wire import decode_delivery, encode_delivery
+from __future__ import annotations
 
-__all__ = [
-    "ApplyFailed",
-    "DeliverySkipped",
-    "DeliveryTooLarge",
-    "JetStreamLog",
-    "LogUnavailable",
-    "RulesDiffer",
-    "StreamBehind",
-    "decision_rules",
-    "decode_delivery",
-    "encode_delivery",
-]
+import importlib
+from typing import Any, Final
+
+_WHERE: Final = {
+    "ApplyFailed": "kbgraph.jetstream.follower",
+    "DeliverySkipped": "kbgraph.deliverylog",
+    "DeliveryTooLarge": "kbgraph.deliverylog",
+    "JetStreamLog": "kbgraph.jetstream.node",
+    "LogUnavailable": "kbgraph.deliverylog",
+    "RulesDiffer": "kbgraph.jetstream.connect",
+    "StreamBehind": "kbgraph.jetstream.follower",
+    "decision_rules": "kbgraph.jetstream.connect",
+    "decode_delivery": "kbgraph.jetstream.wire",
+    "encode_delivery": "kbgraph.jetstream.wire",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(where), name)

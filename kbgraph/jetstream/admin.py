@@ -1,15 +1,14 @@
 """``kbgraph cluster skip``: an operator's decision, recorded in the stream, that the message at
-one position applies nothing on any node (the way forward when every node fails on it)."""
+one position applies nothing on any node (the way forward when every node fails on it); its
+command line is ``kbgraph.jetstream.commands``."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import os
 import secrets
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Final
@@ -17,7 +16,7 @@ from typing import Final
 import msgspec
 import nats.js.errors
 
-from kbgraph.config import Config, ConfigError, LogConfig, load_config
+from kbgraph.config import Config, LogConfig
 from kbgraph.jetstream import snapshots, wire
 from kbgraph.jetstream.connect import connect, decision_rules, signer
 from kbgraph.jetstream.node import NODE_ENV
@@ -81,43 +80,6 @@ async def skip(config: LogConfig, position: int, reason: str) -> int:
     finally:
         with contextlib.suppress(Exception):
             await nc.close()
-
-
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """``kbgraph cluster skip`` on the CLI's subcommands."""
-    cluster = sub.add_parser("cluster", help="operate a JetStream cluster of nodes")
-    commands = cluster.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
-    cmd = commands.add_parser(
-        "skip",
-        help="record in the stream that the message at POSITION applies nothing on any node",
-        description="Run it only once every node's /readyz names the same failing position:"
-        " a node that applied the message would then differ, and stops.",
-    )
-    cmd.add_argument("--config", required=True, help="a node's TOML config (its [log])")
-    cmd.add_argument("--position", required=True, type=int, help="the stream sequence to skip")
-    cmd.add_argument("--reason", required=True, help="why (noted in every node's store)")
-    cmd.set_defaults(func=cmd_skip)
-
-
-def cmd_skip(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"kbgraph: config {args.config}: {exc}", file=sys.stderr)
-        return 2
-    if config.log.kind != "jetstream":
-        print(f'kbgraph: config {args.config}: [log] kind is not "jetstream"', file=sys.stderr)
-        return 2
-    try:
-        seq = asyncio.run(skip(config.log, args.position, args.reason))
-    except DecisionRefused as exc:
-        print(f"kbgraph: cluster skip: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:
-        print(f"kbgraph: cluster skip: not recorded: {exc!r}", file=sys.stderr)
-        return 1
-    print(f"recorded at position {seq}: skip {args.position} ({args.reason})")
-    return 0
 
 
 def restore_before_serving(config: Config) -> str | None:

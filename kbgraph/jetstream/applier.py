@@ -39,11 +39,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from kbgraph.config import load_config
 from kbgraph.jetstream.follower import STREAM_METRICS, stream_metrics_text
 from kbgraph.jetstream.node import JetStreamLog
-from kbgraph.store import Store
+from kbgraph.service import open_store
 
 log = logging.getLogger("kbgraph.jetstream")
 
-APPLIER_ENV: Final = "KBGRAPH_APPLIER"  # set by kbgraph serve: the workers publish, not apply
 STATUS_SECONDS: Final = 0.2  # the status file rewritten this often
 STALE_SECONDS: Final = 5.0  # a status older than this: the applier is hung (e.g. stopped)
 RESTART_SECONDS: Final = 1.0  # an applier that exited is started again after this pause
@@ -87,14 +86,9 @@ async def run(config_path: str, parent: int) -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-        store = Store(
-            path,
-            max_kbs=config.limits.max_kbs,
-            named_kbs=frozenset(config.webhooks.kbs),
-            dedupe_keys=config.store.dedupe_keys,
-        )
+        store = open_store(config)
         applier = JetStreamLog(config.log, store, checkpoints=config.store.checkpoint_folder)
-        await applier.start()
+        await applier.follow()
         log.info("applier of stream %s started (pid %s)", config.log.stream, os.getpid())
         try:
             while not stop.is_set() and os.getppid() == parent:

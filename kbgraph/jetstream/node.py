@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from kbgraph.config import LogConfig
+from kbgraph.deliverylog import LogUnavailable
 from kbgraph.events import Event
 from kbgraph.jetstream import snapshots, wire
 from kbgraph.jetstream.connect import (
@@ -27,7 +28,6 @@ from kbgraph.jetstream.follower import (
     ApplyFailed,
     Diverged,
     Follower,
-    LogUnavailable,
     Stuck,
     count_notes,
 )
@@ -45,7 +45,8 @@ SILENT_SECONDS: Final = 4.0  # no answer from it for this long: /readyz says not
 
 
 class JetStreamLog(Follower, Publisher):
-    """One node's end of the stream: ``append`` publishes, the follower applies."""
+    """One node's end of the stream, a ``kbgraph.deliverylog.DeliveryLog``: ``append``
+    publishes, the follower applies."""
 
     def __init__(
         self,
@@ -84,7 +85,7 @@ class JetStreamLog(Follower, Publisher):
 
     # --- lifecycle ----------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def follow(self) -> None:
         """Connect and follow in the background (``problem()`` says when it has caught up)."""
         self._task = asyncio.create_task(self._run(), name="kbgraph-jetstream-follower")
         self._upkeep_task = asyncio.create_task(self._upkeep(), name="kbgraph-jetstream-upkeep")
@@ -265,6 +266,8 @@ class JetStreamLog(Follower, Publisher):
         delivery is then answered as duplicates, or applied if it never got in), or this node
         cannot follow the stream now (nothing is published then).
         """
+        if not events:  # nothing to publish: the KB's position as this node holds it
+            return await self.store.append_async(kb, events, message=message)
         refusal = self.refusal()
         if refusal is not None:
             raise LogUnavailable(refusal)

@@ -23,19 +23,15 @@ import nats.errors
 import nats.js.errors
 
 from kbgraph.config import LogConfig
+from kbgraph.deliverylog import DeliverySkipped, DeliveryTooLarge, LogUnavailable
 from kbgraph.events import Event
 from kbgraph.jetstream import wire
 from kbgraph.jetstream.connect import connect
-from kbgraph.jetstream.follower import DeliverySkipped, LogUnavailable
 from kbgraph.store import WebhookMessage
 
 log = logging.getLogger("kbgraph.jetstream")
 IN_PROCESS: Final = 10158  # JetStream: a publish with this Msg-Id is being stored: ask again
 PUBLISH_ATTEMPTS: Final = 3  # Msg-Ids found taken by another's message: then 503
-
-
-class DeliveryTooLarge(ValueError):
-    """The delivery, compressed, is over the NATS servers' ``max_payload`` (413)."""
 
 
 class Publisher:

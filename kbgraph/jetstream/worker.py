@@ -21,10 +21,10 @@ from typing import Any, Final
 import msgspec
 
 from kbgraph.config import LogConfig
+from kbgraph.deliverylog import DeliverySkipped, LogUnavailable
 from kbgraph.events import Event
 from kbgraph.jetstream.applier import ApplierProbe, serve_applier_metrics
 from kbgraph.jetstream.connect import signer
-from kbgraph.jetstream.follower import DeliverySkipped, LogUnavailable
 from kbgraph.jetstream.node import APPLY_WAIT_SECONDS, NODE_ENV
 from kbgraph.jetstream.publisher import Publisher
 from kbgraph.projection.follower import Projections
@@ -37,7 +37,8 @@ _decode = msgspec.json.Decoder(DeliveryResult).decode
 
 
 class WorkerLog(Publisher):
-    """A worker's end of the stream: publish here, the node's applier applies."""
+    """A worker's end of the stream, a ``kbgraph.deliverylog.DeliveryLog``: publish here,
+    the node's applier applies."""
 
     def __init__(self, config: LogConfig, store: Store, projections: Projections) -> None:
         self.config = config
@@ -55,7 +56,8 @@ class WorkerLog(Publisher):
         self._poller: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
+    async def follow(self) -> None:
+        """Connect in the background (the node's applier follows the stream)."""
         self._task = asyncio.create_task(self._connect(), name="kbgraph-worker-nats")
 
     async def _connect(self) -> None:
@@ -97,6 +99,8 @@ class WorkerLog(Publisher):
     ) -> DeliveryResult:
         """Publish one delivery; once the node's store holds it and this worker's projection
         has followed it, its result (the refusals of ``JetStreamLog.append``, alike)."""
+        if not events:  # nothing to publish: the KB's position as the node's store holds it
+            return await self.store.append_async(kb, events, message=message)
         if self._js is None:
             raise LogUnavailable("not connected to JetStream yet")
         refusal = self.applier.refusal()

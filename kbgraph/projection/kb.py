@@ -71,6 +71,7 @@ from kbgraph.projection.snapshot import Snapshot
 from kbgraph.projection.vectors import Vectors
 from kbgraph.rwlock import RWLock
 from kbgraph.search import SearchIndex
+from kbgraph.search.document import Analysed
 from kbgraph.store import KBState, LogRecord
 from kbgraph.store.load import columns_of
 from kbgraph.store.model import KBColumns
@@ -416,7 +417,7 @@ class KBProjection:
             bounded = False
             for d in deliveries[:taken]:
                 for r in d:
-                    apply_one(r.event)
+                    apply_one(r.event, r.analysis)
                 self.seq = d[-1].seq
                 done += 1
                 events += len(d)
@@ -430,9 +431,10 @@ class KBProjection:
             self.vectors.forget_fresh()  # the rest of the head is embedded again next call
         return done
 
-    def _apply(self, event: Event) -> None:
+    def _apply(self, event: Event, analysis: Analysed | None = None) -> None:
+        """One event's patches; ``analysis`` is its text's, when the log carried it."""
         if isinstance(event, ConceptUpserted):
-            self._upsert(event)
+            self._upsert(event, analysis)
         elif isinstance(event, ConceptDeleted):
             self._delete(event)
         elif isinstance(event, LinkAdded | LinkRemoved):
@@ -460,7 +462,7 @@ class KBProjection:
         self._cls[u] = self._class(collection, "")
         return u
 
-    def _upsert(self, event: ConceptUpserted) -> None:
+    def _upsert(self, event: ConceptUpserted, analysis: Analysed | None = None) -> None:
         data = event.data
         index_of = self._index_of
         u = index_of.get(event.subject)
@@ -540,7 +542,7 @@ class KBProjection:
         if src:
             self._declare_alive(src, dst)
         if reindex:
-            self.index.put(u, data.title, data.text, data.aliases, data.tags)
+            self.index.put(u, data.title, data.text, data.aliases, data.tags, analysed=analysis)
             if self.vectors is not None:
                 self.vectors.changed(u, event.subject, data.version)
 

@@ -1,6 +1,6 @@
 """Many documents analysed at once, for a first build: the postings rows ``SearchIndex.put``
-would give one document at a time (``SearchIndex._analyzed``), made a chunk of documents at
-a time with a few calls per chunk instead of a dozen per document.
+would give one document at a time (``kbgraph.search.document.parts``), made a chunk of
+documents at a time with a few calls per chunk instead of a dozen per document.
 
 Per chunk: every title, alias and text tokenised by one ``translate`` of the chunk joined
 (ASCII chunks; any other is tokenised text by text, as ``tokenize`` does), each distinct

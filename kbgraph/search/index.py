@@ -32,8 +32,9 @@ import numpy as np
 from numba import njit
 
 from kbgraph.postings import Postings, PostingsBuilder
-from kbgraph.search.analysis import analyze, analyze_tokens, fold, query_terms, tokenize
+from kbgraph.search.analysis import query_terms
 from kbgraph.search.bulk import FIELD, BulkAnalyzer
+from kbgraph.search.document import Analysed, parts
 from kbgraph.search.nametrie import NAME_SEP, NameTrie
 
 W_TITLE: Final = 12.0
@@ -138,29 +139,6 @@ class SearchIndex:
         self._stats: dict[tuple[int, int], tuple[np.ndarray, int, float, float]] = {}
         self._trie: NameTrie | None = None  # the names as a trie, built on first use
 
-    @staticmethod
-    def _analyzed(
-        title: str, text: str, aliases: Sequence[str], tags: Sequence[str]
-    ) -> tuple[Counter[str], list[str], tuple[str, ...], int, int]:
-        """(term -> packed hits in text order first, name keys, tag keys, title and text
-        lengths) of one document."""
-        # Each name tokenised once: its tokens give both its terms and its name key.
-        text_terms = analyze(text) if text else []
-        freq = Counter(text_terms)
-        title_len = 0
-        name_keys: dict[str, None] = {}
-        for name in (title, *aliases) if aliases else (title,):
-            tokens = tokenize(name)
-            if not tokens:  # nothing to match: no terms, no name key
-                continue
-            name_keys[_NAME_SEP.join(tokens)] = None
-            terms = analyze_tokens(name, tokens)
-            title_len += len(terms)
-            for t in terms:
-                freq[t] += _FIELD
-        tag_keys = tuple(dict.fromkeys([fold(tag) for tag in tags if tag])) if tags else ()
-        return freq, list(name_keys), tag_keys, title_len, len(text_terms)
-
     def put(
         self,
         node: int,
@@ -168,11 +146,20 @@ class SearchIndex:
         text: str,
         aliases: Sequence[str] = (),
         tags: Sequence[str] = (),
+        analysed: Analysed | None = None,
     ) -> None:
-        """Index (or re-index) ``node`` with its current title, text, aliases and tags."""
-        freq, name_keys, tag_keys, title_len, text_len = self._analyzed(title, text, aliases, tags)
+        """Index (or re-index) ``node`` with its current title, text, aliases and tags;
+        ``analysed``, when the log carried it, is their analysis (``kbgraph.search.document``),
+        used instead of analysing them here."""
+        if analysed is None:
+            freq, name_keys, tag_keys, title_len, text_len = parts(title, text, aliases, tags)
+            term_hits: Iterable[tuple[str, int]] = freq.items()
+        else:
+            name_keys, tag_keys = analysed.names, analysed.tags
+            title_len, text_len = analysed.title_len, analysed.text_len
+            term_hits = zip(analysed.terms, analysed.hits, strict=True)
         self._forget(node)  # its lengths are set below: only its postings go
-        self.terms.add(node, freq.items())
+        self.terms.add(node, term_hits)
         self.names.add(node, [(key, 1) for key in name_keys])
         for key in name_keys:
             self.name_lengths[key.count(_NAME_SEP) + 1] += 1

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from kbgraph.eventlog import SqliteLog
+from kbgraph.eventlog import SqliteLog, analysis_of
 from kbgraph.events import Event
 from kbgraph.store import statements as sql
 from kbgraph.store.decide import Keys, Subject, decide
@@ -65,6 +65,21 @@ class Pending:
     at: float | None = None
     position: tuple[str, int] | None = None
     note: tuple[str, str] | None = None  # (kind, detail): a logged message that applies nothing
+    analyses: dict[int, bytes] = field(default_factory=dict)  # id(event) -> its log analysis
+
+    def analyse(self) -> None:
+        """Each upsert's text analysis for the log (``eventlog.analysis_of``), by the store's
+        analyser thread before the writer takes the delivery: never inside a transaction
+        other processes' writers wait for, nor on the writer's serial path. Never a refusal:
+        a delivery whose analysis raises is decided by its writes alone, its rows carrying
+        none."""
+        try:
+            for event in self.events:
+                analysis = analysis_of(event)
+                if analysis is not None:
+                    self.analyses[id(event)] = analysis
+        except Exception:  # e.g. a value its write refuses too: the transaction says so
+            self.analyses.clear()
 
 
 class GroupWriter:
@@ -159,7 +174,7 @@ class GroupWriter:
             if pending.note is None:
                 per_kb.setdefault(pending.kb, []).append(pending.events)
         works = {kb: self.load_kb(conn, kb, deliveries) for kb, deliveries in per_kb.items()}
-        entries: list[tuple[str, int, Event, bool]] = []
+        entries: list[tuple[str, int, Event, bool, bytes | None]] = []
         results = []
         for pending in group:
             if pending.note is not None:  # recorded with the positions, applies nothing
@@ -177,8 +192,11 @@ class GroupWriter:
                     " events: refused as a replay (a retry must repeat the delivery)"
                 )
             last = len(applied) - 1
+            analyses = pending.analyses
             for index, event in enumerate(applied):
-                entries.append((kb, work.seq + 1 + index, event, index == last))
+                entries.append(
+                    (kb, work.seq + 1 + index, event, index == last, analyses.get(id(event)))
+                )
             work.seq += len(applied)
             results.append(
                 DeliveryResult(len(events), len(applied), duplicates, stale, ignored, work.seq)

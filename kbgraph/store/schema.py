@@ -15,7 +15,9 @@ from typing import Final
 # 7: a concept's declared links are a column of its row (a JSON array, sorted), not link rows;
 # stream_note (the messages of a replicated log that applied nothing, and why) is added to 7
 # as it is: a new table that older code never reads, so no version of its own; so is
-# stream_result (what each recent delivery of the stream answered, read by a node's workers)
+# stream_result (what each recent delivery of the stream answered, read by a node's workers);
+# and log.analysis (an upsert's text analysed once by the writer, kbgraph.search.document): a
+# nullable column older code neither writes nor reads, a row without it analysed by the reader
 SCHEMA_VERSION: Final = 7
 
 _TABLES: Final = """
@@ -31,6 +33,7 @@ CREATE TABLE IF NOT EXISTS log (
     seq INTEGER NOT NULL,
     event BLOB NOT NULL,
     last_in_delivery INTEGER NOT NULL,
+    analysis BLOB,
     UNIQUE (kb, seq)
 );
 CREATE TABLE IF NOT EXISTS concept (
@@ -109,6 +112,8 @@ def create_or_migrate(conn: sqlite3.Connection, path: Path) -> None:
             conn.execute(statement)
     if 0 < found < SCHEMA_VERSION:
         _migrate(conn)
+    if "analysis" not in {row[1] for row in conn.execute("PRAGMA table_info(log)")}:
+        conn.execute("ALTER TABLE log ADD COLUMN analysis BLOB")  # see SCHEMA_VERSION
     conn.execute(
         "INSERT OR IGNORE INTO meta (key, value) VALUES ('store_id', ?), ('log_start', 1)",
         (uuid.uuid4().hex,),

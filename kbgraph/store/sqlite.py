@@ -100,7 +100,8 @@ class Store:
         self.dedupe_keys = dedupe_keys
         self._group = GroupWriter(self)
         self._closed = False
-        self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()  # to analyse
+        self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()  # to write
         self._idle_readers: list[sqlite3.Connection] = []
         self._all_readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
@@ -110,6 +111,7 @@ class Store:
             if not self.path.is_file():
                 raise FileNotFoundError(f"no store at {self.path}")
             self._thread: threading.Thread | None = None
+            self._analyser: threading.Thread | None = None
             with self._reader() as conn:
                 conn.execute("SELECT count(*) FROM kb").fetchone()
             return
@@ -124,6 +126,10 @@ class Store:
             target=self._writer_loop, name=f"kbgraph-store-writer:{self.path.name}", daemon=True
         )
         self._thread.start()
+        self._analyser = threading.Thread(
+            target=self._analyser_loop, name=f"kbgraph-store-analyser:{self.path.name}", daemon=True
+        )
+        self._analyser.start()
 
     # -- connections -------------------------------------------------------------------------
 
@@ -319,7 +325,19 @@ class Store:
             raise StoreClosed("store closed")
         if self.read_only:
             raise StoreClosed("store opened read-only")
-        self._queue.put(pending)
+        self._inbox.put(pending)
+
+    def _analyser_loop(self) -> None:
+        """Each delivery's text analysis for the log (``Pending.analyse``) on its way to the
+        writer: a stage of its own, so that it runs while the writer waits on SQLite and the
+        disk (the GIL released) instead of lengthening the writer's serial path."""
+        while True:
+            pending = self._inbox.get()
+            if pending is not None:
+                pending.analyse()
+            self._queue.put(pending)
+            if pending is None:
+                return
 
     def _writer_loop(self) -> None:
         conn = self._writer_conn
@@ -344,14 +362,15 @@ class Store:
         with contextlib.suppress(sqlite3.Error):
             conn.close()
         # Deliveries that raced with close() behind the stop marker: refuse, never strand them.
-        while True:
-            try:
-                late = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if late is not None:
-                with contextlib.suppress(Exception):
-                    late.resolve(None, StoreClosed("store closed"))
+        for waiting in (self._queue, self._inbox):  # the analyser has stopped before the writer
+            while True:
+                try:
+                    late = waiting.get_nowait()
+                except queue.Empty:
+                    break
+                if late is not None:
+                    with contextlib.suppress(Exception):
+                        late.resolve(None, StoreClosed("store closed"))
 
     def _commit_group(self, conn: sqlite3.Connection, group: list[Pending]) -> None:
         """One transaction, one fsync for the group; each caller gets its own outcome.
@@ -487,8 +506,9 @@ class Store:
         if self._closed:
             return
         self._closed = True
-        if self._thread is not None:
-            self._queue.put(None)
+        if self._thread is not None and self._analyser is not None:
+            self._inbox.put(None)  # through the analyser to the writer, in order
+            self._analyser.join()
             self._thread.join()
         with self._readers_lock:
             for conn in self._all_readers:

@@ -1,0 +1,90 @@
+"""The service built in one place (``kbgraph.service``) around one ``DeliveryLog``."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kbgraph.config import load_config
+from kbgraph.deliverylog import DeliveryLog, StoreLog
+from tests.conftest import write_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Serve a SQLite config end to end in a fresh interpreter: the CLI's parser (every command),
+# the app, its lifespan, a signed delivery, a read that sees it, /readyz, then the modules.
+SERVE_SQLITE = r"""
+import json, sys
+from starlette.testclient import TestClient
+from kbgraph.api import create_app
+from kbgraph.cli import build_parser
+from kbgraph.config import load_config
+from tests import webhook_client as wc
+from tests.conftest import ADMIN, SECRET
+
+build_parser()
+config = load_config(sys.argv[1])
+with TestClient(create_app(config)) as client:
+    body, headers = wc.delivery(SECRET, [wc.upsert("infra/a", 1, title="A")])
+    posted = client.post("/v1/kbs/homelab/events", content=body, headers=headers)
+    auth = {"Authorization": f"Bearer {ADMIN}", "X-Min-Seq": "1"}
+    read = client.get("/v1/kbs/homelab/concepts/infra/a", headers=auth)
+    ready = client.get("/readyz")
+print(json.dumps({
+    "posted": posted.status_code, "read": read.status_code, "ready": ready.status_code,
+    "nats": sorted(m for m in sys.modules if m == "nats" or m.startswith("nats.")),
+}))
+"""
+
+
+def test_a_sqlite_service_never_imports_nats(tmp_path: Path) -> None:
+    config = write_config(tmp_path, '[embeddings]\nprovider = "none"\n')
+    done = subprocess.run(
+        [sys.executable, "-c", SERVE_SQLITE, str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out == {"posted": 200, "read": 200, "ready": 200, "nats": []}
+
+
+def test_the_log_is_chosen_by_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sqlite: the store's own log; jetstream: a node's log, or a worker's beside an applier.
+    Each is a ``DeliveryLog`` (the protocol's methods, with their signatures)."""
+    from kbgraph.jetstream.node import JetStreamLog
+    from kbgraph.jetstream.worker import WorkerLog
+    from kbgraph.projection import Projections
+    from kbgraph.service import APPLIER_ENV, make_log, open_store
+
+    sqlite = load_config(write_config(tmp_path))
+    monkeypatch.setenv("KBGRAPH_TEST_MAC", "a cluster secret of 32 bytes....")
+    (tmp_path / "js").mkdir()
+    jetstream_path = write_config(
+        tmp_path / "js", '[log]\nkind = "jetstream"\nmac_secret_env = "KBGRAPH_TEST_MAC"\n'
+    )
+    jetstream = load_config(jetstream_path)
+    store = open_store(sqlite)
+    try:
+        projections = Projections(store)
+        chosen = [make_log(sqlite, store, projections), make_log(jetstream, store, projections)]
+        monkeypatch.setenv(APPLIER_ENV, "1")
+        chosen.append(make_log(jetstream, store, projections))
+        assert [type(log) for log in chosen] == [StoreLog, JetStreamLog, WorkerLog]
+        for log in chosen:
+            for name in ("follow", "append", "problem", "close"):
+                ours, theirs = getattr(DeliveryLog, name), getattr(type(log), name)
+                assert list(inspect.signature(theirs).parameters) == list(
+                    inspect.signature(ours).parameters
+                ), (type(log).__name__, name)
+                assert inspect.iscoroutinefunction(theirs) == inspect.iscoroutinefunction(ours)
+        chosen[2].applier.close()  # type: ignore[attr-defined]
+    finally:
+        store.close()
