@@ -17,7 +17,7 @@ import msgspec
 import numpy as np
 from msgspec import UNSET
 
-from kbgraph import evidence, graphalgo, retrieval
+from kbgraph import evidence, graphalgo, ranking, retrieval
 from kbgraph.graphalgo.graph import View
 from kbgraph.projection import Snapshot
 from kbgraph.search import query_terms, snippet, snippet_at, top
@@ -138,6 +138,7 @@ def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> Graph
     response = GraphContextResponse(
         query=UNSET if req.query is None else req.query,
         ids=UNSET if req.ids is None else req.ids,
+        ranked=[],
         seeds=[],
         results=[],
         count=0,
@@ -193,6 +194,7 @@ def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> Graph
         for node, score, hop, before in rows
     ]
     response.count = len(response.results)
+    response.ranked = ranking.ranked(response.seeds, response.results, limit)
     return response
 
 

@@ -162,8 +162,10 @@ def test_the_list_equals_the_api_answer(browser: webdriver.Chrome, served: tuple
     open_page(browser, base, ADMIN)
     listed = ask(browser, QUESTION)
     answer = api(base, ADMIN, "POST", "/v1/kbs/homelab/tools/graph_context", {"query": QUESTION})
-    expected = [("seed", s) for s in answer["seeds"]] + [("result", r) for r in answer["results"]]
+    # the list is `ranked`, what an agent reads: seeds (hops 0) and results in one order
+    expected = [("seed" if r["hops"] == 0 else "result", r) for r in answer["ranked"]]
     assert len(listed) == len(expected) >= 6
+    assert {kind for kind, _ in expected} == {"seed", "result"}
     for row, (kind, item) in zip(listed, expected, strict=True):
         assert (row["id"], row["kind"], row["title"]) == (item["id"], kind, item["title"])
         assert row["meta"].startswith(f"score {item['score']:.4f}")
