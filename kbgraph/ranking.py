@@ -19,7 +19,7 @@ from typing import Final
 
 from kbgraph.shapes import ContextResult, RankedResult, Seed
 
-GRAPH_SHARE: Final = 0.5
+GRAPH_SHARE: Final = 0.1
 
 
 def ranked(

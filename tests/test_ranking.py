@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
+from msgspec import UNSET
 
-from kbgraph.ranking import ranked
+from kbgraph.ranking import GRAPH_SHARE, ranked
 from kbgraph.shapes import ContextResult, Seed
 
 NAMES = [f"c/{i:02d}" for i in range(40)]
@@ -50,9 +51,17 @@ def test_every_seed_and_result_at_most_once_best_first(
     assert ranked(seeds, results, limit) == out  # deterministic
 
 
-def test_a_seed_the_walk_favours_passes_a_better_matched_one() -> None:
-    seeds = [Seed("a", "A", 0.4, 0.10, ""), Seed("b", "B", 0.35, 0.40, "")]
-    results = [ContextResult("c", "C", 0.30, 1, "b", ""), ContextResult("d", "D", 0.01, 2, "c", "")]
-    out = ranked(seeds, results, 3)
-    assert [row.id for row in out] == ["b", "a", "c"]
-    assert [row.hops for row in out] == [0, 0, 1] and out[2].via == "b"
+def test_the_walk_breaks_a_near_tie_and_lifts_a_result_over_a_weak_seed() -> None:
+    assert 0.05 <= GRAPH_SHARE <= 0.5  # the figures below are chosen for such a share
+    seeds = [
+        Seed("a", "A", 0.40, 0.10, ""),
+        Seed("b", "B", 0.39, 0.40, ""),  # nearly a's match, and the walk favours it
+        Seed("d", "D", 0.01, 0.00, ""),  # a weak match the walk does not reach
+    ]
+    results = [ContextResult("c", "C", 0.30, 1, "b", ""), ContextResult("e", "E", 0.0, 2, "c", "")]
+    out = ranked(seeds, results, 4)
+    assert [row.id for row in out] == ["b", "a", "c", "d"]
+    assert out[2].hops == 1 and out[2].via == "b" and out[3].via is UNSET
+    expected_b = (1 - GRAPH_SHARE) * 0.39 / 0.40 + GRAPH_SHARE * 1.0
+    assert out[0].score == round(expected_b, 4)
+    assert out[2].score == round(GRAPH_SHARE * 0.30 / 0.40, 4)
