@@ -28,7 +28,7 @@ from numba import njit
 
 from kbgraph.search import SearchIndex, tokenize
 
-RARE_SHARE: Final = 0.05
+RARE_SHARE: Final = 0.1
 _ASCII_TOKEN = re.compile(r"[a-z0-9]+")
 _TOKEN = re.compile(r"[^\W_]+")
 

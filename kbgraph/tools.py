@@ -57,8 +57,8 @@ RETIRED: Final = frozenset({"deprecated", "superseded"})
 METHODS: Final = ("hybrid", "structure")
 # link_suggest hybrid: structure's resource allocation plus weighted text evidence.
 MENTION_WEIGHT: Final = 2.0
-TERMS_WEIGHT: Final = 12.0
-TAGS_WEIGHT: Final = 1.0
+TERMS_WEIGHT: Final = 4.0
+TAGS_WEIGHT: Final = 0.5
 Req = TypeVar("Req")
 
 
