@@ -165,25 +165,21 @@ def _render_context(body: dict[str, Any]) -> list[str]:
     titles = {row["id"]: row["title"] for row in body["seeds"] + body["results"]}
     vias = {row["id"]: row["via"] for row in body["results"]}
     seeds = {row["id"] for row in body["seeds"]}
-    if body["seeds"]:
-        lines.append("Seeds (best matches):")
-    for i, seed in enumerate(body["seeds"], 1):
-        lines.append(f"S{i}. {_name(seed['title'], seed['id'])} weight {seed['weight']:g}, "
-                     f"score {seed['score']:g}")  # fmt: skip
-        if seed["snippet"]:
-            lines.append(f"    {seed['snippet']}")
-    if body["results"]:
-        lines.append("Related:")
-    for i, row in enumerate(body["results"], 1):
-        chain = [row["via"]]  # back towards a seed through the answer's own via links
-        while chain[-1] in vias and len(chain) < row["hops"]:
-            chain.append(vias[chain[-1]])
-        names = [_name(titles.get(c, ""), c) for c in chain]
-        if chain[-1] not in seeds:
-            names.append("…")
-        hops = "1 hop" if row["hops"] == 1 else f"{row['hops']} hops"
-        lines.append(f"{i}. {_name(row['title'], row['id'])} score {row['score']:g}, {hops}, "
-                     f"via {' ← '.join(names)}")  # fmt: skip
+    if body["ranked"]:
+        lines.append("Ranked (best first; seeds are the best matches, the rest found by links):")
+    for i, row in enumerate(body["ranked"], 1):
+        if row["hops"] == 0:
+            how = "seed"
+        else:
+            chain = [row["via"]]  # back towards a seed through the answer's own via links
+            while chain[-1] in vias and len(chain) < row["hops"]:
+                chain.append(vias[chain[-1]])
+            names = [_name(titles.get(c, ""), c) for c in chain]
+            if chain[-1] not in seeds:
+                names.append("…")
+            hops = "1 hop" if row["hops"] == 1 else f"{row['hops']} hops"
+            how = f"{hops}, via {' ← '.join(names)}"
+        lines.append(f"{i}. {_name(row['title'], row['id'])} score {row['score']:g}, {how}")
         if row["snippet"]:
             lines.append(f"   {row['snippet']}")
     return lines

@@ -123,6 +123,31 @@ def hybrid(
     return fuse([(words, 1.0), (meaning, vector_weight)], snap.ids, limit)
 
 
+def by_score(
+    snap: Snapshot, view: View, query: str, limit: int, vector_weight: float, depth: int
+) -> list[tuple[int, float]]:
+    """graph_context's seeds: the lexical and vector lists (each cut to ``depth``) fused by
+    their scores, ``bm25 / best + vector_weight * (cos - lowest) / (best - lowest)``: unlike
+    ranks, scores keep a clear winner ahead of a near tie. Ties by id; no words, no hits; a
+    fused score of 0 is no hit."""
+    words = lexical(snap, view, query, depth)
+    if not words:
+        return []
+    try:
+        meaning = vector(snap, view, query, depth)
+    except Unavailable:
+        meaning = []  # text search serves meanwhile
+    best = words[0][1]
+    scores = {node: score / best for node, score in words}
+    if meaning:
+        high, low = meaning[0][1], meaning[-1][1]
+        span = (high - low) or 1.0
+        for node, score in meaning:
+            scores[node] = scores.get(node, 0.0) + vector_weight * (score - low) / span
+    ranked = sorted(scores.items(), key=lambda h: (-h[1], snap.ids[h[0]]))
+    return [hit for hit in ranked if hit[1] > 0.0][:limit]  # the vector list's last adds 0
+
+
 def hits(snap: Snapshot, view: View, query: str, limit: int, mode: str) -> list[tuple[int, float]]:
     if mode == "vector":
         return vector(snap, view, query, limit)

@@ -125,9 +125,21 @@ class ContextResult(msgspec.Struct):
     snippet: str
 
 
+class RankedResult(msgspec.Struct, kw_only=True):
+    """One item of ``ranked``: a seed (hops 0, no ``via``) or a result."""
+
+    id: str
+    title: str
+    score: float
+    hops: int
+    via: str | UnsetType = UNSET
+    snippet: str
+
+
 class GraphContextResponse(msgspec.Struct, kw_only=True):
     query: str | UnsetType = UNSET
     ids: list[str] | UnsetType = UNSET
+    ranked: list[RankedResult]
     seeds: list[Seed]
     results: list[ContextResult]
     count: int

@@ -17,7 +17,7 @@ import msgspec
 import numpy as np
 from msgspec import UNSET
 
-from kbgraph import evidence, graphalgo, retrieval
+from kbgraph import evidence, graphalgo, ranking, retrieval
 from kbgraph.graphalgo.graph import View
 from kbgraph.projection import Snapshot
 from kbgraph.search import query_terms, snippet, snippet_at, top
@@ -40,14 +40,17 @@ from kbgraph.shapes import (
 )
 
 SEARCH_SEEDS: Final = 5
-# With vectors (docs/retrieval-quality.md): the seeds are the top FUSED_SEEDS of the lexical and
-# vector lists fused (kbgraph.retrieval.fuse, the vector list weighted SEED_VECTOR_WEIGHT), weighed
-# by their fused scores as below. Chosen on the tune half of the context questions.
-FUSED_SEEDS: Final = 5
-SEED_VECTOR_WEIGHT: Final = 0.5
+# With vectors (docs/retrieval-quality.md, issue 36): the seeds are the top FUSED_SEEDS of the
+# lexical and vector lists (each SEED_DEPTH long) fused by their scores
+# (kbgraph.retrieval.by_score, the vector list weighted SEED_VECTOR_WEIGHT), each weighing
+# (fused / best) ** FUSED_SEED_POWER. Chosen on the tune questions of three corpora, two models.
+FUSED_SEEDS: Final = 10
+SEED_VECTOR_WEIGHT: Final = 0.25
+FUSED_SEED_POWER: Final = 4.0
 SEED_DEPTH: Final = 50  # each list's length before fusing (50 beat 20 and 10 on the tune half)
-# Seeding from search scores (docs/retrieval-quality.md, "The rules"): of the top SEARCH_SEEDS
-# hits, those scoring at least SEED_CUT of the best add (score / best) ** SEED_POWER.
+# Seeding from search scores without vectors (docs/retrieval-quality.md, "The rules"): of the
+# top SEARCH_SEEDS hits, those scoring at least SEED_CUT of the best add
+# (score / best) ** SEED_POWER.
 SEED_CUT: Final = 0.5
 SEED_POWER: Final = 2.0
 RETIRED: Final = frozenset({"deprecated", "superseded"})
@@ -107,22 +110,23 @@ def visible_node(snap: Snapshot, view: View, concept_id: str) -> int:
 # --- the tools -----------------------------------------------------------------------------
 
 
-def seed_weights(hits: list[tuple[int, float]]) -> list[tuple[int, float]]:
+def seed_weights(
+    hits: list[tuple[int, float]], cut: float = SEED_CUT, power: float = SEED_POWER
+) -> list[tuple[int, float]]:
     """The seed weight of each ranked search hit: a clear winner outweighs a near tie."""
     if not hits:
         return []
     best = hits[0][1]
-    return [
-        (node, (score / best) ** SEED_POWER) for node, score in hits if score >= SEED_CUT * best
-    ]
+    return [(node, (score / best) ** power) for node, score in hits if score >= cut * best]
 
 
 def query_seeds(snap: Snapshot, view: View, query: str) -> list[tuple[int, float]]:
-    """The query's ranked seed hits: lexical alone, or fused with vector hits when the KB
-    has vectors."""
+    """The query's weighted seeds: from lexical hits alone, or from lexical and vector hits
+    fused by score when the KB has vectors."""
     if snap.vectors is None:
-        return retrieval.lexical(snap, view, query, SEARCH_SEEDS)
-    return retrieval.hybrid(snap, view, query, FUSED_SEEDS, SEED_VECTOR_WEIGHT, SEED_DEPTH)
+        return seed_weights(retrieval.lexical(snap, view, query, SEARCH_SEEDS))
+    fused = retrieval.by_score(snap, view, query, FUSED_SEEDS, SEED_VECTOR_WEIGHT, SEED_DEPTH)
+    return seed_weights(fused, 0.0, FUSED_SEED_POWER)
 
 
 def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> GraphContextResponse:
@@ -141,12 +145,13 @@ def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> Graph
     terms: list[str] = []
     if req.query is not None:
         terms = query_terms(req.query)
-        for node, weight in seed_weights(query_seeds(snap, view, req.query)):
+        for node, weight in query_seeds(snap, view, req.query):
             weights[node] = weights.get(node, 0.0) + weight
 
     response = GraphContextResponse(
         query=UNSET if req.query is None else req.query,
         ids=UNSET if req.ids is None else req.ids,
+        ranked=[],
         seeds=[],
         results=[],
         count=0,
@@ -202,6 +207,7 @@ def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> Graph
         for node, score, hop, before in rows
     ]
     response.count = len(response.results)
+    response.ranked = ranking.ranked(response.seeds, response.results, limit)
     return response
 
 

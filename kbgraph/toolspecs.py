@@ -32,9 +32,10 @@ SPECS: Final = (
     ToolSpec(
         "graph_context", shapes.GraphContextRequest, shapes.GraphContextResponse,
         tools.graph_context,
-        "The concepts around a question or given concept ids, ranked by personalized PageRank "
-        "on the link graph: seeds (the best matches) first, then related concepts with their "
-        "score, hop count, the concept they were reached through (via) and a text snippet. "
+        "The concepts around a question or given concept ids: 'ranked' is the list to read, "
+        "the best matches (seeds, hops 0) and the concepts personalized PageRank finds around "
+        "them on the link graph in one order, each with its score, hop count, the concept it "
+        "was reached through (via) and a text snippet; 'seeds' and 'results' are its parts. "
         "Start here.",
     ),
     ToolSpec(

@@ -14,6 +14,10 @@ algorithmic cores as the API layer calls them:
   the hybrid/seed fusion ask), ``vector_search_half`` (over a half mask, as a narrowed token),
   and ``graph_context_vectors`` (the vector search, then ``graph_context`` as above), beside
   ``graph_context`` with vectors off; and the vectors' bytes;
+- ``graph_context_5_seeds`` and ``graph_context_fused_seeds`` (issue 36): the same from 5 seeds
+  (the count before issue 36) and from ``FUSED_SEEDS`` (the count now), spread over the KB and
+  weighted as fused search ranks are (``(score / best) ** SEED_POWER``), with ``ranked``
+  built from both lists; their ratio is the seeding's price;
 
 and, side by side on the same graph, networkx (exact PageRank power iteration, resource
 allocation index over the two-hop candidates, bidirectional shortest path) and igraph
@@ -48,6 +52,10 @@ from kbgraph.graphalgo import (
 )
 from kbgraph.graphalgo.vectors import nearest, quantize
 from kbgraph.graphalgo.vectors import warm_up as warm_up_vectors
+from kbgraph.ranking import ranked
+from kbgraph.retrieval import RRF_K
+from kbgraph.shapes import ContextResult, Seed
+from kbgraph.tools import FUSED_SEEDS, SEED_POWER
 from loadtest.synthetic import (
     build_graph,
     concept_id,
@@ -170,9 +178,30 @@ def bench_ours(view: View, s0: int, s1: int, target: int, budget: float, reps: i
         nearest(q8, scale, codes, view.mask, query)
         graph_context()
 
+    def many(count: int) -> Callable[[], None]:
+        """graph_context from ``count`` seeds spread over the KB, weighted as fused ranks."""
+        picks = np.linspace(0, n - 1, count).astype(np.int64).tolist()
+        weighted = [(v, ((RRF_K + 1) / (RRF_K + 1 + i)) ** SEED_POWER) for i, v in enumerate(picks)]
+
+        def run() -> None:
+            nodes, p = personalized_pagerank(view, weighted)
+            targets = top_results(picks, nodes, p, 10)
+            hops, via = hops_and_via(view, picks, targets)
+            at = dict(zip(nodes.tolist(), p.tolist(), strict=True))
+            seed_rows = [Seed(str(v), "", w, round(at.get(v, 0.0), 4), "") for v, w in weighted]
+            rows = [
+                ContextResult(str(v), "", round(at[v], 4), h, str(b), "")
+                for v, h, b in zip(targets, hops, via, strict=True)
+            ]
+            ranked(seed_rows, rows, 10)
+
+        return run
+
     nodes, _ = personalized_pagerank(view, seeds)
     path = shortest_path(view, s0, target, "both", 6)
     out = {
+        "graph_context_5_seeds": timed(many(5), budget_s=budget, max_reps=reps),
+        "graph_context_fused_seeds": timed(many(FUSED_SEEDS), budget_s=budget, max_reps=reps),
         "ppr": timed(ppr, budget_s=budget, max_reps=reps),
         "graph_context": timed(graph_context, budget_s=budget, max_reps=reps),
         "vector_search": timed(vector_search, budget_s=budget, max_reps=reps),
@@ -310,6 +339,8 @@ def print_table(name: str, entry: dict) -> None:
         ("ours", "vector_search"),
         ("ours", "vector_search_half"),
         ("ours", "graph_context_vectors"),
+        ("ours", "graph_context_5_seeds"),
+        ("ours", "graph_context_fused_seeds"),
         ("ours", "link_suggest"),
         ("ours", "graph_path"),
         ("networkx", "ppr"),
@@ -353,6 +384,11 @@ def summarize(figures: dict) -> dict:
             ours = med(size, "ours", task)
             key = f"igraph_ppr_over_ours_{task}_{size}"
             ratios[key] = round(ig / ours, 1) if ig and ours else None
+
+    for size in graphs:
+        five = med(size, "ours", "graph_context_5_seeds")
+        fused = med(size, "ours", "graph_context_fused_seeds")
+        ratios[f"fused_seeds_over_5_seeds_{size}"] = round(fused / five, 2) if five else None
 
     def aim(value: float | None, limit: float, higher_is_better: bool = False) -> dict:
         if value is None:

@@ -8,6 +8,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from kbgraph.config import parse_config
+from kbgraph.ranking import GRAPH_SHARE as SHARE
 from tests.conftest import ADMIN, INFRA, OTHER, RUNBOOKS, Service
 from tests.kb_events import delete, upsert
 
@@ -138,7 +139,7 @@ def test_graph_context_shape_and_determinism(service: Service) -> None:
     second = service.tool(ADMIN, KB, "graph_context", body, seq)
     assert first.content == second.content
     answer = first.json()
-    assert list(answer) == ["query", "ids", "seeds", "results", "count"]
+    assert list(answer) == ["query", "ids", "ranked", "seeds", "results", "count"]
     assert answer["query"] == "restart DNS" and answer["ids"] == ["network/vlan"]
     assert abs(sum(seed["weight"] for seed in answer["seeds"]) - 1.0) < 1e-3
     weights = [(-s["weight"], s["id"]) for s in answer["seeds"]]
@@ -172,6 +173,48 @@ def test_graph_context_shape_and_determinism(service: Service) -> None:
         assert row["snippet"] == texts[row["id"]]
 
 
+def test_ranked_blends_seeds_and_results_once_each(service: Service) -> None:
+    seq = homelab(service)
+    for body in (
+        {"query": "restart DNS", "ids": ["network/vlan"]},
+        {"query": "restart DNS", "limit": 3},
+        {"ids": ["infra/dns"], "limit": 30},
+    ):
+        answer = service.tool(ADMIN, KB, "graph_context", body, seq).json()
+        ranked, seeds, results = answer["ranked"], answer["seeds"], answer["results"]
+        limit = body.get("limit", 10)
+        ids = [row["id"] for row in ranked]
+        assert len(ids) == len(set(ids)) == min(limit, len(seeds) + len(results)) > 0
+        seed_by_id = {s["id"]: s for s in seeds}
+        result_by_id = {r["id"]: r for r in results}
+        best_weight = max(s["weight"] for s in seeds)
+        best_mass = max(row["score"] for row in seeds + results)
+        expected = []  # the documented rule, from the figures the answer shows
+        for s in seeds:
+            score = (1 - SHARE) * s["weight"] / best_weight + SHARE * s["score"] / best_mass
+            expected.append((-round(score, 4), 0, s["id"]))
+        for r in results:
+            expected.append((-round(SHARE * r["score"] / best_mass, 4), r["hops"], r["id"]))
+        assert [(-row["score"], row["hops"], row["id"]) for row in ranked] == sorted(expected)[
+            :limit
+        ]
+        for row in ranked:
+            if row["id"] in seed_by_id:
+                assert row["hops"] == 0 and "via" not in row
+                assert list(row) == ["id", "title", "score", "hops", "snippet"]
+                assert row["snippet"] == seed_by_id[row["id"]]["snippet"]
+            else:
+                result = result_by_id[row["id"]]
+                assert list(row) == ["id", "title", "score", "hops", "via", "snippet"]
+                assert (row["hops"], row["via"], row["snippet"]) == (
+                    result["hops"],
+                    result["via"],
+                    result["snippet"],
+                )
+    nothing = service.tool(ADMIN, KB, "graph_context", {"query": "zzzunknown"}, seq).json()
+    assert nothing["ranked"] == [] and nothing["count"] == 0
+
+
 def test_snippets_without_a_query_start_the_text(service: Service) -> None:
     long_text = "alpha " * 20 + "omega " * 40
     seq = service.write(KB, [upsert("t/a", links=["t/b"], text=long_text), upsert("t/b")])
@@ -202,6 +245,7 @@ def test_graph_context_without_seed_has_note(service: Service) -> None:
     answer = service.tool(ADMIN, KB, "graph_context", {"query": "zebra"}, seq).json()
     assert answer == {
         "query": "zebra",
+        "ranked": [],
         "seeds": [],
         "results": [],
         "count": 0,

@@ -160,10 +160,16 @@ def test_the_page_is_self_contained_and_strict(served: tuple[str, Path]) -> None
 def test_the_list_equals_the_api_answer(browser: webdriver.Chrome, served: tuple) -> None:
     base, _ = served
     open_page(browser, base, ADMIN)
+    limit = browser.find_element(By.ID, "limit")
+    limit.clear()
+    limit.send_keys("30")  # past the seeds: results come into the list too
     listed = ask(browser, QUESTION)
-    answer = api(base, ADMIN, "POST", "/v1/kbs/homelab/tools/graph_context", {"query": QUESTION})
-    expected = [("seed", s) for s in answer["seeds"]] + [("result", r) for r in answer["results"]]
+    body = {"query": QUESTION, "limit": 30}
+    answer = api(base, ADMIN, "POST", "/v1/kbs/homelab/tools/graph_context", body)
+    # the list is `ranked`, what an agent reads: seeds (hops 0) and results in one order
+    expected = [("seed" if r["hops"] == 0 else "result", r) for r in answer["ranked"]]
     assert len(listed) == len(expected) >= 6
+    assert {kind for kind, _ in expected} == {"seed", "result"}
     for row, (kind, item) in zip(listed, expected, strict=True):
         assert (row["id"], row["kind"], row["title"]) == (item["id"], kind, item["title"])
         assert row["meta"].startswith(f"score {item['score']:.4f}")

@@ -145,6 +145,7 @@ def test_question_whose_only_match_is_hidden(service: Service) -> None:
         assert narrowed.content == reference.content
     assert service.tool(INFRA, KB, "graph_context", {"query": "zebra printers"}, seq).json() == {
         "query": "zebra printers",
+        "ranked": [],
         "seeds": [],
         "results": [],
         "count": 0,

@@ -183,8 +183,12 @@ def test_http_structured_content_is_the_http_body(served: Served) -> None:
     assert suggest.startswith("link_suggest for [infra/dns]:")
     lines = context.splitlines()
     assert lines[0].startswith("graph_context for query 'dns backup':")
-    assert any(line.startswith("S1. ") and "score" in line for line in lines)
-    assert any(line.startswith("1. ") and "via" in line and "hop" in line for line in lines)
+    # the text is graph_context's ranked list: seeds and results in one numbered order
+    ranked = [line for line in lines if line[:1].isdigit()]
+    assert any(line.endswith(", seed") and "score" in line for line in ranked)
+    assert any(line.startswith("1. ") and line.endswith(", seed") for line in ids_only.splitlines())
+    assert any("via" in line and "hop" in line for line in ids_only.splitlines())
+    assert [line.split(".", 1)[0] for line in ranked] == [str(i) for i in range(1, len(ranked) + 1)]
     assert "Nightly backup" in context  # snippets
     assert "via DNS resolver [infra/dns]" in ids_only or "via Edge router" in ids_only
     assert "no seed matched the query" in no_seed

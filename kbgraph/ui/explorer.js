@@ -90,7 +90,7 @@
     renderGraph(data);
     const note = data.note ? ` (${data.note})` : "";
     $("status").textContent =
-      `KB ${state.kb} at seq ${seq}: ${data.seeds.length} seeds, ${data.count} results${note}`;
+      `KB ${state.kb} at seq ${seq}: ${data.ranked.length} ranked (${data.seeds.length} seeds, ${data.count} results)${note}`;
   }
 
   // Plain search (GET search, with the chosen mode): the hits listed, nothing drawn.
@@ -127,10 +127,9 @@
     const list = $("answer");
     list.replaceChildren();
     list.dataset.renders = String(Number(list.dataset.renders || 0) + 1);  // each answer shown
-    const rows = [
-      ...data.seeds.map((s) => ({ ...s, kind: "seed" })),
-      ...data.results.map((r) => ({ ...r, kind: "result" })),
-    ];
+    // The list is `ranked`, the order an agent reads: seeds (hops 0) and results blended.
+    const weights = new Map(data.seeds.map((s) => [s.id, s.weight]));
+    const rows = data.ranked.map((r) => ({ ...r, kind: r.hops === 0 ? "seed" : "result" }));
     for (const row of rows) {
       const item = el("li");
       item.dataset.id = row.id;
@@ -140,7 +139,7 @@
       button.append(el("span", label(row), "title"));
       if (row.kind === "seed") button.append(el("span", "seed", "seed-badge"));
       const meta = row.kind === "seed"
-        ? `score ${row.score.toFixed(4)} · weight ${row.weight.toFixed(4)}`
+        ? `score ${row.score.toFixed(4)} · weight ${weights.get(row.id).toFixed(4)}`
         : `score ${row.score.toFixed(4)} · hops ${row.hops} · via ${row.via}`;
       button.append(el("span", meta, "meta"));
       if (row.snippet) button.append(el("span", row.snippet, "snippet"));
