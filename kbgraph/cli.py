@@ -28,7 +28,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from kbgraph.config import Config, ConfigError, load_config
+from kbgraph.demokb import demo_concepts, example_vault
 from kbgraph.embeddings import make_embedder
+from kbgraph.extras import add_unavailable, config_problem, missing
+from kbgraph.extras import problem as extra_problem
 from kbgraph.graphalgo import vectors as vector_kernels
 from kbgraph.health import store_problem
 
@@ -42,7 +45,7 @@ GIL_SWITCH_INTERVAL: Final = 0.0005
 EXIT_USAGE: Final = 2
 DEMO_KB: Final = "demo"
 VAULT_KB: Final = "homelab"
-EXAMPLE_VAULT: Final = Path(__file__).resolve().parent.parent / "examples" / "vault"
+EXAMPLE_VAULT: Final = example_vault()
 
 
 def is_loopback(host: str) -> bool:
@@ -79,10 +82,15 @@ def _fail(message: str) -> int:
 
 def _load(path: str) -> Config | None:
     try:
-        return load_config(path)
+        config = load_config(path)
     except ConfigError as exc:
         print(f"kbgraph: config {path}: {exc}", file=sys.stderr)
         return None
+    needs = config_problem(config)
+    if needs:
+        print(f"kbgraph: config {path}: {needs}", file=sys.stderr)
+        return None
+    return config
 
 
 def app_factory() -> Any:
@@ -262,53 +270,6 @@ def write_demo_config(path: Path) -> None:
     path.write_text(_DEMO_CONFIG.format(secret=secret, token=secrets.token_urlsafe(24)))
 
 
-def demo_concepts(size: int) -> list[dict[str, Any]]:
-    """The synthetic KB of ``loadtest.synthetic`` (or a small stand-in), each with some text."""
-    concepts: list[dict[str, Any]] | None = None
-    root = str(Path(__file__).resolve().parent.parent)
-    for attempt in range(2):
-        try:
-            from loadtest.synthetic import seed_kb
-
-            concepts = seed_kb(size)
-            break
-        except ImportError:
-            if attempt == 0 and root not in sys.path:
-                sys.path.insert(0, root)  # the source checkout: loadtest/ sits beside kbgraph/
-            else:
-                break
-    if concepts is None:
-        concepts = _fallback_concepts(size)
-    for concept in concepts:
-        if not concept.get("text"):
-            collection = concept["id"].split("/", 1)[0] if "/" in concept["id"] else "(none)"
-            related = ", ".join(concept.get("links", [])[:3]) or "nothing yet"
-            concept["text"] = (
-                f"{concept.get('title', concept['id'])}: a {concept.get('type') or 'Note'} "
-                f"in the {collection} collection. Related: {related}."
-            )
-    return concepts
-
-
-def _fallback_concepts(size: int) -> list[dict[str, Any]]:
-    import random
-
-    rng = random.Random(42)
-    words = ("dns", "backup", "router", "vpn", "disk", "proxy", "mail", "firewall", "cluster")
-    collections = ("infra", "apps", "network", "ops")
-    types = ("Runbook", "Service", "Host", "Note")
-    ids = [f"{collections[i % len(collections)]}/c{i:04d}" for i in range(size)]
-    return [
-        {
-            "id": ids[i],
-            "title": f"{rng.choice(words).title()} {rng.choice(words)} {i}",
-            "type": rng.choice(types),
-            "links": rng.sample(ids, min(4, size)),
-        }
-        for i in range(size)
-    ]
-
-
 def seed_demo(store_path: str, size: int) -> int:
     """Seed the ``demo`` KB through ``Store.append`` when it is empty; its seq after."""
     from kbgraph.events import ConceptUpserted, UpsertData
@@ -356,6 +317,9 @@ def sync_demo_vault(vault: Path, store_path: str, manifest_path: Path) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    needs = extra_problem("vault", "kbgraph demo (its example vault)")
+    if needs:
+        return _fail(needs)
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
     config_path = folder / "kbgraph.toml"
@@ -451,12 +415,18 @@ def build_parser() -> argparse.ArgumentParser:
     backup.add_argument("dest", metavar="DEST", help="the copy's file (or a folder for it)")
     backup.set_defaults(func=cmd_backup)
 
-    from kbgraph.vault.command import add_commands
+    if missing("vault"):
+        add_unavailable(sub, ("import", "sync"), "vault", _fail)
+    else:
+        from kbgraph.vault.command import add_commands
 
-    add_commands(sub)
-    from kbgraph.jetstream.admin import add_commands as add_cluster_commands
+        add_commands(sub)
+    if missing("jetstream"):
+        add_unavailable(sub, ("cluster",), "jetstream", _fail)
+    else:
+        from kbgraph.jetstream.admin import add_commands as add_cluster_commands
 
-    add_cluster_commands(sub)
+        add_cluster_commands(sub)
 
     for command in (serve, demo):
         command.add_argument(

@@ -14,14 +14,26 @@ with the result its own follower computed for that message.
 Along its jobs: ``wire`` (what a message carries), ``connect`` (the NATS connection, the
 stream and its decision rules), ``follower`` (reading and applying, failures and operators'
 decisions), ``node`` (``JetStreamLog``: a node's lifecycle and publishing), ``admin``
-(``kbgraph cluster`` commands).
+(``kbgraph cluster`` commands), ``errors`` (the refusals the webhook endpoint answers with).
 """
 
-from kbgraph.jetstream.connect import RulesDiffer, decision_rules
-from kbgraph.jetstream.follower import ApplyFailed, DeliverySkipped, LogUnavailable, StreamBehind
-from kbgraph.jetstream.node import JetStreamLog
-from kbgraph.jetstream.publisher import DeliveryTooLarge
-from kbgraph.jetstream.wire import decode_delivery, encode_delivery
+from __future__ import annotations
+
+import importlib
+from typing import Any, Final
+
+from kbgraph.jetstream.errors import DeliverySkipped, DeliveryTooLarge, LogUnavailable
+
+# Loaded on first use: they import nats-py (the ``jetstream`` extra), the errors above do not
+_LAZY: Final = {
+    "ApplyFailed": "follower",
+    "JetStreamLog": "node",
+    "RulesDiffer": "connect",
+    "StreamBehind": "follower",
+    "decision_rules": "connect",
+    "decode_delivery": "wire",
+    "encode_delivery": "wire",
+}
 
 __all__ = [
     "ApplyFailed",
@@ -35,3 +47,10 @@ __all__ = [
     "decode_delivery",
     "encode_delivery",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -30,6 +30,7 @@ from nats.js import api
 from prometheus_client import Counter, Gauge, generate_latest
 
 from kbgraph.jetstream import wire
+from kbgraph.jetstream.errors import DeliverySkipped, LogUnavailable
 from kbgraph.store import DeliveryResult, Store, WebhookMessage
 from kbgraph.store.positions import DECIDED, MessageFailed  # DECIDED: a delivery's own refusal
 from kbgraph.threads import LoopSettle
@@ -69,14 +70,6 @@ def stream_metrics_text() -> str:
     """The ``kbgraph_stream_*`` metrics of this process in Prometheus's text format (an
     applier hands them to its node's workers, which serve them on ``/metrics``)."""
     return generate_latest(_Collectors(STREAM_METRICS)).decode()  # type: ignore[arg-type]
-
-
-class LogUnavailable(RuntimeError):
-    """The stream did not take the delivery, or it is not applied here (yet): 503."""
-
-
-class DeliverySkipped(RuntimeError):
-    """The delivery is one an operator's decision skipped on every node (409)."""
 
 
 class ApplyFailed(RuntimeError):

@@ -20,15 +20,11 @@ from kbgraph.config import LogConfig
 from kbgraph.events import Event
 from kbgraph.jetstream import wire
 from kbgraph.jetstream.connect import connect
-from kbgraph.jetstream.follower import DeliverySkipped, LogUnavailable
+from kbgraph.jetstream.errors import DeliverySkipped, DeliveryTooLarge, LogUnavailable
 from kbgraph.store import WebhookMessage
 
 log = logging.getLogger("kbgraph.jetstream")
 IN_PROCESS: Final = 10158  # JetStream: a publish with this Msg-Id is being stored: ask again
-
-
-class DeliveryTooLarge(ValueError):
-    """The delivery, compressed, is over the NATS servers' ``max_payload`` (413)."""
 
 
 class Publisher:
