@@ -390,11 +390,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kbgraph {version('kbgraph')}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the service")
-    serve.add_argument("--config", required=True, help="the TOML config file")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--workers", type=int, default=1)
+    defaults = argparse.ArgumentDefaultsHelpFormatter
+    serve = sub.add_parser(
+        "serve",
+        help="run the service",
+        description="Serve the HTTP API, MCP (streamable HTTP) and the explorer (/ui) on the"
+        " store of --config. Refuses a non-loopback --host while no webhook secret or no token"
+        " is configured.",
+        formatter_class=defaults,
+    )
+    serve.add_argument(
+        "--config", required=True, default=argparse.SUPPRESS, help="the TOML config file"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    serve.add_argument("--port", type=int, default=8080, help="the TCP port")
+    serve.add_argument(
+        "--workers", type=int, default=1, help="server processes (each follows the store)"
+    )
     serve.set_defaults(func=cmd_serve)
 
     mcp = sub.add_parser("mcp", help="serve one KB's tools over MCP on stdin/stdout")
@@ -403,9 +415,15 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--token", help="serve what this token (by name) may see; default: all")
     mcp.set_defaults(func=cmd_mcp)
 
-    demo = sub.add_parser("demo", help="write a demo config, seed a demo KB, serve it")
-    demo.add_argument("--dir", default="demo")
-    demo.add_argument("--port", type=int, default=8080)
+    demo = sub.add_parser(
+        "demo",
+        help="write a demo config, seed a demo KB, serve it",
+        description="Serve the example vault as KB homelab and a synthetic KB demo on loopback,"
+        " with a config and admin token written to --dir on the first run.",
+        formatter_class=defaults,
+    )
+    demo.add_argument("--dir", default="demo", help="the folder of its config and store")
+    demo.add_argument("--port", type=int, default=8080, help="the TCP port on 127.0.0.1")
     demo.add_argument("--size", type=int, default=1000, help="concepts of the synthetic KB")
     demo.add_argument("--vault", default=str(EXAMPLE_VAULT), help="the vault served as KB homelab")
     demo.set_defaults(func=cmd_demo)
@@ -430,7 +448,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     for command in (serve, demo):
         command.add_argument(
-            "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+            "--log-level",
+            default="info",
+            choices=["critical", "error", "warning", "info", "debug"],
+            help="the least severe message logged",
         )
         command.add_argument(
             "--access-log", action="store_true", help="log every request (off: it costs throughput)"
