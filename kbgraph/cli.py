@@ -23,10 +23,10 @@ import shlex
 import sqlite3
 import sys
 from collections.abc import Sequence
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Final
 
+from kbgraph import __version__
 from kbgraph.config import Config, ConfigError, load_config
 from kbgraph.demokb import demo_concepts, example_vault
 from kbgraph.embeddings import make_embedder
@@ -387,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kbgraph", description="Graph retrieval for knowledge bases."
     )
-    parser.add_argument("--version", action="version", version=f"kbgraph {version('kbgraph')}")
+    parser.add_argument("--version", action="version", version=f"kbgraph {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     defaults = argparse.ArgumentDefaultsHelpFormatter
