@@ -126,7 +126,8 @@ def demo_concepts(size: int) -> list[dict[str, Any]]:
 
 def example_vault() -> Path:
     """The example vault's folder: the installed package's copy, else the checkout's."""
-    packaged = Path(str(resources.files("kbgraph") / PACKAGED_VAULT))
+    package = Path(str(resources.files("kbgraph")))
+    packaged = package / PACKAGED_VAULT
     if packaged.is_dir():
         return packaged
-    return Path(__file__).resolve().parent.parent.joinpath(*CHECKOUT_VAULT)
+    return package.resolve().parent.joinpath(*CHECKOUT_VAULT)
