@@ -4,4 +4,6 @@ Events in (``events``) -> durable log and state (``store``) -> in-memory project
 event (``projection``) -> pure graph algorithms (``graphalgo``) -> HTTP tools (``api``).
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import version
+
+__version__ = version("kbgraph")  # the one version string: pyproject.toml's, as installed

@@ -23,11 +23,14 @@ import shlex
 import sqlite3
 import sys
 from collections.abc import Sequence
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Final
 
+from kbgraph import __version__
 from kbgraph.config import Config, ConfigError, load_config
+from kbgraph.demokb import demo_concepts, example_vault
+from kbgraph.extras import add_unavailable, config_problem, missing
+from kbgraph.extras import problem as extra_problem
 from kbgraph.health import store_folder_problem, store_problem
 
 CONFIG_ENV: Final = "KBGRAPH_CONFIG"  # read by kbgraph.api.app_from_env
@@ -40,7 +43,7 @@ GIL_SWITCH_INTERVAL: Final = 0.0005
 EXIT_USAGE: Final = 2
 DEMO_KB: Final = "demo"
 VAULT_KB: Final = "homelab"
-EXAMPLE_VAULT: Final = Path(__file__).resolve().parent.parent / "examples" / "vault"
+EXAMPLE_VAULT: Final = example_vault()
 
 
 def is_loopback(host: str) -> bool:
@@ -90,10 +93,15 @@ def _fail(message: str) -> int:
 
 def _load(path: str) -> Config | None:
     try:
-        return load_config(path)
+        config = load_config(path)
     except ConfigError as exc:
         print(f"kbgraph: config {path}: {exc}", file=sys.stderr)
         return None
+    needs = config_problem(config)
+    if needs:
+        print(f"kbgraph: config {path}: {needs}", file=sys.stderr)
+        return None
+    return config
 
 
 def app_factory() -> Any:
@@ -263,53 +271,6 @@ def write_demo_config(path: Path) -> None:
     path.write_text(_DEMO_CONFIG.format(secret=secret, token=secrets.token_urlsafe(24)))
 
 
-def demo_concepts(size: int) -> list[dict[str, Any]]:
-    """The synthetic KB of ``loadtest.synthetic`` (or a small stand-in), each with some text."""
-    concepts: list[dict[str, Any]] | None = None
-    root = str(Path(__file__).resolve().parent.parent)
-    for attempt in range(2):
-        try:
-            from loadtest.synthetic import seed_kb
-
-            concepts = seed_kb(size)
-            break
-        except ImportError:
-            if attempt == 0 and root not in sys.path:
-                sys.path.insert(0, root)  # the source checkout: loadtest/ sits beside kbgraph/
-            else:
-                break
-    if concepts is None:
-        concepts = _fallback_concepts(size)
-    for concept in concepts:
-        if not concept.get("text"):
-            collection = concept["id"].split("/", 1)[0] if "/" in concept["id"] else "(none)"
-            related = ", ".join(concept.get("links", [])[:3]) or "nothing yet"
-            concept["text"] = (
-                f"{concept.get('title', concept['id'])}: a {concept.get('type') or 'Note'} "
-                f"in the {collection} collection. Related: {related}."
-            )
-    return concepts
-
-
-def _fallback_concepts(size: int) -> list[dict[str, Any]]:
-    import random
-
-    rng = random.Random(42)
-    words = ("dns", "backup", "router", "vpn", "disk", "proxy", "mail", "firewall", "cluster")
-    collections = ("infra", "apps", "network", "ops")
-    types = ("Runbook", "Service", "Host", "Note")
-    ids = [f"{collections[i % len(collections)]}/c{i:04d}" for i in range(size)]
-    return [
-        {
-            "id": ids[i],
-            "title": f"{rng.choice(words).title()} {rng.choice(words)} {i}",
-            "type": rng.choice(types),
-            "links": rng.sample(ids, min(4, size)),
-        }
-        for i in range(size)
-    ]
-
-
 def seed_demo(store_path: str, size: int) -> int:
     """Seed the ``demo`` KB through ``Store.append`` when it is empty; its seq after."""
     from kbgraph.events import ConceptUpserted, UpsertData
@@ -357,6 +318,9 @@ def sync_demo_vault(vault: Path, store_path: str, manifest_path: Path) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    needs = extra_problem("vault", "kbgraph demo (its example vault)")
+    if needs:
+        return _fail(needs)
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
     config_path = folder / "kbgraph.toml"
@@ -424,14 +388,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kbgraph", description="Graph retrieval for knowledge bases."
     )
-    parser.add_argument("--version", action="version", version=f"kbgraph {version('kbgraph')}")
+    parser.add_argument("--version", action="version", version=f"kbgraph {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the service")
-    serve.add_argument("--config", required=True, help="the TOML config file")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--workers", type=int, default=1)
+    defaults = argparse.ArgumentDefaultsHelpFormatter
+    serve = sub.add_parser(
+        "serve",
+        help="run the service",
+        description="Serve the HTTP API, MCP (streamable HTTP) and the explorer (/ui) on the"
+        " store of --config. Refuses a non-loopback --host while no webhook secret or no token"
+        " is configured.",
+        formatter_class=defaults,
+    )
+    serve.add_argument(
+        "--config", required=True, default=argparse.SUPPRESS, help="the TOML config file"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    serve.add_argument("--port", type=int, default=8080, help="the TCP port")
+    serve.add_argument(
+        "--workers", type=int, default=1, help="server processes (each follows the store)"
+    )
     serve.set_defaults(func=cmd_serve)
 
     mcp = sub.add_parser("mcp", help="serve one KB's tools over MCP on stdin/stdout")
@@ -440,9 +416,15 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--token", help="serve what this token (by name) may see; default: all")
     mcp.set_defaults(func=cmd_mcp)
 
-    demo = sub.add_parser("demo", help="write a demo config, seed a demo KB, serve it")
-    demo.add_argument("--dir", default="demo")
-    demo.add_argument("--port", type=int, default=8080)
+    demo = sub.add_parser(
+        "demo",
+        help="write a demo config, seed a demo KB, serve it",
+        description="Serve the example vault as KB homelab and a synthetic KB demo on loopback,"
+        " with a config and admin token written to --dir on the first run.",
+        formatter_class=defaults,
+    )
+    demo.add_argument("--dir", default="demo", help="the folder of its config and store")
+    demo.add_argument("--port", type=int, default=8080, help="the TCP port on 127.0.0.1")
     demo.add_argument("--size", type=int, default=1000, help="concepts of the synthetic KB")
     demo.add_argument("--vault", default=str(EXAMPLE_VAULT), help="the vault served as KB homelab")
     demo.set_defaults(func=cmd_demo)
@@ -452,16 +434,25 @@ def build_parser() -> argparse.ArgumentParser:
     backup.add_argument("dest", metavar="DEST", help="the copy's file (or a folder for it)")
     backup.set_defaults(func=cmd_backup)
 
-    from kbgraph.vault.command import add_commands
+    if missing("vault"):
+        add_unavailable(sub, ("import", "sync"), "vault", _fail)
+    else:
+        from kbgraph.vault.command import add_commands
 
-    add_commands(sub)
-    from kbgraph.jetstream.commands import add_commands as add_cluster_commands
+        add_commands(sub)
+    if missing("jetstream"):
+        add_unavailable(sub, ("cluster",), "jetstream", _fail)
+    else:
+        from kbgraph.jetstream.commands import add_commands as add_cluster_commands
 
-    add_cluster_commands(sub)
+        add_cluster_commands(sub)
 
     for command in (serve, demo):
         command.add_argument(
-            "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+            "--log-level",
+            default="info",
+            choices=["critical", "error", "warning", "info", "debug"],
+            help="the least severe message logged",
         )
         command.add_argument(
             "--access-log", action="store_true", help="log every request (off: it costs throughput)"

@@ -21,7 +21,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-from kbgraph import tools
+from kbgraph import __version__, tools
 from kbgraph.access import RuleSet
 from kbgraph.projection import KBProjection, Projections
 from kbgraph.threads import ToolThreads
@@ -87,7 +87,7 @@ def build_server(resolve: Resolve, threads: Callable[[], ToolThreads]) -> Server
 
     return Server(
         "kbgraph",
-        version="0.1.0",
+        version=__version__,
         instructions="Graph retrieval over one knowledge base: start with graph_context.",
         on_list_tools=list_tools,
         on_call_tool=call_tool,

@@ -203,7 +203,7 @@ class ConceptResponse(msgspec.Struct):
 class StatusResponse(msgspec.Struct):
     kb: str
     concepts: int
-    links: int
+    links: int  # pairs of visible concepts linked either way (as `kbgraph import` counts)
     vectors: str = "off"  # "complete", "filling" (vectors_missing of the visible ones) or "off"
     vectors_missing: int = 0
 

@@ -1,8 +1,9 @@
 """Synthetic knowledge bases for load tests and benchmarks, and a direct ``Graph`` builder.
 
-- ``seed_kb(n, seed)``: the seed's KB: concept ``i`` is ``f"{col}/c{i:04d}"`` (``c%07d`` when
-  n > 10,000) with ``col = COLLECTIONS[i % 9]``, 8 out-links to uniform random other concepts,
-  5% of them to concepts that never exist.
+- ``seed_kb(n, seed)``: the seed's KB, the one ``kbgraph demo`` serves (``kbgraph.demokb``,
+  re-exported here with its id scheme and words): concept ``i`` is ``f"{col}/c{i:04d}"``
+  (``c%07d`` when n > 10,000) with ``col = COLLECTIONS[i % 9]``, 8 out-links to uniform
+  random other concepts, 5% of them to concepts that never exist.
 - ``hub_kb(n, seed)``: the same id scheme, links by preferential attachment (Barabási–Albert
   like): concept ``i`` links to 8 earlier concepts picked in proportion to their degree, so a
   few hubs gather most links.
@@ -21,68 +22,39 @@ from typing import Any
 
 import numpy as np
 
+from kbgraph.demokb import (
+    COLLECTIONS,
+    LINKS_PER_CONCEPT,
+    MISSING_SHARE,
+    TYPES,
+    WORDS,
+    concept_id,
+    concepts_from_links,
+    kb_ids,
+    missing_id,
+    seed_kb,
+    seed_links,
+)
 from kbgraph.graphalgo.graph import Graph, View
 
-COLLECTIONS = (
-    "infra",
-    "apps",
-    "network",
-    "storage",
-    "security",
-    "people",
-    "vendors",
-    "ops",
-    "journal",
-)
-TYPES = ("Runbook", "Service", "Host", "Note", "Person", "Vendor", "Decision")
-LINKS_PER_CONCEPT = 8
-MISSING_SHARE = 0.05
-
-WORDS = (
-    "dns",
-    "backup",
-    "router",
-    "cluster",
-    "vpn",
-    "certificate",
-    "disk",
-    "ingress",
-    "monitoring",
-    "firewall",
-    "database",
-    "mail",
-    "proxy",
-    "storage",
-    "upgrade",
-    "incident",
-)
-
-
-def concept_id(i: int, n: int) -> str:
-    """Id of concept ``i`` in a KB of ``n`` concepts."""
-    col = COLLECTIONS[i % len(COLLECTIONS)]
-    return f"{col}/c{i:07d}" if n > 10_000 else f"{col}/c{i:04d}"
-
-
-def missing_id(j: int) -> str:
-    """An id that no synthetic concept ever has (a declared link to a missing concept)."""
-    return f"{COLLECTIONS[j % len(COLLECTIONS)]}/missing-{j}"
-
-
-def kb_ids(n: int) -> list[str]:
-    return [concept_id(i, n) for i in range(n)]
-
-
-def seed_links(n: int, seed: int = 42) -> tuple[np.ndarray, np.ndarray]:
-    """The seed KB's links as int arrays ``(src, dst)``; ``dst == -1`` marks a missing target."""
-    rng = np.random.default_rng(seed)
-    src = np.repeat(np.arange(n, dtype=np.int64), LINKS_PER_CONCEPT)
-    # uniform over the other n - 1 concepts
-    dst = rng.integers(0, max(n - 1, 1), size=src.shape[0], dtype=np.int64)
-    dst = np.where(dst >= src, dst + 1, dst) if n > 1 else np.zeros_like(src)
-    missing = rng.random(src.shape[0]) < MISSING_SHARE
-    dst[missing] = -1
-    return src, dst
+__all__ = [
+    "COLLECTIONS",
+    "LINKS_PER_CONCEPT",
+    "MISSING_SHARE",
+    "TYPES",
+    "WORDS",
+    "build_graph",
+    "concept_id",
+    "full_view",
+    "graph_from_concepts",
+    "hub_kb",
+    "hub_links",
+    "kb_ids",
+    "masked_view",
+    "missing_id",
+    "seed_kb",
+    "seed_links",
+]
 
 
 def hub_links(n: int, seed: int = 42) -> tuple[np.ndarray, np.ndarray]:
@@ -119,36 +91,10 @@ def hub_links(n: int, seed: int = 42) -> tuple[np.ndarray, np.ndarray]:
     return s, d
 
 
-def _concepts(n: int, src: np.ndarray, dst: np.ndarray, seed: int) -> list[dict[str, Any]]:
-    ids = kb_ids(n)
-    rng = random.Random(seed)
-    links: list[list[str]] = [[] for _ in range(n)]
-    for k, (s, d) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
-        links[s].append(ids[d] if d >= 0 else missing_id(k))
-    out = []
-    for i in range(n):
-        title = f"{rng.choice(WORDS).title()} {rng.choice(WORDS)} {i}"
-        out.append(
-            {
-                "id": ids[i],
-                "title": title,
-                "type": TYPES[rng.randrange(len(TYPES))],
-                "links": links[i],
-            }
-        )
-    return out
-
-
-def seed_kb(n: int = 1000, seed: int = 42) -> list[dict[str, Any]]:
-    """The seed's synthetic KB: ``[{"id", "title", "type", "links"}]`` (no ``text``)."""
-    src, dst = seed_links(n, seed)
-    return _concepts(n, src, dst, seed)
-
-
 def hub_kb(n: int = 1000, seed: int = 42) -> list[dict[str, Any]]:
     """A hub-heavy (preferential attachment) KB with the same id scheme as ``seed_kb``."""
     src, dst = hub_links(n, seed)
-    return _concepts(n, src, dst, seed)
+    return concepts_from_links(n, src, dst, seed)
 
 
 def build_graph(ids: Sequence[str], src: np.ndarray, dst: np.ndarray) -> Graph:

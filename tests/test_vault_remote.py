@@ -52,7 +52,8 @@ def test_import_and_sync_over_the_webhook(server: str, tmp_path: Path) -> None:
     })  # fmt: skip
     done = cli("import", str(root), "--kb", "remote", "--url", server)
     assert done.returncode == 0, done.stderr
-    assert "2 notes, 2 links (0 unresolved)" in done.stdout
+    assert "2 notes, 1 links between them" in done.stdout and "0 unresolved" in done.stdout
+    assert get(server, "/v1/kbs/remote/status").json()["links"] == 1  # the same count
     dns = get(server, "/v1/kbs/remote/concepts/infra/DNS").json()
     assert (dns["aliases"], dns["status"], dns["links"]) == (["Pi-hole"], "active", ["Router"])
     (root / "Router.md").rename(root / "Gateway.md")

@@ -237,7 +237,8 @@ def test_progress_and_summary(tmp_path: Path) -> None:
     assert calls[-1] == ("sent", 300, 300)
     summary = report.summary().splitlines()
     assert summary[0] == (
-        "300 notes, 600 links (301 unresolved), 0 attachment links; "
+        "300 notes, 299 links between them (a pair linked both ways counts once), "
+        "301 unresolved links, 0 attachment links; "
         "sent 300 upserts and 0 deletes, 0 notes unchanged"
     )
     # the name printed escaped: a control character cannot act on the reader's terminal

@@ -12,12 +12,12 @@ so the caller serves without them and tries again later (``kbgraph.projection.ve
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Protocol
 
 import numpy as np
 
 from kbgraph.config import EmbeddingsConfig
+from kbgraph.extras import missing
 
 
 class EmbeddingUnavailable(Exception):
@@ -35,7 +35,7 @@ class Embedder(Protocol):
 
 
 def local_available() -> bool:
-    return importlib.util.find_spec("wordllama") is not None
+    return not missing("local")
 
 
 def make_embedder(config: EmbeddingsConfig) -> Embedder | None:

@@ -72,7 +72,17 @@ class VaultRead:
 
     @property
     def links(self) -> int:
-        return sum(len(note.data.links) for note in self.notes.values())
+        """Pairs of notes linked either way: a note's links to itself or to no note of the
+        vault not counted, a pair linked both ways counted once. The one meaning of a link
+        count, as ``/status`` and ``GET /v1/kbs`` give it for a KB of these notes."""
+        notes = self.notes
+        pairs = {
+            (a, b) if a < b else (b, a)
+            for a, note in notes.items()
+            for b in note.data.links
+            if b != a and b in notes
+        }
+        return len(pairs)
 
     @property
     def unresolved(self) -> int:

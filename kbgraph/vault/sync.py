@@ -53,8 +53,9 @@ class SyncReport:
     def summary(self) -> str:
         r = self.read
         lines = [
-            f"{len(r.notes)} notes, {r.links} links ({r.unresolved} unresolved), "
-            f"{r.attachments} attachment links; sent {self.upserted} upserts and "
+            f"{len(r.notes)} notes, {r.links} links between them (a pair linked both ways"
+            f" counts once), {r.unresolved} unresolved links, {r.attachments} attachment links;"
+            f" sent {self.upserted} upserts and "
             f"{self.deleted} deletes, {self.unchanged} notes unchanged"
         ]
         if self.reset:
