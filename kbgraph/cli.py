@@ -226,6 +226,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         store,
         checkpoints=config.store.checkpoint_folder,
         embedder=make_embedder(config.embeddings),
+        vector_max_chars=config.embeddings.max_chars,
     )
     try:
         projections.start()
@@ -233,7 +234,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         vector_kernels.warm_up()
         search.warm_up()
         evidence.warm_up()
-        anyio.run(serve_stdio, projections, args.kb, rules)
+        anyio.run(serve_stdio, projections, args.kb, rules, config.embeddings.query_timeout_seconds)
     finally:
         projections.stop()
         store.close()
