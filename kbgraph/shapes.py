@@ -211,9 +211,9 @@ class StatusResponse(msgspec.Struct):
     vectors: str = "off"  # "complete", "filling" (vectors_missing of the visible ones) or "off"
     vectors_missing: int = 0
     # visible concepts whose text the provider refused (served by their words), the first
-    # FAILED_NAMED of them by id
-    vectors_failed: int = 0
-    vectors_failed_ids: list[str] = []
+    # FAILED_NAMED of them by id; absent when there is none
+    vectors_failed: int | UnsetType = UNSET
+    vectors_failed_ids: list[str] | UnsetType = UNSET
 
 
 FAILED_NAMED: Final = 20

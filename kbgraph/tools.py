@@ -396,6 +396,6 @@ def status(snap: Snapshot, view: View, kb: str) -> StatusResponse:
         links=links,
         vectors="filling" if missing else "complete",
         vectors_missing=missing,
-        vectors_failed=len(refused),
-        vectors_failed_ids=named,
+        vectors_failed=len(refused) if named else UNSET,
+        vectors_failed_ids=named if named else UNSET,
     )
