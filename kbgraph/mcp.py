@@ -169,6 +169,8 @@ def _render_context(body: dict[str, Any]) -> list[str]:
         asked.append("ids " + ", ".join(body["ids"]))
     lines = [f"graph_context for {' and '.join(asked)}: {len(body['seeds'])} seeds, "
              f"{body['count']} results"]  # fmt: skip
+    if body.get("mode") == "lexical":
+        lines.append("seeds by words alone")
     if "note" in body:
         lines.append(body["note"])
     titles = {row["id"]: row["title"] for row in body["seeds"] + body["results"]}
@@ -218,7 +220,7 @@ def _render_path(body: dict[str, Any]) -> list[str]:
 
 
 def _render_search(body: dict[str, Any]) -> list[str]:
-    lines = [f"search {body['query']!r}: {body['count']} hits"]
+    lines = [f"search {body['query']!r} ({body['mode']}): {body['count']} hits"]
     for i, hit in enumerate(body["hits"], 1):
         lines.append(f"{i}. {_name(hit['title'], hit['id'])} score {hit['score']:g}")
         if hit["snippet"]:
