@@ -49,6 +49,7 @@ BACKOFF_START: Final = 0.5
 BACKOFF_MAX: Final = 30.0
 POLL_SECONDS: Final = 0.5  # a round at least this often (a pause ending, another's rows)
 LOCK_WAIT: Final = 0.02  # between tries of the embedder lock (the thread must stay stoppable)
+STOP_WAIT: Final = 5.0  # seconds a stop waits for a round to end
 
 REFUSED: Final = Counter(
     "kbgraph_vectors_refused_total",
@@ -86,10 +87,11 @@ class Filler:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the thread; one inside a provider call is left to end alone (a daemon)."""
         self._stopping.set()
         self._kick.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(STOP_WAIT)
             self._thread = None
 
     def kick(self) -> None:

@@ -80,7 +80,10 @@ def _fork() -> int:
     process that runs threads (the server always does: uvicorn, the store's writer, this
     follower). The warning is about a child that needs a lock another thread held at the fork.
     The checkpoint child takes none: it reads the projection's arrays (the follower, which
-    forks, is between batches, so nothing is half-applied), writes one new file with its own
+    forks, is between batches, so nothing is half-applied; the vector filler's thread may be
+    installing vectors at that instant, but a row's ``have`` byte is set after its vector and
+    a grown array is swapped in before ``have``, so the child sees a row with its whole vector
+    or without it), writes one new file with its own
     descriptors, reports a failure with ``os.write`` on fd 2 and leaves with ``os._exit``; it
     logs nothing and touches no SQLite connection and no KB lock (``tests/test_checkpoint.py``
     runs it while another thread holds a KB's read lock). What the fork buys, a copy-on-write
