@@ -11,7 +11,8 @@
   vault); ``mode=vector`` gives the nearest vectors whatever the words.
 
 The query's vector (a ``Meaning``) is embedded before the request takes a tool thread or the
-KB's lock (``embed_meaning``, in its own threads, with ``[embeddings] query_timeout_seconds``):
+KB's lock (``embed_meaning``, in its own threads, a remote provider's with ``[embeddings]
+query_timeout_seconds``):
 a slow question waits for its own provider call, never behind another's, and never holds a
 lock a writer waits for. A provider that does not answer in time leaves hybrid with the
 lexical list alone (the response's ``mode`` then says ``lexical``); vector mode answers 503
@@ -77,13 +78,15 @@ def embed_now(vectors: Vectors | None, query: str) -> Meaning:
 
 
 async def embed_meaning(vectors: Vectors | None, query: str | None, seconds: float) -> Meaning:
-    """``embed_now`` in this module's threads, given up after ``seconds`` (the call goes on in
-    its thread; its answer is dropped). Before any tool thread or lock is taken."""
+    """``embed_now`` in this module's threads, before any tool thread or lock is taken; a
+    remote provider's answer is given up after ``seconds`` (the call goes on in its thread, its
+    answer dropped). The local model is waited for: it cannot hang, and a cut that depended on
+    the machine's load would make answers at one seq differ."""
     if vectors is None or query is None:
         return Meaning()
     work = asyncio.wrap_future(_embedding.submit(embed_now, vectors, query))
     try:
-        return await asyncio.wait_for(work, seconds)
+        return await asyncio.wait_for(work, seconds if vectors.embedder.remote else None)
     except TimeoutError:
         log.warning("embedding a question took over %.2f s: answered by its words", seconds)
         return Meaning()

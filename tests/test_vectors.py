@@ -33,6 +33,7 @@ class Counting:
 
     def __init__(self) -> None:
         self.name = LOCAL.name
+        self.remote = False
         self.texts = 0
         self.down = False
 

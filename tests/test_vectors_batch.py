@@ -44,6 +44,7 @@ class HashEmbedder:
     """A deterministic stand-in model: each text's unit vector from its bytes."""
 
     name = "hash-64"
+    remote = False
 
     def embed(self, texts: list[str]) -> np.ndarray:
         digests = b"".join(hashlib.sha512(text.encode()).digest() for text in texts)

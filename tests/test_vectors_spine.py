@@ -111,6 +111,9 @@ def test_events_are_applied_and_readable_while_the_provider_hangs(tmp_path: Path
             assert vector.json() == {"error": retrieval.UNAVAILABLE}  # no URL (case 9)
             server.gate.set()
             s.vectors_settled(KB, seq)
+            config = client.app.state.config  # from now on a question waits for its vector
+            embeddings = msgspec.structs.replace(config.embeddings, query_timeout_seconds=120)
+            client.app.state.config = msgspec.structs.replace(config, embeddings=embeddings)
             hybrid = s.call(ADMIN, "GET", f"/v1/kbs/{KB}/search?q=dns", seq).json()
             assert hybrid["mode"] == "hybrid"
             context = s.tool(ADMIN, KB, "graph_context", {"query": "dns"}, seq).json()
@@ -356,7 +359,10 @@ def test_two_tokens_asking_the_same_question_share_nothing(tmp_path: Path) -> No
     kept where another could observe it (the process-wide cache is gone)."""
     server = FakeServer()
     server.start()
-    extra = f'[embeddings]\nprovider = "openai"\nurl = "{server.url}"\nretries = 0\n'
+    extra = (
+        f'[embeddings]\nprovider = "openai"\nurl = "{server.url}"\nretries = 0\n'
+        "query_timeout_seconds = 120\n"
+    )
     try:
         with TestClient(create_app(load_config(write_config(tmp_path, extra)))) as client:
             s = Service(client)

@@ -33,9 +33,11 @@ class EmbeddingRefused(EmbeddingUnavailable):
 
 
 class Embedder(Protocol):
-    """``name`` identifies the model (stored vectors of another name are recomputed)."""
+    """``name`` identifies the model (stored vectors of another name are recomputed);
+    ``remote``: calls leave the process (a question then waits for its vector only so long)."""
 
     name: str
+    remote: bool
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """Unit float32 rows, one per text, in order; raises EmbeddingUnavailable."""

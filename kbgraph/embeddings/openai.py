@@ -46,6 +46,8 @@ class _Answer(msgspec.Struct):
 
 
 class OpenAIEmbedder:
+    remote = True
+
     def __init__(self, config: EmbeddingsConfig) -> None:
         self.name = f"openai:{public_url(config.url)}:{config.model}"
         self._url = config.url.rstrip("/") + "/embeddings"
