@@ -29,7 +29,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from kbgraph import explorer, ingest, shapes, tools, toolspecs
+from kbgraph import explorer, ingest, retrieval, shapes, tools, toolspecs
 from kbgraph import mcp as mcp_out
 from kbgraph.access import RuleSet
 from kbgraph.bodies import BodyRefused, read_body, replay
@@ -41,6 +41,7 @@ from kbgraph.names import is_kb_name
 from kbgraph.openapi import document as openapi_document
 from kbgraph.origins import HostOriginCheck
 from kbgraph.projection import KBProjection, Projections, Snapshot
+from kbgraph.retrieval import Meaning, needs_meaning
 from kbgraph.service import Service
 
 CONFIG_ENV: Final = "KBGRAPH_CONFIG"
@@ -200,15 +201,23 @@ async def run_on_snapshot(
     return Response(body, headers={"X-KB-Seq": str(seq)}, media_type="application/json")
 
 
-def tool_route(name: str, request_type: type[Req], tool: Callable[..., Any]) -> Route:
+async def meaning_of(request: Request, projection: KBProjection, question: str | None) -> Meaning:
+    """The question's vector, before a tool thread or the KB's lock is taken (or none in time)."""
+    seconds = request.app.state.config.embeddings.query_timeout_seconds
+    return await retrieval.embed_meaning(projection.vectors, question, seconds)
+
+
+def tool_route(spec: toolspecs.ToolSpec) -> Route:
     async def handler(request: Request) -> Response:
         projection, rules = await gate(request)  # 404 for a missing KB before the body
-        req = decode_body(await read_body(request), request_type)
+        req = decode_body(await read_body(request), spec.request_type)
+        meaning = await meaning_of(request, projection, spec.question(req))
         return await run_on_snapshot(
-            request, projection, rules, lambda snap, view: tool(snap, view, req)
+            request, projection, rules, lambda snap, view: spec.run(snap, view, req, meaning)
         )
 
-    return Route(f"/v1/kbs/{{kb}}/tools/{name}", observed(name, handler), methods=["POST"])
+    path = f"/v1/kbs/{{kb}}/tools/{spec.name}"
+    return Route(path, observed(spec.name, handler), methods=["POST"])
 
 
 async def kbs_handler(request: Request) -> Response:
@@ -244,8 +253,12 @@ async def search_handler(request: Request) -> Response:
     except ValueError:
         raise HTTPError(422, f"limit: Expected int, got {raw_limit!r}") from None
     mode = request.query_params.get("mode") or None
+    meaning = await meaning_of(request, projection, query if needs_meaning(mode) else None)
     return await run_on_snapshot(
-        request, projection, rules, lambda snap, view: tools.search(snap, view, query, limit, mode)
+        request,
+        projection,
+        rules,
+        lambda snap, view: tools.search(snap, view, query, limit, mode, meaning),
     )
 
 
@@ -291,7 +304,8 @@ class MCPEndpoint:
         except (HTTPError, BodyRefused) as exc:
             await error_response(exc.status, exc.message, exc.headers)(scope, receive, send)
             return
-        scope[mcp_out.SCOPE_KEY] = mcp_out.Caller(projection, rules)
+        seconds = request.app.state.config.embeddings.query_timeout_seconds
+        scope[mcp_out.SCOPE_KEY] = mcp_out.Caller(projection, rules, seconds)
         await request.app.state.mcp.handle_request(scope, receive, send)
 
 
@@ -387,7 +401,7 @@ def create_app(config: Config) -> Starlette:
         return Response(listing, media_type="application/json")
 
     routes = [
-        *[tool_route(spec.name, spec.request_type, spec.run) for spec in toolspecs.HTTP_TOOLS],
+        *[tool_route(spec) for spec in toolspecs.HTTP_TOOLS],
         Route("/v1/kbs", observed("kbs", kbs_handler), methods=["GET"]),
         Route("/v1/kbs/{kb}/search", observed("search", search_handler), methods=["GET"]),
         Route(

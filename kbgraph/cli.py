@@ -243,7 +243,13 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     except (OSError, sqlite3.Error) as exc:
         return _fail(f"store {config.store.path}: {exc}")
     try:
-        anyio.run(serve_stdio, service.projections, args.kb, rules)
+        anyio.run(
+            serve_stdio,
+            service.projections,
+            args.kb,
+            rules,
+            config.embeddings.query_timeout_seconds,
+        )
     finally:
         service.stop()
     return 0

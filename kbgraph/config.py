@@ -207,6 +207,10 @@ class EmbeddingsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     batch: Annotated[int, msgspec.Meta(ge=1, le=2048)] = 64  # openai: texts per request
     timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0  # openai: per request
     retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 3  # openai: then later, from the filler
+    # what is embedded of a concept: its first max_chars characters (names first, then text)
+    max_chars: Annotated[int, msgspec.Meta(ge=100)] = 8000
+    # a question waits this long for its vector, then is answered by its words alone
+    query_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 1.0
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -344,6 +348,11 @@ def _check(config: Config) -> None:
     """What the types cannot say: secret syntax, token form, rule KB names, unique names."""
     if not config.store.path:
         raise ConfigError("store.path: empty")
+    if "@" in config.embeddings.url.partition("://")[2].partition("/")[0]:
+        raise ConfigError(
+            "embeddings.url: credentials in the URL are refused (they would reach logs and"
+            " stored vectors): put the key in the variable api_key_env names"
+        )
     _check_log(config.log)
     _check_secrets(config.webhooks.secrets, "webhooks.secrets")
     if config.webhooks.unsigned and config.webhooks.secrets:

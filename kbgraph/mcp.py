@@ -21,7 +21,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-from kbgraph import __version__, tools
+from kbgraph import __version__, retrieval, tools
 from kbgraph.access import RuleSet
 from kbgraph.projection import KBProjection, Projections
 from kbgraph.threads import ToolThreads
@@ -35,10 +35,12 @@ _encode = msgspec.json.Encoder().encode
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Whose call this is: the KB's projection and the token's rules (None: admin)."""
+    """Whose call this is: the KB's projection and the token's rules (None: admin), and how
+    long a question waits for its vector (``[embeddings] query_timeout_seconds``)."""
 
     projection: KBProjection
     rules: RuleSet | None
+    query_seconds: float
 
 
 Resolve = Callable[[ServerRequestContext[Any, Any]], Caller]
@@ -76,7 +78,10 @@ def build_server(resolve: Resolve, threads: Callable[[], ToolThreads]) -> Server
                 raise ToolError(404, f"unknown tool: {params.name}")
             caller = resolve(ctx)
             request = tools.decode_request(_encode(params.arguments or {}), spec.request_type)
-            body, text = await threads().run(lambda: _answer(spec, caller, request))
+            meaning = await retrieval.embed_meaning(
+                caller.projection.vectors, spec.question(request), caller.query_seconds
+            )
+            body, text = await threads().run(lambda: _answer(spec, caller, request, meaning))
         except ToolError as exc:
             return types.CallToolResult(
                 content=[types.TextContent(type="text", text=exc.message)], is_error=True
@@ -94,10 +99,12 @@ def build_server(resolve: Resolve, threads: Callable[[], ToolThreads]) -> Server
     )
 
 
-def _answer(spec: ToolSpec, caller: Caller, request: Any) -> tuple[dict[str, Any], str]:
+def _answer(
+    spec: ToolSpec, caller: Caller, request: Any, meaning: retrieval.Meaning
+) -> tuple[dict[str, Any], str]:
     """Run in a tool thread: the tool on a read-locked snapshot, then its body and text."""
     with caller.projection.read() as snap:
-        response = spec.run(snap, snap.view(caller.rules), request)
+        response = spec.run(snap, snap.view(caller.rules), request, meaning)
     body = msgspec.to_builtins(response)  # the HTTP body as JSON values (UNSET left out)
     return body, render(spec.name, body)
 
@@ -125,7 +132,9 @@ def http_session_manager(threads: Callable[[], ToolThreads]) -> StreamableHTTPSe
 # --- over stdio ------------------------------------------------------------------------------
 
 
-async def serve_stdio(projections: Projections, kb: str, rules: RuleSet | None) -> None:
+async def serve_stdio(
+    projections: Projections, kb: str, rules: RuleSet | None, query_seconds: float
+) -> None:
     """Serve one KB over stdin/stdout as one token sees it, until stdin closes."""
     from mcp.server.stdio import stdio_server
 
@@ -135,7 +144,7 @@ async def serve_stdio(projections: Projections, kb: str, rules: RuleSet | None) 
         projection = projections.get(kb)
         if projection is None:  # the KB may appear later: the follower keeps reading
             raise ToolError(404, f"not found: kb {kb}")
-        return Caller(projection, rules)
+        return Caller(projection, rules, query_seconds)
 
     server = build_server(resolve, lambda: thread_pool)
     try:
@@ -160,6 +169,8 @@ def _render_context(body: dict[str, Any]) -> list[str]:
         asked.append("ids " + ", ".join(body["ids"]))
     lines = [f"graph_context for {' and '.join(asked)}: {len(body['seeds'])} seeds, "
              f"{body['count']} results"]  # fmt: skip
+    if body.get("mode") == "lexical":
+        lines.append("seeds by words alone")
     if "note" in body:
         lines.append(body["note"])
     titles = {row["id"]: row["title"] for row in body["seeds"] + body["results"]}
@@ -205,7 +216,7 @@ def _render_path(body: dict[str, Any]) -> list[str]:
 
 
 def _render_search(body: dict[str, Any]) -> list[str]:
-    lines = [f"search {body['query']!r}: {body['count']} hits"]
+    lines = [f"search {body['query']!r} ({body['mode']}): {body['count']} hits"]
     for i, hit in enumerate(body["hits"], 1):
         lines.append(f"{i}. {_name(hit['title'], hit['id'])} score {hit['score']:g}")
         if hit["snippet"]:

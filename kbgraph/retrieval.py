@@ -10,14 +10,22 @@
   right answers overlap: 0.09-0.20 for nonsense, 0.19-0.6 for the right notes on the example
   vault); ``mode=vector`` gives the nearest vectors whatever the words.
 
-The query's vector comes from the KB's provider (cached per query text). A provider that
-cannot answer leaves hybrid with the lexical list alone; vector mode then answers 503.
+The query's vector (a ``Meaning``) is embedded before the request takes a tool thread or the
+KB's lock (``embed_meaning``, in its own threads, a remote provider's with ``[embeddings]
+query_timeout_seconds``):
+a slow question waits for its own provider call, never behind another's, and never holds a
+lock a writer waits for. A provider that does not answer in time leaves hybrid with the
+lexical list alone (the response's ``mode`` then says ``lexical``); vector mode answers 503
+"embedding provider unavailable" (the provider's address and error go to the log only). No
+query vector is cached: a cache shared between callers would tell one what another asked.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -33,7 +41,11 @@ MODES: Final = ("lexical", "vector", "hybrid")
 RRF_K: Final = 60
 FUSE_DEPTH: Final = 50
 VECTOR_WEIGHT: Final = 1.0  # hybrid: the vector list's weight (the lexical list's is 1)
-QUERY_CACHE: Final = 1024
+QUERY_THREADS: Final = 4  # questions embedded at once per process (the rest queue, in time)
+UNAVAILABLE: Final = "embedding provider unavailable"
+
+log = logging.getLogger(__name__)
+_embedding = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="kbgraph-query-embed")
 
 
 class Unavailable(Exception):
@@ -45,24 +57,39 @@ class Unavailable(Exception):
         self.message = message
 
 
-_cache: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
-_cache_lock = threading.Lock()
+@dataclass(frozen=True, slots=True)
+class Meaning:
+    """A question's unit vector, or None: the KB has no vectors, or the provider did not
+    answer in time."""
+
+    vector: np.ndarray | None = None
 
 
-def query_vector(vectors: Vectors, query: str) -> np.ndarray:
-    """The query's unit vector from the KB's provider; raises EmbeddingUnavailable."""
-    key = (vectors.model, query)
-    with _cache_lock:
-        hit = _cache.get(key)
-        if hit is not None:
-            _cache.move_to_end(key)
-            return hit
-    vector = vectors.embedder.embed([query])[0]
-    with _cache_lock:
-        _cache[key] = vector
-        while len(_cache) > QUERY_CACHE:
-            _cache.popitem(last=False)
-    return vector
+def embed_now(vectors: Vectors | None, query: str) -> Meaning:
+    """The question's vector from the KB's provider, here and now (``embed_meaning`` for
+    requests); None when it cannot answer (logged)."""
+    if vectors is None:
+        return Meaning()
+    try:
+        return Meaning(vectors.embedder.embed([query])[0])
+    except EmbeddingUnavailable as exc:
+        log.warning("embedding a question failed: %s", exc)
+        return Meaning()
+
+
+async def embed_meaning(vectors: Vectors | None, query: str | None, seconds: float) -> Meaning:
+    """``embed_now`` in this module's threads, before any tool thread or lock is taken; a
+    remote provider's answer is given up after ``seconds`` (the call goes on in its thread, its
+    answer dropped). The local model is waited for: it cannot hang, and a cut that depended on
+    the machine's load would make answers at one seq differ."""
+    if vectors is None or query is None:
+        return Meaning()
+    work = asyncio.wrap_future(_embedding.submit(embed_now, vectors, query))
+    try:
+        return await asyncio.wait_for(work, seconds if vectors.embedder.remote else None)
+    except TimeoutError:
+        log.warning("embedding a question took over %.2f s: answered by its words", seconds)
+        return Meaning()
 
 
 def default_mode(snap: Snapshot) -> str:
@@ -74,21 +101,24 @@ def lexical(snap: Snapshot, view: View, query: str, limit: int) -> list[tuple[in
     return top(nodes, scores, snap.ids, limit)
 
 
-def vector(snap: Snapshot, view: View, query: str, limit: int) -> list[tuple[int, float]]:
+def vector(snap: Snapshot, view: View, meaning: Meaning, limit: int) -> list[tuple[int, float]]:
     """The visible concepts nearest the query by cosine, ties by id; raises Unavailable."""
     vectors = snap.vectors
     if vectors is None:
         raise Unavailable(
             409, 'this KB has no vectors: set [embeddings] provider = "local" or "openai"'
         )
+    if meaning.vector is None:
+        raise Unavailable(503, UNAVAILABLE)
     if vectors.cap == 0:
         return []
-    try:
-        q = query_vector(vectors, query)
-    except EmbeddingUnavailable as exc:
-        raise Unavailable(503, f"the embeddings provider is unavailable: {exc}") from None
     rows, scores = nearest(
-        vectors.q8, vectors.scale, vectors.codes, vectors.searchable(view.mask), q, limit=limit
+        vectors.q8,
+        vectors.scale,
+        vectors.codes,
+        vectors.searchable(view.mask),
+        meaning.vector,
+        limit=limit,
     )
     return top(rows, np.round(scores.astype(np.float64), 6), snap.ids, limit)
 
@@ -109,22 +139,30 @@ def hybrid(
     snap: Snapshot,
     view: View,
     query: str,
+    meaning: Meaning,
     limit: int,
     vector_weight: float = VECTOR_WEIGHT,
     depth: int = FUSE_DEPTH,
-) -> list[tuple[int, float]]:
+) -> tuple[list[tuple[int, float]], str]:
+    """The fused hits and the mode they were ranked by: ``lexical`` alone when the KB has no
+    vectors or the question has none (its provider did not answer in time)."""
+    if snap.vectors is None or meaning.vector is None:
+        return lexical(snap, view, query, limit), "lexical"
     words = lexical(snap, view, query, depth)
     if not words:
-        return []
-    try:
-        meaning = vector(snap, view, query, depth)
-    except Unavailable:
-        meaning = []  # text search serves meanwhile
-    return fuse([(words, 1.0), (meaning, vector_weight)], snap.ids, limit)
+        return [], "hybrid"
+    meaning_hits = vector(snap, view, meaning, depth)
+    return fuse([(words, 1.0), (meaning_hits, vector_weight)], snap.ids, limit), "hybrid"
 
 
 def by_score(
-    snap: Snapshot, view: View, query: str, limit: int, vector_weight: float, depth: int
+    snap: Snapshot,
+    view: View,
+    query: str,
+    meaning: Meaning,
+    limit: int,
+    vector_weight: float,
+    depth: int,
 ) -> list[tuple[int, float]]:
     """graph_context's seeds: the lexical and vector lists (each cut to ``depth``) fused by
     their scores, ``bm25 / best + vector_weight * (cos - lowest) / (best - lowest)``: unlike
@@ -133,26 +171,30 @@ def by_score(
     words = lexical(snap, view, query, depth)
     if not words:
         return []
-    try:
-        meaning = vector(snap, view, query, depth)
-    except Unavailable:
-        meaning = []  # text search serves meanwhile
+    # no vector for the question (its provider did not answer in time): words alone
+    nearest = vector(snap, view, meaning, depth) if meaning.vector is not None else []
     best = words[0][1]
     scores = {node: score / best for node, score in words}
-    if meaning:
-        high, low = meaning[0][1], meaning[-1][1]
+    if nearest:
+        high, low = nearest[0][1], nearest[-1][1]
         span = (high - low) or 1.0
-        for node, score in meaning:
+        for node, score in nearest:
             scores[node] = scores.get(node, 0.0) + vector_weight * (score - low) / span
     ranked = sorted(scores.items(), key=lambda h: (-h[1], snap.ids[h[0]]))
     return [hit for hit in ranked if hit[1] > 0.0][:limit]  # the vector list's last adds 0
 
 
-def hits(snap: Snapshot, view: View, query: str, limit: int, mode: str) -> list[tuple[int, float]]:
+def needs_meaning(mode: str | None) -> bool:
+    """Whether a search in ``mode`` (None: the default) embeds its query."""
+    return mode in (None, "vector", "hybrid")
+
+
+def hits(
+    snap: Snapshot, view: View, query: str, limit: int, mode: str, meaning: Meaning
+) -> tuple[list[tuple[int, float]], str]:
+    """The ranked hits and the mode actually used."""
     if mode == "vector":
-        return vector(snap, view, query, limit)
+        return vector(snap, view, meaning, limit), "vector"
     if mode == "hybrid":
-        if snap.vectors is None:
-            return lexical(snap, view, query, limit)
-        return hybrid(snap, view, query, limit)
-    return lexical(snap, view, query, limit)
+        return hybrid(snap, view, query, meaning, limit)
+    return lexical(snap, view, query, limit), "lexical"

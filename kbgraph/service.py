@@ -87,6 +87,7 @@ class Service:
             checkpoint_every=config.store.checkpoint_every_events,
             log_retain=config.store.log_retain_events,
             embedder=make_embedder(config.embeddings),
+            vector_max_chars=config.embeddings.max_chars,
         )
         self.log = (
             StoreLog(self.store, self.projections.kick)  # never appended to: reads only

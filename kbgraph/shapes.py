@@ -144,6 +144,14 @@ class GraphContextResponse(msgspec.Struct, kw_only=True):
     results: list[ContextResult]
     count: int
     note: str | UnsetType = UNSET
+    mode: Annotated[
+        str | UnsetType,
+        msgspec.Meta(
+            description="How the query's seeds were ranked: 'hybrid' (words and meaning) or"
+            " 'lexical' (words alone: the KB has no vectors, or the query's vector did not come"
+            " in time). Absent without a query."
+        ),
+    ] = UNSET
 
 
 class Candidate(msgspec.Struct):
@@ -185,6 +193,14 @@ class SearchResponse(msgspec.Struct):
     query: str
     hits: list[SearchHit]
     count: int
+    mode: Annotated[
+        str,
+        msgspec.Meta(
+            description="The mode the hits were ranked by: 'lexical', 'vector' or 'hybrid';"
+            " 'lexical' where hybrid was asked when the KB has no vectors or the query's vector"
+            " did not come in time (the answer is by words alone)."
+        ),
+    ]
 
 
 class ConceptResponse(msgspec.Struct):
@@ -206,6 +222,13 @@ class StatusResponse(msgspec.Struct):
     links: int  # pairs of visible concepts linked either way (as `kbgraph import` counts)
     vectors: str = "off"  # "complete", "filling" (vectors_missing of the visible ones) or "off"
     vectors_missing: int = 0
+    # visible concepts whose text the provider refused (served by their words), the first
+    # FAILED_NAMED of them by id; absent when there is none
+    vectors_failed: int | UnsetType = UNSET
+    vectors_failed_ids: list[str] | UnsetType = UNSET
+
+
+FAILED_NAMED: Final = 20
 
 
 class KBsResponse(msgspec.Struct):

@@ -22,6 +22,7 @@ from kbgraph.graphalgo.graph import View
 from kbgraph.projection import Snapshot
 from kbgraph.search import query_terms, snippet, snippet_at, top
 from kbgraph.shapes import (
+    FAILED_NAMED,
     MAX_IDS,
     Candidate,
     ConceptResponse,
@@ -120,17 +121,25 @@ def seed_weights(
     return [(node, (score / best) ** power) for node, score in hits if score >= cut * best]
 
 
-def query_seeds(snap: Snapshot, view: View, query: str) -> list[tuple[int, float]]:
-    """The query's weighted seeds: from lexical hits alone, or from lexical and vector hits
-    fused by score when the KB has vectors."""
-    if snap.vectors is None:
-        return seed_weights(retrieval.lexical(snap, view, query, SEARCH_SEEDS))
-    fused = retrieval.by_score(snap, view, query, FUSED_SEEDS, SEED_VECTOR_WEIGHT, SEED_DEPTH)
-    return seed_weights(fused, 0.0, FUSED_SEED_POWER)
+def query_seeds(
+    snap: Snapshot, view: View, query: str, meaning: retrieval.Meaning
+) -> tuple[list[tuple[int, float]], str]:
+    """The query's weighted seeds and the mode used: from lexical hits alone (the KB has no
+    vectors, or the question's vector did not come in time), or from lexical and vector hits
+    fused by score."""
+    if snap.vectors is None or meaning.vector is None:
+        return seed_weights(retrieval.lexical(snap, view, query, SEARCH_SEEDS)), "lexical"
+    fused = retrieval.by_score(
+        snap, view, query, meaning, FUSED_SEEDS, SEED_VECTOR_WEIGHT, SEED_DEPTH
+    )
+    return seed_weights(fused, 0.0, FUSED_SEED_POWER), "hybrid"
 
 
-def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> GraphContextResponse:
-    """Personalized PageRank seeded from the given ids and the query's top visible hits."""
+def graph_context(
+    snap: Snapshot, view: View, req: GraphContextRequest, meaning: retrieval.Meaning | None = None
+) -> GraphContextResponse:
+    """Personalized PageRank seeded from the given ids and the query's top visible hits
+    (``meaning``: the query's vector, embedded before the lock; None: embedded here)."""
     ids = req.ids or []
     if len(ids) > MAX_IDS:
         raise ToolError(422, f"'ids' takes at most {MAX_IDS} concepts")
@@ -143,9 +152,13 @@ def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> Graph
         node = visible_node(snap, view, concept_id)
         weights[node] = weights.get(node, 0.0) + 1.0
     terms: list[str] = []
+    mode = UNSET
     if req.query is not None:
         terms = query_terms(req.query)
-        for node, weight in query_seeds(snap, view, req.query):
+        if meaning is None:
+            meaning = retrieval.embed_now(snap.vectors, req.query)
+        found, mode = query_seeds(snap, view, req.query, meaning)
+        for node, weight in found:
             weights[node] = weights.get(node, 0.0) + weight
 
     response = GraphContextResponse(
@@ -155,6 +168,7 @@ def graph_context(snap: Snapshot, view: View, req: GraphContextRequest) -> Graph
         seeds=[],
         results=[],
         count=0,
+        mode=mode,
     )
     if not weights:
         response.note = "no seed matched the query"
@@ -316,16 +330,24 @@ def graph_path(snap: Snapshot, view: View, req: GraphPathRequest) -> GraphPathRe
 
 
 def search(
-    snap: Snapshot, view: View, query: str, limit: int, mode: str | None = None
+    snap: Snapshot,
+    view: View,
+    query: str,
+    limit: int,
+    mode: str | None = None,
+    meaning: retrieval.Meaning | None = None,
 ) -> SearchResponse:
-    """The best visible hits for ``query`` by words (BM25), meaning (vectors) or both."""
+    """The best visible hits for ``query`` by words (BM25), meaning (vectors) or both
+    (``meaning``: the query's vector, embedded before the lock; None: embedded here)."""
     limit = clamp(limit, 10, 1, 50)
     if mode is None:
         mode = retrieval.default_mode(snap)
     elif mode not in retrieval.MODES:
         raise invalid_choice("mode", mode, "lexical, vector or hybrid")
+    if meaning is None:
+        meaning = retrieval.embed_now(None if mode == "lexical" else snap.vectors, query)
     try:
-        ranked = retrieval.hits(snap, view, query, limit, mode)
+        ranked, used = retrieval.hits(snap, view, query, limit, mode, meaning)
     except retrieval.Unavailable as exc:
         raise ToolError(exc.status, exc.message) from None
     terms = query_terms(query)
@@ -335,7 +357,7 @@ def search(
         )
         for node, score in ranked
     ]
-    return SearchResponse(query=query, hits=hits, count=len(hits))
+    return SearchResponse(query=query, hits=hits, count=len(hits), mode=used)
 
 
 def concept(snap: Snapshot, view: View, concept_id: str) -> ConceptResponse:
@@ -382,8 +404,16 @@ def status(snap: Snapshot, view: View, kb: str) -> StatusResponse:
     vectors = snap.vectors
     if vectors is None:
         return StatusResponse(kb=kb, concepts=concepts, links=links)
-    missing = concepts - int(np.count_nonzero(vectors.searchable(view.mask)))
-    state = "filling" if missing else "complete"
+    # the visible rows alone: what a hidden concept waits for or was refused never shows
+    refused = vectors.refused(view.mask)
+    missing = concepts - int(np.count_nonzero(vectors.searchable(view.mask))) - len(refused)
+    named = sorted(snap.ids[u] for u in refused.tolist())[:FAILED_NAMED]
     return StatusResponse(
-        kb=kb, concepts=concepts, links=links, vectors=state, vectors_missing=missing
+        kb=kb,
+        concepts=concepts,
+        links=links,
+        vectors="filling" if missing else "complete",
+        vectors_missing=missing,
+        vectors_failed=len(refused) if named else UNSET,
+        vectors_failed_ids=named if named else UNSET,
     )

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import msgspec
 
-from kbgraph import shapes, tools
+from kbgraph import retrieval, shapes, tools
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,10 +22,12 @@ class ToolSpec:
     name: str
     request_type: type
     response_type: type
-    run: Callable[[Any, Any, Any], Any]  # (snapshot, view, request) -> response struct
+    run: Callable[[Any, Any, Any, Any], Any]  # (snapshot, view, request, meaning) -> response
     description: str
     advanced: bool = False
     http_post: bool = True  # served at POST /v1/kbs/{kb}/tools/{name} (else a GET route)
+    # the text whose vector the tool wants (embedded before the lock: kbgraph.retrieval)
+    question: Callable[[Any], str | None] = lambda req: None
 
 
 SPECS: Final = (
@@ -37,28 +39,34 @@ SPECS: Final = (
         "them on the link graph in one order, each with its score, hop count, the concept it "
         "was reached through (via) and a text snippet; 'seeds' and 'results' are its parts. "
         "Start here.",
+        question=lambda req: req.query,
     ),
     ToolSpec(
         "search", shapes.SearchRequest, shapes.SearchResponse,
-        lambda snap, view, req: tools.search(snap, view, req.query, req.limit, req.mode),
+        lambda snap, view, req, meaning: tools.search(
+            snap, view, req.query, req.limit, req.mode, meaning
+        ),
         "Search made for questions (BM25F over titles and aliases, then texts; stop words, "
         "stems): hits with score and snippet.",
         http_post=False,
+        question=lambda req: req.query if retrieval.needs_meaning(req.mode) else None,
     ),
     ToolSpec(
         "get_concept", shapes.ConceptRequest, shapes.ConceptResponse,
-        lambda snap, view, req: tools.concept(snap, view, req.id),
+        lambda snap, view, req, meaning: tools.concept(snap, view, req.id),
         "One concept in full: title, aliases, type, status, tags, text, its links and backlinks.",
         http_post=False,
     ),
     ToolSpec(
-        "link_suggest", shapes.LinkSuggestRequest, shapes.LinkSuggestResponse, tools.link_suggest,
+        "link_suggest", shapes.LinkSuggestRequest, shapes.LinkSuggestResponse,
+        lambda snap, view, req, meaning: tools.link_suggest(snap, view, req),
         "Links a concept is probably missing: concepts its text mentions or shares rare terms "
         "and tags with, and concepts it shares neighbours with (method hybrid, the default), "
         "or shared neighbours alone (method structure); each with its evidence.",
     ),
     ToolSpec(
-        "graph_path", shapes.GraphPathRequest, shapes.GraphPathResponse, tools.graph_path,
+        "graph_path", shapes.GraphPathRequest, shapes.GraphPathResponse,
+        lambda snap, view, req, meaning: tools.graph_path(snap, view, req),
         "Advanced: the shortest chain of links between two concepts.",
         advanced=True,
     ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,9 +83,24 @@ class Service:
         self.client = client
         self.app = client.app
 
-    def write(self, kb: str, events: list[Event]) -> int:
-        """Append a delivery durably and return the KB's seq after it."""
-        return self.app.state.store.append(kb, events).seq
+    def write(self, kb: str, events: list[Event], vectors: bool = True) -> int:
+        """Append a delivery durably and return the KB's seq after it; with ``vectors``, once
+        it is applied and the KB's vectors are settled too (they follow in the background, so
+        an answer ranked by them is only determined then)."""
+        seq = self.app.state.store.append(kb, events).seq
+        if vectors:
+            self.vectors_settled(kb, seq)
+        return seq
+
+    def vectors_settled(self, kb: str, seq: int, timeout: float = 120.0) -> None:
+        projections = self.app.state.projections
+        deadline = time.monotonic() + timeout
+        while seq:
+            p = projections.get(kb)
+            if p is not None and p.seq >= seq and (p.vectors is None or not p.vectors.dirty):
+                return
+            assert time.monotonic() < deadline, f"{kb}: vectors not settled after {timeout} s"
+            time.sleep(0.005)
 
     def call(self, token: str | None, method: str, path: str, min_seq: int = 0, **kwargs):
         headers = kwargs.pop("headers", {})

@@ -123,6 +123,12 @@ class FakeStore:
             self._seq[kb] = seq
             return DeliveryResult(len(events), len(applied), dup, stale, ignored, seq)
 
+    # Vectors: like a process on a read-only store, the filler embeds for itself, reads no row
+    read_only = True
+
+    def read_vectors(self, kb: str, model: str, concepts: list[str]) -> list:
+        return []
+
     def read_log(self, after_gid: int, limit: int = 10_000) -> list[LogRecord]:
         with self._lock:
             out = self._log[after_gid : after_gid + limit]

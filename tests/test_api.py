@@ -139,7 +139,7 @@ def test_graph_context_shape_and_determinism(service: Service) -> None:
     second = service.tool(ADMIN, KB, "graph_context", body, seq)
     assert first.content == second.content
     answer = first.json()
-    assert list(answer) == ["query", "ids", "ranked", "seeds", "results", "count"]
+    assert list(answer) == ["query", "ids", "ranked", "seeds", "results", "count", "mode"]
     assert answer["query"] == "restart DNS" and answer["ids"] == ["network/vlan"]
     assert abs(sum(seed["weight"] for seed in answer["seeds"]) - 1.0) < 1e-3
     weights = [(-s["weight"], s["id"]) for s in answer["seeds"]]
@@ -250,6 +250,7 @@ def test_graph_context_without_seed_has_note(service: Service) -> None:
         "results": [],
         "count": 0,
         "note": "no seed matched the query",
+        "mode": "hybrid",
     }
 
 

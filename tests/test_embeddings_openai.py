@@ -5,6 +5,7 @@ import fills its vectors in once the provider answers."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -32,20 +33,29 @@ LOCAL = LocalEmbedder()
 
 
 class FakeServer:
-    """``POST /v1/embeddings``; ``delay`` seconds before answering, ``fail`` 503s first."""
+    """``POST /v1/embeddings``; ``delay`` seconds before answering, ``fail`` 503s first,
+    400 (a context-length error) for a batch holding a text longer than ``refuse_over``, and
+    no answer while ``gate`` is closed (a provider that hangs)."""
 
     def __init__(self) -> None:
         self.requests: list[dict] = []
         self.keys: list[str] = []
         self.delay = 0.0
         self.fail = 0
+        self.refuse_over = 0
+        self.gate = threading.Event()
+        self.gate.set()
 
         async def embeddings(request: Request) -> JSONResponse:
             body = await request.json()
             self.requests.append(body)
             self.keys.append(request.headers.get("authorization", ""))
+            while not self.gate.wait(0.05) and not self.server.should_exit:
+                await asyncio.sleep(0)
             if self.delay:
                 time.sleep(self.delay)  # blocks this server's loop: a slow server
+            if self.refuse_over and max(map(len, body["input"])) > self.refuse_over:
+                return JSONResponse({"error": {"code": "context_length_exceeded"}}, 400)
             if self.fail:
                 self.fail -= 1
                 return JSONResponse({"error": "busy"}, 503)
@@ -76,6 +86,11 @@ class FakeServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def texts(self) -> int:
+        """How many texts it was asked to embed."""
+        return sum(len(r["input"]) for r in self.requests)
 
 
 @pytest.fixture
@@ -128,7 +143,7 @@ def test_a_service_fills_in_once_the_provider_is_back(tmp_path: Path) -> None:
     try:
         with TestClient(app) as client:
             service = Service(client)
-            seq = service.write("homelab", [upsert("a/dns", title="DNS resolver")])
+            seq = service.write("homelab", [upsert("a/dns", title="DNS resolver")], vectors=False)
             status = service.call(ADMIN, "GET", "/v1/kbs/homelab/status", seq).json()
             assert status["vectors"] == "filling" and status["vectors_missing"] == 1
             words = service.call(ADMIN, "GET", "/v1/kbs/homelab/search?q=dns", seq).json()

@@ -150,6 +150,7 @@ def test_question_whose_only_match_is_hidden(service: Service) -> None:
         "results": [],
         "count": 0,
         "note": "no seed matched the query",
+        "mode": "hybrid",
     }
     hits = service.call(INFRA, "GET", f"/v1/kbs/{KB}/search", seq, params={"q": "zebra"})
     assert hits.json()["hits"] == []

@@ -19,7 +19,7 @@ from kbgraph.config import load_config
 from kbgraph.embeddings import EmbeddingUnavailable, concept_text
 from kbgraph.embeddings.local import LocalEmbedder
 from kbgraph.graphalgo.vectors import nearest, quantize, sign_codes
-from kbgraph.projection import Projections
+from kbgraph.projection import Projections, filler
 from kbgraph.store import Store
 from tests.conftest import ADMIN, Service, write_config
 from tests.kb_events import delete, upsert
@@ -33,6 +33,7 @@ class Counting:
 
     def __init__(self) -> None:
         self.name = LOCAL.name
+        self.remote = False
         self.texts = 0
         self.down = False
 
@@ -157,17 +158,23 @@ def test_checkpoint_carries_vectors_and_a_restart_computes_none(tmp_path: Path) 
     assert _vectors_of(q) == before
     store.append(KB, [upsert("c/n1", 2, title="note 1", text="now about the router")])
     q.follow_once()
+    assert again.texts == 0  # applied without a call to the provider
+    q.fill_vectors()
     assert again.texts == 1  # only the changed concept
     store.close()
 
 
-def test_a_provider_down_mid_import_loses_nothing_and_fills_in_later(tmp_path: Path) -> None:
+def test_a_provider_down_mid_import_loses_nothing_and_fills_in_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(filler, "BACKOFF_START", 0.0)  # no pause before the next try
     store = Store(tmp_path / "kb.db")
     embedder = Counting()
     p = Projections(store, embedder=embedder)
     p.load()
     store.append(KB, _concepts(10))
     p.follow_once()
+    p.fill_vectors()
     embedder.down = True
     seq = store.append(KB, [*_concepts(25)[10:], delete("c/n3", 2)]).seq
     p.follow_once()
@@ -177,9 +184,7 @@ def test_a_provider_down_mid_import_loses_nothing_and_fills_in_later(tmp_path: P
     assert len(_vectors_of(p)) == 9  # n3 deleted; n10..n24 wait
     assert p.fill_vectors() == 0
     embedder.down = False
-    kb.vectors._retry_at = 0.0  # skip the back-off pause
-    while p.fill_vectors():
-        pass
+    assert p.fill_vectors() == 15
     assert kb.vectors.status() == "complete"
     got = _vectors_of(p)
     assert sorted(got) == sorted(f"c/n{i}" for i in range(25) if i != 3)

@@ -1,7 +1,6 @@
-"""The follower quantises a batch's vectors at once (``Vectors.prepare``) and copies each
-row in as its event applies: the bytes must be those of quantising each vector alone (as
-``Vectors.install`` does when filling in), or answers would depend on how the log was
-batched."""
+"""Vectors follow the log in the background (``kbgraph.projection.filler``), each row quantised
+as a batch: the bytes must be those of quantising each vector alone, or answers would depend on
+how the log was batched; applying events embeds nothing."""
 
 from __future__ import annotations
 
@@ -45,6 +44,7 @@ class HashEmbedder:
     """A deterministic stand-in model: each text's unit vector from its bytes."""
 
     name = "hash-64"
+    remote = False
 
     def embed(self, texts: list[str]) -> np.ndarray:
         digests = b"".join(hashlib.sha512(text.encode()).digest() for text in texts)
@@ -83,25 +83,24 @@ def test_a_batch_applied_at_once_gives_the_vectors_of_one_delivery_at_a_time(
     for delivery in deliveries:
         store.append(KB, delivery)
         one_by_one.follow_once()
+        one_by_one.fill_vectors()
     while batched.follow_once():
         pass
+    batched.fill_vectors()
     got = vector_rows(batched)
     assert got == vector_rows(one_by_one)
     rebuilt = Projections(store, embedder=embedder)
     rebuilt.load()
-    while rebuilt.fill_vectors(budget=10.0):
-        pass
+    rebuilt.fill_vectors()
     assert got == vector_rows(rebuilt)
 
 
-def test_a_batch_cut_by_its_time_bound_embeds_each_upsert_about_once(
+def test_applying_embeds_nothing_and_the_filler_embeds_each_text_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The follower embeds a batch's head before taking the write lock. When the time bound
-    cuts every batch after one delivery (as a 500-event delivery does on any machine), the
-    head must shrink to what was applied: it used to stay twice that, so every text was
-    embedded twice. The first head (MAX_BATCH_EVENTS, four deliveries here) is the only one
-    embedded in excess."""
+    """The follower applies deliveries without a call to the provider (batches cut by their
+    time bound after each delivery, as a 500-event delivery is on any machine); the filler then
+    embeds each text once."""
     monkeypatch.setattr(kb_module, "MAX_BATCH_SECONDS", 0.0)
     store = FakeStore()
     counting = CountingEmbedder()
@@ -113,8 +112,10 @@ def test_a_batch_cut_by_its_time_bound_embeds_each_upsert_about_once(
     while follower.follow_once():
         pass
     assert follower.seq(KB) == size * count
-    first_head_excess = kb_module.MAX_BATCH_EVENTS - size
-    assert size * count <= counting.texts <= size * count + first_head_excess
+    assert counting.texts == 0
+    assert follower.fill_vectors() == size * count
+    assert counting.texts == size * count
+    assert follower.fill_vectors() == 0 and counting.texts == size * count
 
 
 class CountingEmbedder(HashEmbedder):

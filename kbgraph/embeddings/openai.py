@@ -3,7 +3,11 @@
 Texts go in batches of ``[embeddings] batch``; each request has ``timeout_seconds`` and is
 tried ``1 + retries`` times with a doubling pause (0.25 s, 0.5 s, ...) on a transport error,
 a timeout, 429 or a 5xx; then ``EmbeddingUnavailable`` (the caller serves without vectors and
-tries again later). Any other answer (4xx, a malformed body) raises it at once. The key is
+tries again later). 400, 413 and 422 (a text the model cannot take) raise ``EmbeddingRefused``
+at once (the filler splits the batch); any other answer (401, 404, a malformed body) raises
+``EmbeddingUnavailable`` at once. The embedder's ``name`` (stored with each vector and in
+checkpoints) holds the URL's scheme, host, port and path only; a URL with credentials in it is
+refused when the config is loaded. The key is
 read from the environment variable ``api_key_env`` names, at each request, never from the file.
 Vectors are normalised to unit length (cosine is what search ranks by).
 """
@@ -19,10 +23,17 @@ import msgspec
 import numpy as np
 
 from kbgraph.config import EmbeddingsConfig
-from kbgraph.embeddings import EmbeddingUnavailable
+from kbgraph.embeddings import EmbeddingRefused, EmbeddingUnavailable
 
 PAUSE: Final = 0.25
 RETRY_STATUS: Final = frozenset({408, 429, 500, 502, 503, 504})
+REFUSED_STATUS: Final = frozenset({400, 413, 422})
+
+
+def public_url(url: str) -> str:
+    """``url`` without credentials, query or fragment: what may be stored and shown."""
+    parts = httpx.URL(url)
+    return str(parts.copy_with(username=None, password=None, query=None, fragment=None))
 
 
 class _Item(msgspec.Struct):
@@ -35,8 +46,10 @@ class _Answer(msgspec.Struct):
 
 
 class OpenAIEmbedder:
+    remote = True
+
     def __init__(self, config: EmbeddingsConfig) -> None:
-        self.name = f"openai:{config.url}:{config.model}"
+        self.name = f"openai:{public_url(config.url)}:{config.model}"
         self._url = config.url.rstrip("/") + "/embeddings"
         self._model = config.model
         self._key_env = config.api_key_env
@@ -74,6 +87,8 @@ class OpenAIEmbedder:
             if response.status_code in RETRY_STATUS:
                 problem = f"HTTP {response.status_code}"
                 continue
+            if response.status_code in REFUSED_STATUS:
+                raise EmbeddingRefused(f"HTTP {response.status_code} from {self._url}")
             if response.status_code != 200:
                 raise EmbeddingUnavailable(f"HTTP {response.status_code} from {self._url}")
             try:

@@ -26,6 +26,10 @@ the state of that instant (one process at a time, under a file lock) while the f
 on, and once the child is done cuts the log before it, keeping ``log_retain`` records for
 followers just behind. A follower that finds its next records cut (``LogCut``) loads again.
 
+Vectors (``kbgraph.projection.filler``): applying an event only marks its concept's vector as
+waiting; the filler's own thread settles it from the store's vector rows or the provider, and
+is kicked after each batch that changed something. Nothing remote runs in this thread.
+
 Failure: if reading the log raises (SQLite busy, I/O), nothing was applied and the follower
 retries with a growing pause (up to 1 s). If applying a record raises (a bug), the follower
 logs it, stores it in ``Projections.error`` and stops following: a projection that missed an
@@ -54,10 +58,12 @@ except ImportError:  # pragma: no cover
 
 import numpy as np
 
+from kbgraph.config import EmbeddingsConfig
 from kbgraph.embeddings import Embedder
 from kbgraph.events import ConceptDeleted, ConceptUpserted, DeleteData, UpsertData
 from kbgraph.projection import checkpoint
 from kbgraph.projection.adjacency import compact
+from kbgraph.projection.filler import Filler
 from kbgraph.projection.kb import MIN_NODE_CAP, KBProjection, gc_paused
 from kbgraph.projection.masks import Mask, masked_degrees
 from kbgraph.search import SearchIndex
@@ -66,7 +72,6 @@ from kbgraph.store import LogCut, LogRecord, Store
 log = logging.getLogger(__name__)
 
 READ_LOG_LIMIT: Final = 10_000
-FILL_SECONDS: Final = 0.05  # vectors filled in between reads of the log, per round
 MAX_FD: Final = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
 
 
@@ -75,7 +80,10 @@ def _fork() -> int:
     process that runs threads (the server always does: uvicorn, the store's writer, this
     follower). The warning is about a child that needs a lock another thread held at the fork.
     The checkpoint child takes none: it reads the projection's arrays (the follower, which
-    forks, is between batches, so nothing is half-applied), writes one new file with its own
+    forks, is between batches, so nothing is half-applied; the vector filler's thread may be
+    installing vectors at that instant, but a row's ``have`` byte is set after its vector and
+    a grown array is swapped in before ``have``, so the child sees a row with its whole vector
+    or without it), writes one new file with its own
     descriptors, reports a failure with ``os.write`` on fd 2 and leaves with ``os._exit``; it
     logs nothing and touches no SQLite connection and no KB lock (``tests/test_checkpoint.py``
     runs it while another thread holds a KB's read lock). What the fork buys, a copy-on-write
@@ -102,9 +110,15 @@ class Projections:
         checkpoint_every: int = 100_000,
         log_retain: int = 10_000,
         embedder: Embedder | None = None,
+        vector_max_chars: int = EmbeddingsConfig().max_chars,
     ) -> None:
         self.store = store
         self.embedder = embedder  # vectors for every KB (kbgraph.projection.vectors)
+        self.filler = (
+            None
+            if embedder is None
+            else Filler(store, embedder, lambda: list(self._kbs.values()), vector_max_chars)
+        )
         self.poll_interval = poll_interval
         self.gid = 0  # global log position applied
         self.checkpoints = checkpoints if index_factory is SearchIndex else None
@@ -136,6 +150,9 @@ class Projections:
         self._stopping.clear()
         self._thread = threading.Thread(target=self._run, name="kbgraph-follower", daemon=True)
         self._thread.start()
+        if self.filler is not None:
+            self.filler.start()
+            self.filler.kick()  # what the load left waiting
 
     def load(self) -> None:
         """Build every KB from ``store.load()`` without following (``start`` = load + follow).
@@ -196,6 +213,8 @@ class Projections:
             self._kbs[name] = kb
             self._notify(name, kb.seq)
         self.gid = gid
+        if self.filler is not None:
+            self.filler.kick()
 
     def write_checkpoint(self, min_progress: int = 1) -> Path | None:
         """Write a checkpoint at ``gid`` and cut the log before it (keeping ``log_retain``
@@ -316,6 +335,8 @@ class Projections:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self.filler is not None:
+            self.filler.stop()
         if self._writer is not None:  # a checkpoint being written: not worth the wait
             pid = self._writer[0]
             with contextlib.suppress(ProcessLookupError):
@@ -394,25 +415,14 @@ class Projections:
                     self._kbs[name] = kb
                 self._notify(name, kb.seq)
         self.gid = records[-1].gid
+        if self.filler is not None:
+            self.filler.kick()
         return len(records)
 
-    def fill_vectors(self, budget: float = FILL_SECONDS) -> int:
-        """Fill in missing vectors for up to ``budget`` seconds (between batches of the log);
-        returns how many were installed."""
-        if self.embedder is None:
-            return 0
-        done = 0
-        deadline = time.perf_counter() + budget
-        for name in sorted(self._kbs):
-            kb = self._kbs[name]
-            while time.perf_counter() < deadline:
-                filled = kb.fill_vectors()
-                if not filled:
-                    break
-                done += filled
-        if done:
-            self._kick.set()  # more may be missing: come back without waiting a poll
-        return done
+    def fill_vectors(self) -> int:
+        """One round of the vector filler in this thread (tools and tests; ``start`` runs it
+        in its own); returns how many vectors (or refusals) were settled."""
+        return 0 if self.filler is None else self.filler.round()
 
     def _run(self) -> None:
         backoff = 0.0
@@ -425,7 +435,6 @@ class Projections:
                 while self.follow_once() >= READ_LOG_LIMIT and not self._stopping.is_set():
                     pass
                 backoff = 0.0
-                self.fill_vectors()
                 self._maybe_checkpoint()
             except LogCut as exc:
                 log.warning("the log was cut past this process (%s): loading again", exc)

@@ -54,7 +54,7 @@ from numba import njit
 
 from kbgraph.access import RuleSet, visible
 from kbgraph.columns import KeyIndex, StringColumn, StringTable, process_hashes, strings_at
-from kbgraph.embeddings import Embedder, concept_text
+from kbgraph.embeddings import Embedder, concept_text, text_hash
 from kbgraph.events import (
     ConceptDeleted,
     ConceptUpserted,
@@ -274,11 +274,11 @@ class KBProjection:
             self._classes.append(key)
         return k
 
-    # --- vectors (follower thread only) ---------------------------------------------------
+    # --- vectors (kbgraph.projection.filler settles them, from its own thread) ------------
 
     def attach_vectors(self, embedder: Embedder | None) -> None:
         """Keep vectors with ``embedder`` (a checkpoint's of the same model are reused); every
-        concept without one is filled in by ``fill_vectors``. Before the KB is shared."""
+        concept without one waits for the filler. Before the KB is shared."""
         if embedder is None:
             self.vectors = None
         elif self.saved_vectors is not None:
@@ -290,36 +290,49 @@ class KBProjection:
         if self.vectors is not None:
             self.vectors.mark_missing(self._alive, len(self.ids))
 
-    def _unchanged(self, event: ConceptUpserted) -> bool:
-        u = self._index_of.get(event.subject)
-        data = event.data
-        return (
-            u is not None
-            and bool(self._alive[u])
-            and self.titles[u] == data.title
-            and self.texts[u] == data.text
-            and self.aliases[u] == data.aliases
-            and self.tags[u] == data.tags
-        )
+    def _vector_text(self, u: int, max_chars: int) -> str:
+        return concept_text(self.titles[u], self.aliases[u], self.tags[u], self.texts[u])[
+            :max_chars
+        ]
 
-    def fill_vectors(self) -> int:
-        """Compute up to a batch of the missing vectors outside the lock, install them under
-        it; returns how many (0: none missing, or the provider is pausing)."""
+    def vector_pending(self) -> list[int]:
+        """The rows waiting for their vector (read lock taken here)."""
+        if self.vectors is None:
+            return []
+        with self.lock.read():
+            return self.vectors.pending()
+
+    def vector_texts(self, rows: list[int], max_chars: int) -> list[tuple[int, str, str]]:
+        """(row, id, text embedded) of those of ``rows`` still waiting (read lock taken here)."""
         vectors = self.vectors
         if vectors is None:
+            return []
+        with self.lock.read():
+            dirty = vectors.dirty
+            return [(u, self.ids[u], self._vector_text(u, max_chars)) for u in rows if u in dirty]
+
+    def settle_vectors(
+        self, results: list[tuple[int, bytes, np.ndarray | None]], max_chars: int
+    ) -> int:
+        """Install each (row, hash of the text embedded, vector or None: refused) whose row
+        still waits with that text (write lock taken here); returns how many."""
+        vectors = self.vectors
+        if vectors is None or not results:
             return 0
-        rows = vectors.take_dirty()
-        if not rows:
-            return 0
-        texts = [
-            concept_text(self.titles[u], self.aliases[u], self.tags[u], self.texts[u]) for u in rows
-        ]
-        computed = vectors.compute(texts)
-        if computed is None:
-            return 0
-        with self.lock.write():  # nothing else writes: the rows are as they were read
-            vectors.install(rows, computed)
-        return len(rows)
+        with self.lock.write():
+            rows, got, refused = [], [], []
+            for u, digest, vector in results:
+                if u not in vectors.dirty or text_hash(self._vector_text(u, max_chars)) != digest:
+                    continue  # deleted or changed meanwhile: the next round takes it
+                if vector is None:
+                    refused.append(u)
+                else:
+                    rows.append(u)
+                    got.append(vector)
+            if rows:
+                vectors.install(rows, np.stack(got))
+            vectors.refuse(refused)
+        return len(rows) + len(refused)
 
     # --- growth and compaction (follower thread only) -----------------------------------
 
@@ -390,7 +403,7 @@ class KBProjection:
     def apply(self, deliveries: Sequence[Sequence[LogRecord]]) -> int:
         """Apply whole deliveries under the write lock until the batch bound; returns how many.
 
-        The batch is the head prepared for it (grown and embedded outside the lock: what the
+        The batch is the head prepared for it (grown outside the lock: what the
         last batch managed, twice that after a batch that ran out of head first), and it ends
         early after the delivery that reaches MAX_BATCH_EVENTS events or
         MAX_BATCH_SECONDS; a delivery is never split. Call again with the rest.
@@ -403,9 +416,6 @@ class KBProjection:
             if len(head) >= self._batch_hint:
                 break
         swap = self._prepare(head)
-        if self.vectors is not None:
-            upserts = [r.event for r in head if isinstance(r.event, ConceptUpserted)]
-            self.vectors.prepare(upserts, self._unchanged)
         done = 0
         apply_one = self._apply
         clock = time.perf_counter
@@ -425,10 +435,8 @@ class KBProjection:
                     bounded = True
                     break
         # Only a batch that ran out of head before its bounds asks for more: one ended by them
-        # asks for what it managed, so the head is not embedded twice as often as it is used.
+        # asks for what it managed, so the head is not prepared twice as often as it is used.
         self._batch_hint = min(MAX_BATCH_EVENTS, max(64, events if bounded else 2 * events))
-        if self.vectors is not None:
-            self.vectors.forget_fresh()  # the rest of the head is embedded again next call
         return done
 
     def _apply(self, event: Event, analysis: Analysed | None = None) -> None:
@@ -544,7 +552,7 @@ class KBProjection:
         if reindex:
             self.index.put(u, data.title, data.text, data.aliases, data.tags, analysed=analysis)
             if self.vectors is not None:
-                self.vectors.changed(u, event.subject, data.version)
+                self.vectors.changed(u)
 
     def _pools(self) -> tuple[np.ndarray, ...]:
         """The arrays the removing kernels (``_drop``, ``_undeclare``) take, in their order."""

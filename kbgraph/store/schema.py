@@ -17,7 +17,9 @@ from typing import Final
 # as it is: a new table that older code never reads, so no version of its own; so is
 # stream_result (what each recent delivery of the stream answered, read by a node's workers);
 # and log.analysis (an upsert's text analysed once by the writer, kbgraph.search.document): a
-# nullable column older code neither writes nor reads, a row without it analysed by the reader
+# nullable column older code neither writes nor reads, a row without it analysed by the reader;
+# and vector (a concept's vector per model with the hash of the text it was computed from,
+# or the provider's refusal of that text: kbgraph.store.vectorrows)
 SCHEMA_VERSION: Final = 7
 
 _TABLES: Final = """
@@ -91,6 +93,15 @@ CREATE TABLE IF NOT EXISTS stream_result (
     refusal TEXT,  -- 'replay' or 'kb_limit': the delivery's own refusal (401, 403)
     detail TEXT,
     PRIMARY KEY (stream, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS vector (
+    kb TEXT NOT NULL,
+    concept TEXT NOT NULL,
+    model TEXT NOT NULL,
+    text_hash BLOB NOT NULL,  -- of the text embedded (kbgraph.embeddings.text_hash)
+    vec BLOB,  -- float32 little-endian, unit length, or NULL: the provider refused the text
+    problem TEXT,  -- the refusal, when vec is NULL
+    PRIMARY KEY (kb, model, concept)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,

@@ -48,7 +48,7 @@ from typing import Final, TypeVar
 
 from kbgraph.eventlog import LogRecord, SqliteLog, read_transaction
 from kbgraph.events import Event
-from kbgraph.store import logcut, positions, schema
+from kbgraph.store import logcut, positions, schema, vectorrows
 from kbgraph.store import statements as sql
 from kbgraph.store.group import GroupWriter, Pending
 from kbgraph.store.load import load_columns, load_snapshot
@@ -61,6 +61,7 @@ from kbgraph.store.model import (
     StoreSnapshot,
     WebhookMessage,
 )
+from kbgraph.store.vectorrows import VectorRow
 from kbgraph.threads import LoopSettle, settle_groups
 
 try:  # POSIX only; elsewhere the writers rely on SQLite's busy handler alone.
@@ -494,6 +495,28 @@ class Store:
         """``load`` as columns, for a first build (``kbgraph.store.load.load_columns``)."""
         with self._reader() as conn, read_transaction(conn):
             return load_columns(conn)
+
+    def read_vectors(self, kb: str, model: str, concepts: list[str]) -> list[VectorRow]:
+        """The stored vectors of ``concepts`` under ``model`` (``kbgraph.store.vectorrows``)."""
+        with self._reader() as conn:
+            return vectorrows.read(conn, kb, model, concepts)
+
+    def write_vectors(self, kb: str, model: str, rows: list[VectorRow]) -> None:
+        """Store computed vectors (and refusals) in their own short transaction."""
+        if self.read_only:
+            raise StoreClosed("store opened read-only")
+        conn = self._connect()
+        try:
+            self._begin_immediate(conn)
+            try:
+                vectorrows.write(conn, kb, model, rows)
+                self._retry_busy(lambda: conn.execute("COMMIT"))
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        finally:
+            conn.close()
 
     def kb_seq(self, kb: str) -> int:
         """The KB's current log position (0 for a KB with no applied event)."""

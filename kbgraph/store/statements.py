@@ -194,3 +194,15 @@ def write_subjects(conn: sqlite3.Connection, kid: int, subjects: dict[str, Subje
     bulk(conn, SET_LINKS, kid, set_links)
     bulk(conn, TOMBSTONE, kid, tombstones)
     bulk(conn, UNTOMBSTONE, kid, untombstone)
+
+
+# --- vectors (kbgraph.store.vectorrows) ------------------------------------------------------
+
+VECTORS_GET: Final = (
+    "SELECT v.concept, v.text_hash, v.vec, v.problem FROM json_each(?3) j"
+    " JOIN vector v ON v.kb = ?1 AND v.model = ?2 AND v.concept = j.value"
+)
+VECTOR_PUT: Final = (
+    "INSERT OR REPLACE INTO vector (kb, concept, model, text_hash, vec, problem)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)

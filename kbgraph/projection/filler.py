@@ -1,0 +1,212 @@
+"""The vector filler: one thread per process giving every KB's concepts their vectors, off the
+path of events and of questions.
+
+A round goes through every KB's waiting rows (``Vectors.dirty``) in chunks of ``FILL_BATCH``:
+
+1. the chunk's texts, under the KB's read lock, each with its hash (``text_hash``);
+2. the store's vector rows of the same model and hash settle them: what any process of this
+   store computed once is never computed again (after a restart, with or without a checkpoint);
+3. the rest are embedded under the store's embedder lock (``flock`` on ``<store>.embedder``: one
+   process at a time per store, so ``serve --workers N`` embeds each text once): looked up again
+   once it is held (another process may have written them meanwhile), embedded (``embed_each``:
+   a text the provider refuses is recorded alone, as refused, and served by its words), written
+   to the store, the lock released (a process on a read-only store embeds for itself alone);
+4. installed under the KB's write lock for each row whose text is still the one embedded.
+
+A provider that is down or slow pauses the embedding with a growing pause (``BACKOFF_*``);
+events are applied meanwhile, and text search serves the concepts without a vector.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO, Final
+
+try:  # POSIX only; elsewhere each process embeds for itself
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+import numpy as np
+from prometheus_client import Counter
+
+from kbgraph.embeddings import Embedder, EmbeddingUnavailable, embed_each, text_hash
+from kbgraph.store import Store
+from kbgraph.store.vectorrows import VectorRow
+
+if TYPE_CHECKING:
+    from kbgraph.projection.kb import KBProjection
+
+log = logging.getLogger(__name__)
+
+FILL_BATCH: Final = 512
+BACKOFF_START: Final = 0.5
+BACKOFF_MAX: Final = 30.0
+POLL_SECONDS: Final = 0.5  # a round at least this often (a pause ending, another's rows)
+LOCK_WAIT: Final = 0.02  # between tries of the embedder lock (the thread must stay stoppable)
+STOP_WAIT: Final = 5.0  # seconds a stop waits for a round to end
+
+REFUSED: Final = Counter(
+    "kbgraph_vectors_refused_total",
+    "Concept texts the embedding provider refused (each served by its words alone).",
+)
+
+Settled = list[tuple[int, bytes, np.ndarray | None]]
+
+
+class Filler:
+    """Every KB's missing vectors, from the store's rows or the provider (one per process)."""
+
+    def __init__(
+        self,
+        store: Store,
+        embedder: Embedder,
+        kbs: Callable[[], list[KBProjection]],
+        max_chars: int,
+    ) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.max_chars = max_chars
+        self._kbs = kbs
+        self._retry_at = 0.0
+        self._backoff = 0.0
+        self._kick = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="kbgraph-vectors", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread; one inside a provider call is left to end alone (a daemon)."""
+        self._stopping.set()
+        self._kick.set()
+        if self._thread is not None:
+            self._thread.join(STOP_WAIT)
+            self._thread = None
+
+    def kick(self) -> None:
+        """Rows may be waiting (events were applied): a round now, not at the next poll."""
+        self._kick.set()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            kicked = self._kick.wait(POLL_SECONDS)
+            self._kick.clear()
+            if self._stopping.is_set():
+                break
+            if not kicked and self.pausing():
+                continue  # nothing new, and the provider is still paused
+            try:
+                self.round()
+            except Exception:  # the store busy, say: the next round tries again
+                log.exception("filling vectors failed (tried again in the next round)")
+
+    # --- a round -------------------------------------------------------------------------
+
+    def pausing(self) -> bool:
+        return time.monotonic() < self._retry_at
+
+    def round(self) -> int:
+        """One pass over every KB's waiting rows; returns how many were settled."""
+        done = 0
+        for kb in self._kbs():
+            pending = kb.vector_pending()
+            for start in range(0, len(pending), FILL_BATCH):
+                if self._stopping.is_set():
+                    return done
+                done += self._chunk(kb, pending[start : start + FILL_BATCH])
+        return done
+
+    def _chunk(self, kb: KBProjection, rows: list[int]) -> int:
+        work = kb.vector_texts(rows, self.max_chars)
+        if not work:
+            return 0
+        model = self.embedder.name
+        digests = {u: text_hash(text) for u, _, text in work}
+        settled, missing = self._stored(kb.name, model, work, digests)
+        if missing and not self.pausing() and self.store.read_only:
+            settled += self._embed(kb.name, model, missing, digests)  # for itself alone
+        elif missing and not self.pausing():
+            with self._embedder_lock() as held:
+                if held:
+                    found, missing = self._stored(kb.name, model, missing, digests)
+                    settled += found
+                    settled += self._embed(kb.name, model, missing, digests)
+        return kb.settle_vectors(settled, self.max_chars)
+
+    def _stored(
+        self, kb: str, model: str, work: list[tuple[int, str, str]], digests: dict[int, bytes]
+    ) -> tuple[Settled, list[tuple[int, str, str]]]:
+        """The rows the store settles, and the rest."""
+        rows = {r.concept: r for r in self.store.read_vectors(kb, model, [c for _, c, _ in work])}
+        settled: Settled = []
+        missing = []
+        for u, concept, text in work:
+            row = rows.get(concept)
+            if row is not None and row.text_hash == digests[u]:
+                settled.append((u, digests[u], row.vector))
+            else:
+                missing.append((u, concept, text))
+        return settled, missing
+
+    def _embed(
+        self, kb: str, model: str, work: list[tuple[int, str, str]], digests: dict[int, bytes]
+    ) -> Settled:
+        """Embed each distinct text once, store the vectors and refusals, return them."""
+        if not work:
+            return []
+        texts = list(dict.fromkeys(text for _, _, text in work))
+        try:
+            answers = dict(zip(texts, embed_each(self.embedder, texts), strict=True))
+        except EmbeddingUnavailable as exc:
+            self._backoff = min(BACKOFF_MAX, max(BACKOFF_START, 2 * self._backoff))
+            self._retry_at = time.monotonic() + self._backoff
+            log.warning("embeddings unavailable (next try in %.1f s): %s", self._backoff, exc)
+            return []
+        self._backoff = 0.0
+        rows = []
+        for u, concept, text in work:
+            answer = answers[text]
+            if isinstance(answer, str):
+                rows.append(VectorRow(concept, digests[u], None, answer))
+                REFUSED.inc()
+                log.warning("the embedding provider refused %s in %s: %s", concept, kb, answer)
+            else:
+                rows.append(VectorRow(concept, digests[u], answer, ""))
+        if not self.store.read_only:
+            self.store.write_vectors(kb, model, rows)
+        return [(u, digests[u], row.vector) for (u, _, _), row in zip(work, rows, strict=True)]
+
+    @contextlib.contextmanager
+    def _embedder_lock(self) -> Iterator[bool]:
+        """Hold the store's embedder lock (True), or False when stopping meanwhile."""
+        if fcntl is None:  # pragma: no cover
+            yield True
+            return
+        with open(Path(str(self.store.path) + ".embedder"), "a+b") as handle:
+            while not self._try_lock(handle):
+                if self._stopping.wait(LOCK_WAIT):
+                    yield False
+                    return
+            try:
+                yield True
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    @staticmethod
+    def _try_lock(handle: BinaryIO) -> bool:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True

@@ -1,0 +1,195 @@
+"""Vectors off the paths of events and questions, computed once (issue 35's aims), measured from
+outside against a test provider that counts what it is asked (``loadtest.embed_provider``).
+
+``python -m loadtest.bench_spine [--deliveries 40] [--delay 1.0] [--concepts 120]``:
+
+1. ``readable``: ``serve`` with ``[embeddings] provider = "openai"`` (``batch = 16``) at a provider
+   answering each request after ``--delay`` seconds; one signed single-event delivery at a time,
+   then ``GET`` of its concept with ``X-Min-Seq``: seconds from the POST to the answer, p50/p99
+   (aim p99 <= 50 ms).
+2. ``workers``: ``serve --workers 2`` on a fresh store, ``--concepts`` concepts in one delivery,
+   until ``/status`` says the vectors are complete: the texts the provider was asked (aim: one
+   per concept).
+3. ``restart``: the service stopped, its checkpoints removed, started again (``--workers 2``)
+   until complete: the texts asked again (aim 0).
+
+``--peer CHECKOUT`` runs the same phases against another checkout's server (its ``.venv``)
+first, side by side. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loadtest import kbgen
+from loadtest.abuse import delivery, upsert
+from loadtest.embed_provider import CountingProvider
+from loadtest.service import HOST, Credentials, ServiceProcess, write_config
+
+KB = "spine"
+
+
+def config(folder: Path, creds: Credentials, provider: CountingProvider) -> Path:
+    path = write_config(folder, creds, KB)
+    with path.open("a") as out:
+        out.write(f'\n[embeddings]\nprovider = "openai"\nurl = "{provider.url}"\nbatch = 16\n')
+    return path
+
+
+def post(client: httpx.Client, signer: kbgen.Signer, events: list[dict[str, Any]]) -> int:
+    headers, body = delivery(signer, events)
+    answer = client.post(f"/v1/kbs/{KB}/events", headers=headers, content=body)
+    answer.raise_for_status()
+    return int(answer.json()["seq"])
+
+
+def status(client: httpx.Client, creds: Credentials) -> dict[str, Any]:
+    answer = client.get(f"/v1/kbs/{KB}/status", headers={"Authorization": f"Bearer {creds.admin}"})
+    return answer.json() if answer.status_code == 200 else {}
+
+
+def until_complete(client: httpx.Client, creds: Credentials, timeout: float = 300) -> float:
+    """Seconds until ``/status`` says complete on fresh connections (each worker asked)."""
+    start = time.monotonic()
+    streak = 0
+    while streak < 6:
+        if time.monotonic() - start > timeout:
+            raise RuntimeError(f"vectors not complete after {timeout} s")
+        with httpx.Client(base_url=str(client.base_url)) as fresh:
+            streak = streak + 1 if status(fresh, creds).get("vectors") == "complete" else 0
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def readable(folder: Path, deliveries: int, delay: float, root: Path | None) -> dict[str, Any]:
+    provider = CountingProvider(delay)
+    provider.start()
+    creds = Credentials()
+    service = ServiceProcess(config(folder, creds, provider), root=root)
+    service.start()
+    try:
+        asyncio.run(service.wait_ready())
+        signer = kbgen.Signer(creds.secret)
+        auth = {"Authorization": f"Bearer {creds.admin}"}
+        seconds = []
+        refused = 0  # GETs not answered 200 (a 503 while the follower waited for the provider)
+        with httpx.Client(base_url=f"http://{HOST}:{service.port}", timeout=30) as client:
+            for i in range(deliveries):
+                concept = f"infra/note-{i}-{uuid.uuid4().hex[:6]}"
+                started = time.perf_counter()
+                seq = post(client, signer, [upsert(concept, f"text of note {i}", f"note {i}")])
+                got = client.get(
+                    f"/v1/kbs/{KB}/concepts/{concept}", headers={**auth, "X-Min-Seq": str(seq)}
+                )
+                seconds.append(time.perf_counter() - started)
+                refused += got.status_code != 200
+            search = client.get(f"/v1/kbs/{KB}/search?q=note", headers=auth).json()
+        return {
+            "deliveries": deliveries,
+            "provider_delay_s": delay,
+            "p50_ms": round(1000 * statistics.median(seconds), 1),
+            "p99_ms": round(1000 * percentile(seconds, 0.99), 1),
+            "max_ms": round(1000 * max(seconds), 1),
+            "not_200": refused,
+            "search_mode_while_slow": search.get("mode"),
+        }
+    finally:
+        service.stop()
+        provider.stop()
+
+
+def workers_and_restart(
+    folder: Path, concepts: int, delay: float, root: Path | None
+) -> dict[str, Any]:
+    provider = CountingProvider(delay)
+    provider.start()
+    creds = Credentials()
+    path = config(folder, creds, provider)
+    service = ServiceProcess(path, workers=2, root=root)
+    service.start()
+    try:
+        asyncio.run(service.wait_ready())
+        signer = kbgen.Signer(creds.secret)
+        base = f"http://{HOST}:{service.port}"
+        with httpx.Client(base_url=base, timeout=60) as client:
+            events = [upsert(f"infra/c{i}", f"concept {i} text", f"c{i}") for i in range(concepts)]
+            post(client, signer, events)
+            filled = until_complete(client, creds)
+        embedded = provider.texts
+        service.stop()
+        shutil.rmtree(folder / "kbgraph.db.checkpoints", ignore_errors=True)
+        again = ServiceProcess(path, workers=2, port=service.port, root=root)
+        again.start()
+        service = again
+        asyncio.run(again.wait_ready())
+        with httpx.Client(base_url=base, timeout=60) as client:
+            refilled = until_complete(client, creds)
+        return {
+            "concepts": concepts,
+            "texts_embedded": embedded,
+            "fill_s": round(filled, 2),
+            "restart_without_checkpoints_texts_embedded": provider.texts - embedded,
+            "restart_fill_s": round(refilled, 2),
+        }
+    finally:
+        service.stop()
+        provider.stop()
+
+
+def measure(tmp: Path, args: argparse.Namespace, root: Path | None) -> dict[str, Any]:
+    first, second = tmp / "readable", tmp / "workers"
+    first.mkdir()
+    second.mkdir()
+    return {
+        "readable": readable(first, args.deliveries, args.delay, root),
+        "workers": workers_and_restart(second, args.concepts, args.delay, root),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_spine", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--deliveries", type=int, default=40)
+    parser.add_argument("--delay", type=float, default=1.0, help="the provider's seconds")
+    parser.add_argument("--concepts", type=int, default=120)
+    parser.add_argument("--peer", type=Path, help="a checkout to measure too (its .venv)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-spine-") as tmp:
+        peer = None
+        if args.peer is not None:
+            (Path(tmp) / "peer").mkdir()
+            peer = measure(Path(tmp) / "peer", args, args.peer.resolve())
+        (Path(tmp) / "this").mkdir()
+        result = measure(Path(tmp) / "this", args, None)
+    readable_part, workers_part = result["readable"], result["workers"]
+    result["aims"] = {
+        "readable_p99_le_50ms": readable_part["p99_ms"] <= 50 and not readable_part["not_200"],
+        "workers_texts_embedded_eq_concepts": workers_part["texts_embedded"] == args.concepts,
+        "restart_embeds_nothing": workers_part["restart_without_checkpoints_texts_embedded"] == 0,
+    }
+    if peer is not None:
+        result["peer"] = peer
+    print(json.dumps(result))
+    return 0 if all(result["aims"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
