@@ -18,6 +18,10 @@ ROOT="${DEBIAN13_ROOT:-/var/tmp/kbgraph-trixie}"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 [ "$(id -u)" = 0 ] || { echo "test-debian13: needs root (debootstrap, chroot)" >&2; exit 2; }
 started=$SECONDS
+# One run at a time in the chroot (another checkout's run waits here rather than mix trees).
+mkdir -p "$(dirname "$ROOT")"
+exec 9>"$ROOT.lock"
+flock 9
 if ! command -v debootstrap >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap
 fi
@@ -67,4 +71,4 @@ chroot "$ROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
     DEBIAN_FRONTEND=noninteractive KBGRAPH_SQLITE_MATRIX=0 KBGRAPH_DEBIAN13=0 "${forward[@]}" \
     NUMBA_CACHE_DIR=/var/cache/kbgraph-numba \
     bash -c 'cd /kbgraph && echo "== $(. /etc/os-release; echo "$PRETTY_NAME"), $(python3 --version)" >&2 && bash scripts/test.sh "$@"' \
-    test-debian13 "$@"
+    test-debian13 "$@" 9>&-  # the lock is this script's, not the tests' servers'
