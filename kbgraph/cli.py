@@ -31,7 +31,7 @@ from kbgraph.config import Config, ConfigError, load_config
 from kbgraph.demokb import demo_concepts, example_vault
 from kbgraph.extras import add_unavailable, config_problem, missing
 from kbgraph.extras import problem as extra_problem
-from kbgraph.health import store_folder_problem, store_problem
+from kbgraph.http.health import store_folder_problem, store_problem
 
 CONFIG_ENV: Final = "KBGRAPH_CONFIG"  # read by kbgraph.api.app_from_env
 APP_FACTORY: Final = "kbgraph.cli:app_factory"
@@ -122,11 +122,11 @@ def run_server(
     log_level: str = "info",
     access_log: bool = False,
 ) -> None:
-    """Serve with uvicorn (uvloop + httptools, bounded by ``kbgraph.server``); the app factory
+    """Serve with uvicorn (uvloop + httptools, bounded by ``kbgraph.http.server``); the app factory
     and the protocol read the config path from env."""
     import uvicorn
 
-    from kbgraph.server import PROTOCOL
+    from kbgraph.http.server import PROTOCOL
 
     os.environ[CONFIG_ENV] = str(config_path.resolve())
     # kbgraph's own messages (start-up, checkpoints, the log) beside uvicorn's, at its level
@@ -233,7 +233,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
                 return _fail(f"--token: {args.token!r} has no rule for KB {args.kb!r}")
     import anyio
 
-    from kbgraph.mcp import serve_stdio
+    from kbgraph.http.mcp import serve_stdio
     from kbgraph.service import Service
 
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)

@@ -24,7 +24,7 @@ replicas = 3
 [server]                       # optional
 max_body_bytes = 16777216
 min_seq_wait_seconds = 5.0
-allowed_origins = []           # e.g. ["http://localhost:6274"]: see kbgraph.origins
+allowed_origins = []           # e.g. ["http://localhost:6274"]: see kbgraph.http.origins
 
 [limits]                       # optional; the defaults, see docs/operations.md "Limits"
 max_request_bytes = 1048576

@@ -2,14 +2,14 @@
 
 A delivery's way, for a newcomer reading the code in order:
 
-1. ``kbgraph.ingest.PostEvents`` checks the KB name, the signature, the body and its events,
+1. ``kbgraph.http.ingest.PostEvents`` checks the KB name, the signature, the body and its events,
    then calls ``DeliveryLog.append(kb, events, message)`` and answers 200 with the
    ``DeliveryResult`` it returns: nothing else of the service is reached from the route.
 2. ``append`` makes the delivery durable and decided, in one of three ways:
 
    - ``StoreLog`` (``[log] kind = "sqlite"``): ``Store.append_async`` hands it to the store's
      writer thread, which decides each event (``kbgraph.store.decide``), writes the state and
-     appends the applied events to the log table (``kbgraph.eventlog.SqliteLog.append``) in
+     appends the applied events to the log table (``kbgraph.store.eventlog.SqliteLog.append``) in
      one transaction, fsynced before the future resolves;
    - ``JetStreamLog`` (``kind = "jetstream"``, one process per node): publishes it as one
      message to the stream; this node's follower applies the stream in order through
@@ -38,7 +38,7 @@ from typing import Protocol
 from kbgraph.events import Event
 from kbgraph.store import DeliveryResult, Store, WebhookMessage
 
-log = logging.getLogger("kbgraph.ingest")
+log = logging.getLogger("kbgraph.http.ingest")
 
 
 class LogUnavailable(RuntimeError):
@@ -104,7 +104,7 @@ class StoreLog:
         return result
 
     def problem(self) -> str | None:
-        """Always None: whether the store can write is ``kbgraph.health.WriteProbe``'s."""
+        """Always None: whether the store can write is ``kbgraph.http.health.WriteProbe``'s."""
         return None
 
     async def close(self) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from kbgraph.shapes import ContextResult, RankedResult, Seed
+from kbgraph.agent.shapes import ContextResult, RankedResult, Seed
 
 GRAPH_SHARE: Final = 0.1
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 from typing import Final
 
-from kbgraph import evidence, graphalgo, search
+from kbgraph import graphalgo, search
+from kbgraph.agent import evidence
 from kbgraph.config import Config
 from kbgraph.deliverylog import DeliveryLog, StoreLog
 from kbgraph.embeddings import make_embedder
-from kbgraph.graphalgo import vectors as vector_kernels
+from kbgraph.graphalgo import nearest as vector_kernels
 from kbgraph.projection import Projections
 from kbgraph.store import Store
 from kbgraph.threads import ToolThreads

@@ -41,6 +41,9 @@ import numpy as np
 # swing 10-100x. Our kernels run one query per thread, so compare single-threaded.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from kbgraph.agent.retrieval import RRF_K
+from kbgraph.agent.shapes import ContextResult, Seed
+from kbgraph.agent.tools import FUSED_SEEDS, SEED_POWER
 from kbgraph.graphalgo import (
     Graph,
     View,
@@ -50,12 +53,9 @@ from kbgraph.graphalgo import (
     shortest_path,
     warm_up,
 )
-from kbgraph.graphalgo.vectors import nearest, quantize
-from kbgraph.graphalgo.vectors import warm_up as warm_up_vectors
+from kbgraph.graphalgo.nearest import nearest, quantize
+from kbgraph.graphalgo.nearest import warm_up as warm_up_vectors
 from kbgraph.ranking import ranked
-from kbgraph.retrieval import RRF_K
-from kbgraph.shapes import ContextResult, Seed
-from kbgraph.tools import FUSED_SEEDS, SEED_POWER
 from loadtest.synthetic import (
     build_graph,
     concept_id,

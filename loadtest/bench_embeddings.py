@@ -20,7 +20,7 @@ from typing import Final
 
 from kbgraph.embeddings import concept_text
 from kbgraph.embeddings.local import LocalEmbedder
-from kbgraph.graphalgo.vectors import quantize
+from kbgraph.graphalgo.nearest import quantize
 from kbgraph.vault.reader import read_vault
 from loadtest import kbgen
 

@@ -1,11 +1,11 @@
 """The vector search's cost with and without the tied rows at the shortlist's cut-off, side by
-side: this checkout's ``kbgraph.graphalgo.vectors.nearest`` against another copy of that
+side: this checkout's ``kbgraph.graphalgo.nearest.nearest`` against another copy of that
 module (``--baseline``, e.g. main's), called alternately on the same rows and queries, so the
 machine's noise hits both alike. Rows: random unit vectors (d = 256; their sign codes tie at
 the cut-off as real ones do) and, separately, a case of 4,200 identical ones among them (the
 old code cut those by row).
 
-    git show main:kbgraph/graphalgo/vectors.py > /tmp/main-vectors.py
+    git show main:kbgraph/graphalgo/nearest.py > /tmp/main-vectors.py
     .venv/bin/python -m loadtest.bench_vector_shortlist --baseline /tmp/main-vectors.py
 
 Last line: JSON with each side's median (µs), the ratio this/baseline and the rows this
@@ -23,7 +23,7 @@ from types import ModuleType
 
 import numpy as np
 
-from kbgraph.graphalgo import vectors as ours
+from kbgraph.graphalgo import nearest as ours
 from loadtest.bench_algorithms import unit_vectors
 
 DIM = 256

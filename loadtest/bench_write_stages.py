@@ -4,7 +4,7 @@
 signed) go through each stage of a delivery's way in, timed apart, without HTTP:
 
 - ``verify``: the webhook signature (``SignatureVerifier.verify``);
-- ``decode``: the content mode and the events (``decode_request``);
+- ``decode``: the content mode and the events (``decode_events``);
 - ``store``: ``Store.append`` until durable (WAL, synchronous=FULL: the fsync included).
   500-event deliveries one after another; single-event deliveries from 64 concurrent
   callers on one event loop (``append_async``, as the server calls it), so group commit
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = r"""
 import asyncio, json, sys, tempfile, time
 from pathlib import Path
-from kbgraph.binding import decode_request
+from kbgraph.http.binding import decode_events
 from kbgraph.config import EmbeddingsConfig
 from kbgraph.embeddings import make_embedder
 from kbgraph.events import SignatureVerifier
@@ -93,7 +93,7 @@ def run(prefix, count, size):
         assert verifier.verify(body, headers)
     figures["verify"] = clock() - t
     t = clock()
-    decoded = [decode_request(body, headers) for body, headers in items]
+    decoded = [decode_events(body, headers) for body, headers in items]
     figures["decode"] = clock() - t
     messages = [WebhookMessage(h["webhook-id"], hashlib.sha256(b).digest()) for b, h in items]
     with tempfile.TemporaryDirectory() as tmp:

@@ -477,7 +477,7 @@ def test_an_unexpected_failure_is_a_json_500_that_reveals_nothing(
     def broken(*args: object) -> None:
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr("kbgraph.tools.status", broken)
+    monkeypatch.setattr("kbgraph.agent.tools.status", broken)
     quiet = TestClient(service.app, raise_server_exceptions=False)  # same running app
     headers = {"Authorization": f"Bearer {ADMIN}", "X-Min-Seq": str(seq)}
     response = quiet.get(f"/v1/kbs/{KB}/status", headers=headers)

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from kbgraph.api import create_app
-from kbgraph.binding import decode_request
 from kbgraph.config import load_config
+from kbgraph.http.binding import decode_events
 from tests import webhook_client as wc
 from tests.conftest import SECRET, Service, write_config
 
@@ -149,8 +149,8 @@ def test_binary_mode_content_type_is_the_datacontenttype() -> None:
              "dataschema": "https://wiki.example/schema"}  # fmt: skip
     body, headers = binary(event, "application/json; charset=utf-8")
     headers["ce-dataschema"] = quote(event["dataschema"], safe="/:")
-    (from_binary,) = decode_request(body, headers)
-    (structured,) = decode_request(json.dumps(event).encode(), {"content-type": wc.SINGLE})
+    (from_binary,) = decode_events(body, headers)
+    (structured,) = decode_events(json.dumps(event).encode(), {"content-type": wc.SINGLE})
     assert from_binary == structured
 
 
@@ -166,8 +166,8 @@ def test_any_percent_encoded_subject_round_trips(subject: str) -> None:
     headers = {"content-type": "application/json", "ce-specversion": "1.0", "ce-id": "1",
                "ce-source": "s", "ce-type": "concept.upserted",
                "ce-subject": quote(sent, safe="")}  # fmt: skip
-    (decoded,) = decode_request(body, headers)
-    (structured,) = decode_request(json.dumps(event).encode(), {"content-type": wc.SINGLE})
+    (decoded,) = decode_events(body, headers)
+    (structured,) = decode_events(json.dumps(event).encode(), {"content-type": wc.SINGLE})
     assert decoded.subject == structured.subject == unicodedata.normalize("NFC", sent)
 
 

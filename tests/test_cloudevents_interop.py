@@ -14,7 +14,7 @@ from cloudevents.core.bindings.http import to_binary_event, to_structured_event
 from cloudevents.core.v1.event import CloudEvent
 from standardwebhooks.webhooks import Webhook
 
-from kbgraph.binding import decode_request
+from kbgraph.http.binding import decode_events
 from tests import webhook_client as wc
 from tests.test_crash import ADMIN, SECRET, running, write_config
 
@@ -64,7 +64,7 @@ def test_sdk_binary_and_structured_messages_are_one_event() -> None:
     decoded = []
     for message in (to_binary_event(event), to_structured_event(event)):
         headers = {name.lower(): value for name, value in message.headers.items()}
-        decoded.append(decode_request(message.body, headers))
+        decoded.append(decode_events(message.body, headers))
     assert decoded[0] == decoded[1]
     assert decoded[0][0].datacontenttype == "application/json"
 

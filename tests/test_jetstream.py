@@ -32,7 +32,7 @@ import msgspec
 import pytest
 from nats.js import api
 
-from kbgraph.jetstream import decode_delivery, encode_delivery, snapshots
+from kbgraph.jetstream import decode_message, encode_message, snapshots
 from kbgraph.jetstream.wire import Signer
 from kbgraph.store import Store
 from tests import webhook_client as wc
@@ -358,7 +358,7 @@ def test_two_nodes_one_kb_decide_as_one_store(shared_cluster: NatsCluster, tmp_p
         with Store(tmp_path / "reference.db") as reference:
             seqs: list[tuple[int, int]] = []
             for _, at, payload in messages:
-                kb, events, message = decode_delivery(payload)
+                kb, events, message = decode_message(payload)
                 assert message is not None
                 reference.clock = lambda at=at: at
                 expected = reference.append(kb, events, message=message)
@@ -744,7 +744,7 @@ def test_forged_messages_change_nothing_and_a_node_needs_credentials(
         subject = f"{stream}.{KB}"
 
         def forged(cid: str) -> bytes:
-            return encode_delivery(KB, [upsert(cid, 1, title="forged")], None)
+            return encode_message(KB, [upsert(cid, 1, title="forged")], None)
 
         other = Signer(b"some other secret, 32 bytes long")
         right = Signer(secret)
@@ -963,7 +963,7 @@ def publishers(cluster: NatsCluster, stream: str) -> dict[str, str]:
             out = {}
             for seq in range(1, last + 1):
                 raw = await js.get_msg(stream, seq)
-                _, _, message = decode_delivery(raw.data or b"")
+                _, _, message = decode_message(raw.data or b"")
                 assert message is not None
                 out[message.id] = (raw.headers or {})["Nats-Msg-Id"].rsplit("-", 1)[0]
             return out
@@ -1050,7 +1050,7 @@ def test_two_workers_per_node_answer_as_one_node(
         assert len(messages) == final == len(sent)  # nothing published while refused
         with Store(tmp_path / "reference.db") as reference:
             for _, at, payload in messages:  # decided as one store decides the stream's order
-                kb, events, message = decode_delivery(payload)
+                kb, events, message = decode_message(payload)
                 assert message is not None
                 reference.clock = lambda at=at: at
                 expected = msgspec.to_builtins(reference.append(kb, events, message=message))

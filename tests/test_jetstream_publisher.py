@@ -17,7 +17,7 @@ import pytest
 
 from kbgraph.config import LogConfig
 from kbgraph.jetstream import wire
-from kbgraph.jetstream.follower import Follower, LogUnavailable
+from kbgraph.jetstream.consumer import Follower, LogUnavailable
 from kbgraph.jetstream.publisher import PUBLISH_ATTEMPTS, Publisher
 from tests.kb_events import upsert
 

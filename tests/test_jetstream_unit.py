@@ -21,7 +21,8 @@ from prometheus_client import REGISTRY, generate_latest
 
 from kbgraph import cli
 from kbgraph.config import ConfigError, LogConfig, parse_config
-from kbgraph.jetstream import applier, decode_delivery, encode_delivery, follower
+from kbgraph.jetstream import applier, decode_message, encode_message
+from kbgraph.jetstream import consumer as follower
 from kbgraph.jetstream.applier import ApplierProbe
 from kbgraph.jetstream.connect import RULES_KEY, RulesDiffer, ensure_stream
 from kbgraph.jetstream.wire import NotPublishable, pack, unpack
@@ -171,8 +172,8 @@ def test_a_workers_metrics_are_its_applier_s_stream_metrics(tmp_path: Path) -> N
 def test_delivery_encoding_round_trips() -> None:
     events = [upsert("a", 1, links=["b"]), link_added("a", "c", 2)]
     message = WebhookMessage("msg_1", b"\x00" * 32)
-    assert decode_delivery(encode_delivery("kb", events, message)) == ("kb", events, message)
-    assert decode_delivery(encode_delivery("kb", events, None)) == ("kb", events, None)
+    assert decode_message(encode_message("kb", events, message)) == ("kb", events, message)
+    assert decode_message(encode_message("kb", events, None)) == ("kb", events, None)
 
 
 def submit(store: Store, kb: str, events, seq: int, at: float = 1000.0, message=None):

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbgraph.evidence import _shares, _tokens_with_offsets, mentions
+from kbgraph.agent.evidence import _shares, _tokens_with_offsets, mentions
+from kbgraph.agent.tools import MENTION_WEIGHT
 from kbgraph.search import SearchIndex
-from kbgraph.tools import MENTION_WEIGHT
 from tests.conftest import ADMIN, INFRA, Service
 from tests.kb_events import upsert
 

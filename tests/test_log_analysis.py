@@ -13,12 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbgraph import eventlog
 from kbgraph.events import ConceptUpserted
 from kbgraph.projection import Projections
 from kbgraph.search import document
 from kbgraph.search import index as search_index
-from kbgraph.store import Store
+from kbgraph.store import Store, eventlog
 from tests.kb_events import upsert
 from tests.test_bulk_build import by_id, history_event, history_events
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from starlette.routing import Mount, Route
 
-from kbgraph import toolspecs
-from kbgraph.mcp import tool_listing
+from kbgraph.agent import toolspecs
+from kbgraph.http.mcp import tool_listing
 from tests.conftest import ADMIN, INFRA, OTHER, RUNBOOKS, Service
 from tests.kb_events import upsert
 

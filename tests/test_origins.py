@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 
 from kbgraph.api import create_app
 from kbgraph.config import load_config
-from kbgraph.origins import is_loopback_host
+from kbgraph.http.origins import is_loopback_host
 from tests import webhook_client as wc
 
 BASE = "http://127.0.0.1:8000"

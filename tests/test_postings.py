@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbgraph.postings import Postings
+from kbgraph.search.postings import Postings
 
 KEYS = ["a", "b", "c", "dd", "é", "f g"]
 items = st.dictionaries(st.sampled_from(KEYS), st.integers(1, 1 << 40), max_size=4).map(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kbgraph.access import Rule, canonical
 from kbgraph.projection import KBProjection, Projections
-from kbgraph.rwlock import RWLock
+from kbgraph.projection.rwlock import RWLock
 from kbgraph.store import Store
 from tests.kb_events import delete, link_added, upsert
 

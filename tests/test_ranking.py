@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from msgspec import UNSET
 
+from kbgraph.agent.shapes import ContextResult, Seed
 from kbgraph.ranking import GRAPH_SHARE, ranked
-from kbgraph.shapes import ContextResult, Seed
 
 NAMES = [f"c/{i:02d}" for i in range(40)]
 ROUNDED = st.integers(0, 10_000).map(lambda n: n / 10_000)

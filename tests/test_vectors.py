@@ -18,7 +18,7 @@ from kbgraph.api import create_app
 from kbgraph.config import load_config
 from kbgraph.embeddings import EmbeddingUnavailable, concept_text
 from kbgraph.embeddings.local import LocalEmbedder
-from kbgraph.graphalgo.vectors import nearest, quantize, sign_codes
+from kbgraph.graphalgo.nearest import nearest, quantize, sign_codes
 from kbgraph.projection import Projections, filler
 from kbgraph.store import Store
 from tests.conftest import ADMIN, Service, write_config
@@ -191,7 +191,7 @@ def test_a_provider_down_mid_import_loses_nothing_and_fills_in_later(
     with kb.read() as snap:
         u = snap.node("c/n20")
         want = LOCAL.embed([concept_text("note 20", [], [], "about disks and backups number 20")])
-        from kbgraph.graphalgo.vectors import quantize as q
+        from kbgraph.graphalgo.nearest import quantize as q
 
         assert got["c/n20"] == q(want)[0][0].tobytes() + q(want)[1][0].tobytes()
         assert snap.vectors.have[u]

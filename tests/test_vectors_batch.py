@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from kbgraph.events import Event
-from kbgraph.graphalgo.vectors import quantize
+from kbgraph.graphalgo.nearest import quantize
 from kbgraph.projection import Projections
 from kbgraph.projection import kb as kb_module
 from tests.kb_events import upsert

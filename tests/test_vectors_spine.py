@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 from starlette.testclient import TestClient
 
-from kbgraph import retrieval, tools
 from kbgraph.access import Rule, canonical
+from kbgraph.agent import retrieval, tools
 from kbgraph.api import create_app
 from kbgraph.config import ConfigError, load_config, parse_config
 from kbgraph.embeddings import EmbeddingRefused, concept_text, embed_each

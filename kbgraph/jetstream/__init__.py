@@ -27,16 +27,16 @@ import importlib
 from typing import Any, Final
 
 _WHERE: Final = {
-    "ApplyFailed": "kbgraph.jetstream.follower",
+    "ApplyFailed": "kbgraph.jetstream.consumer",
     "DeliverySkipped": "kbgraph.deliverylog",
     "DeliveryTooLarge": "kbgraph.deliverylog",
     "JetStreamLog": "kbgraph.jetstream.node",
     "LogUnavailable": "kbgraph.deliverylog",
     "RulesDiffer": "kbgraph.jetstream.connect",
-    "StreamBehind": "kbgraph.jetstream.follower",
+    "StreamBehind": "kbgraph.jetstream.consumer",
     "decision_rules": "kbgraph.jetstream.connect",
-    "decode_delivery": "kbgraph.jetstream.wire",
-    "encode_delivery": "kbgraph.jetstream.wire",
+    "decode_message": "kbgraph.jetstream.wire",
+    "encode_message": "kbgraph.jetstream.wire",
 }
 __all__ = sorted(_WHERE)
 

@@ -37,7 +37,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from kbgraph.config import load_config
-from kbgraph.jetstream.follower import STREAM_METRICS, stream_metrics_text
+from kbgraph.jetstream.consumer import STREAM_METRICS, stream_metrics_text
 from kbgraph.jetstream.node import JetStreamLog
 from kbgraph.service import open_store
 

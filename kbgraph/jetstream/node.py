@@ -1,5 +1,5 @@
 """One node's end of the stream: ``append`` publishes a delivery and awaits the result this
-node's own follower computes for it (``kbgraph.jetstream.follower``)."""
+node's own follower computes for it (``kbgraph.jetstream.consumer``)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from kbgraph.jetstream.connect import (
     ensure_stream,
     signer,
 )
-from kbgraph.jetstream.follower import (
+from kbgraph.jetstream.consumer import (
     ApplyFailed,
     Diverged,
     Follower,

@@ -84,7 +84,7 @@ class NotPublishable(ValueError):
     """A delivery that the nodes could not read back as it was taken (a bug, never input)."""
 
 
-def encode_delivery(kb: str, events: list[Event], message: WebhookMessage | None) -> bytes:
+def encode_message(kb: str, events: list[Event], message: WebhookMessage | None) -> bytes:
     return _encoder.encode(
         StreamDelivery(
             kb,
@@ -95,7 +95,7 @@ def encode_delivery(kb: str, events: list[Event], message: WebhookMessage | None
     )
 
 
-def decode_delivery(payload: bytes) -> tuple[str, list[Event], WebhookMessage | None]:
+def decode_message(payload: bytes) -> tuple[str, list[Event], WebhookMessage | None]:
     delivery = _decoder.decode(payload)
     message = None
     if delivery.message_id is not None and delivery.message_digest is not None:
@@ -111,8 +111,8 @@ def pack(
     KB name, an event that does not survive the log's encoding) never reaches the stream."""
     if not is_kb_name(kb):
         raise NotPublishable(f"kb name {kb!r} is not one the stream's nodes accept")
-    payload = encode_delivery(kb, events, message)
-    if decode_delivery(payload) != (kb, events, message):
+    payload = encode_message(kb, events, message)
+    if decode_message(payload) != (kb, events, message):
         raise NotPublishable(f"a delivery to kb {kb} does not read back as it was taken")
     headers: dict[str, str] = {}
     if len(payload) > COMPRESS_ABOVE:
@@ -126,7 +126,7 @@ def unpack(
 ) -> tuple[str, list[Event], WebhookMessage | None]:
     if headers.get(ENCODING) == "deflate":
         payload = zlib.decompress(payload)
-    return decode_delivery(payload)
+    return decode_message(payload)
 
 
 def encode_decision(decision: Decision) -> bytes:

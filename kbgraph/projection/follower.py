@@ -5,7 +5,8 @@ the global log position ``gid`` it reflects) and then follows the store's log fr
 position in a single follower thread (``Projections``). The store is the source of truth; the
 projection is derived state, never rebuilt per call.
 
-Consistency: each KB has a writer-preferring readers-writer lock (``kbgraph.rwlock``). The
+Consistency: each KB has a writer-preferring readers-writer lock (``kbgraph.projection.rwlock``).
+The
 follower applies WHOLE deliveries, in batches, under the write lock; a request holds the read
 lock for its whole duration (``KBProjection.read()``), so it only ever sees states between
 deliveries. A batch ends after the delivery that reaches ``MAX_BATCH_EVENTS`` (2,000) events

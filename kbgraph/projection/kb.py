@@ -67,9 +67,9 @@ from kbgraph.projection.adjacency import Adjacency, declare, drop, undeclare
 from kbgraph.projection.arrays import grown, sorted_unique
 from kbgraph.projection.keys import Keys
 from kbgraph.projection.masks import Mask, edge_degrees, masked_degrees, node_degrees
+from kbgraph.projection.rwlock import RWLock
 from kbgraph.projection.snapshot import Snapshot
 from kbgraph.projection.vectors import Vectors
-from kbgraph.rwlock import RWLock
 from kbgraph.search import SearchIndex
 from kbgraph.search.document import Analysed
 from kbgraph.store import KBState, LogRecord

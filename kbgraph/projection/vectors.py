@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kbgraph.embeddings import Embedder, EmbeddingUnavailable
-from kbgraph.graphalgo.vectors import CODE_BITS, quantize
+from kbgraph.graphalgo.nearest import CODE_BITS, quantize
 
 ARRAYS = ("q8", "scale", "codes", "have")
 

@@ -21,9 +21,9 @@ from typing import Final
 
 import numpy as np
 
-from kbgraph.postings import PostingsBuilder
 from kbgraph.search.analysis import compounds, fold, terms_of, tokenize
 from kbgraph.search.nametrie import NAME_SEP
+from kbgraph.search.postings import PostingsBuilder
 
 FIELD: Final = 1 << 32  # a posting's hits packed as title_hits * FIELD + text_hits
 _COMPOUND_POS: Final = 1 << 31  # a joined hyphenated word comes after every token

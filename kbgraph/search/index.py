@@ -31,11 +31,11 @@ from typing import Final
 import numpy as np
 from numba import njit
 
-from kbgraph.postings import Postings, PostingsBuilder
 from kbgraph.search.analysis import query_terms
 from kbgraph.search.bulk import FIELD, BulkAnalyzer
 from kbgraph.search.document import Analysed, parts
 from kbgraph.search.nametrie import NAME_SEP, NameTrie
+from kbgraph.search.postings import Postings, PostingsBuilder
 
 W_TITLE: Final = 12.0
 B_TITLE: Final = 0.3
@@ -121,7 +121,7 @@ _NAME_SEP = NAME_SEP
 class SearchIndex:
     """An inverted index of one KB, patched per concept (``put``/``remove``): the terms of
     titles, aliases and texts, the concepts' names as token sequences (for mentions) and their
-    tags (for link evidence), each a ``kbgraph.postings.Postings`` (flat arrays and a small
+    tags (for link evidence), each a ``kbgraph.search.postings.Postings`` (flat arrays and a small
     overlay of changes).
 
     Not thread-safe by itself: the projection calls ``put``/``remove`` under its write lock

@@ -5,7 +5,7 @@ writer), ``decide`` (the append decision of SPEC section 2, pure), ``schema`` (t
 version, migrations), ``statements`` (the SQL a group runs), ``model`` (what it answers).
 """
 
-from kbgraph.eventlog import LogRecord
+from kbgraph.store.eventlog import LogRecord
 from kbgraph.store.model import (
     ConceptState,
     DeliveryResult,

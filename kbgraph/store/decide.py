@@ -1,7 +1,8 @@
 """The append decision of SPEC section 2, as a pure function of what is known and the events.
 
 Per event, in order: a (source, id) accepted before in this KB (or earlier in the same
-delivery) and among its last ``Keys.retain`` accepted keys -> duplicate; a version not greater
+delivery) and among its last ``AcceptedKeys.retain`` accepted keys -> duplicate; a version not
+greater
 than the subject's known version (concept or tombstone) -> stale; a link event whose subject
 does not exist -> ignored; otherwise applied, its effect folded into its ``Subject`` so that a
 writer can store the net effect of a whole group at once. No I/O: the SQLite store calls it,
@@ -16,7 +17,7 @@ from kbgraph.events import ConceptDeleted, ConceptUpserted, Event, LinkAdded, Li
 
 
 @dataclass(slots=True)
-class Keys:
+class AcceptedKeys:
     """A KB's accepted (source, id) keys as far as the group needs them: each numbered in order
     of acceptance (1, 2, 3, ...), remembered while fewer than ``retain`` keys came after it.
 
@@ -56,7 +57,7 @@ class Subject:
 
 
 def decide(
-    events: list[Event], keys: Keys, subjects: dict[str, Subject]
+    events: list[Event], keys: AcceptedKeys, subjects: dict[str, Subject]
 ) -> tuple[list[Event], int, int, int]:
     """Decide each event in delivery order, folding its effect into its subject.
 

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from kbgraph.eventlog import SqliteLog, analysis_of
 from kbgraph.events import Event
 from kbgraph.store import statements as sql
-from kbgraph.store.decide import Keys, Subject, decide
+from kbgraph.store.decide import AcceptedKeys, Subject, decide
+from kbgraph.store.eventlog import SqliteLog, analysis_of
 from kbgraph.store.model import DeliveryResult, KBLimitReached, ReplayRefused, WebhookMessage
 from kbgraph.store.statements import links_decoder
 
@@ -44,7 +44,7 @@ class KBWork:
 
     kid: int
     seq_before: int
-    keys: Keys
+    keys: AcceptedKeys
     seq: int = -1
     subjects: dict[str, Subject] = field(default_factory=dict)
 
@@ -142,7 +142,7 @@ class GroupWriter:
     def load_kb(self, conn: sqlite3.Connection, kb: str, deliveries: list[list[Event]]) -> KBWork:
         """What the store already knows about the keys and subjects these deliveries touch."""
         kid, seq, count = self.kb_row(conn, kb)
-        work = KBWork(kid, seq, Keys(count, self.settings.dedupe_keys))
+        work = KBWork(kid, seq, AcceptedKeys(count, self.settings.dedupe_keys))
         keys = list({(event.source, event.id) for events in deliveries for event in events})
         work.keys.seen.update(
             ((source, id_), n) for source, id_, n in sql.lookup(conn, sql.SEEN, kid, keys)

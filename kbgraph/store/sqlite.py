@@ -27,7 +27,7 @@ Several processes may share the file: writers serialize on SQLite's write lock (
 IMMEDIATE`` with a busy timeout and retries), fronted by an advisory file lock so a waiting
 writer wakes the moment the other commits instead of polling.
 
-The log itself is ``kbgraph.eventlog`` (append / read of ``LogRecord``), kept apart from the
+The log itself is ``kbgraph.store.eventlog`` (append / read of ``LogRecord``), kept apart from the
 state tables; beyond one machine, a NATS JetStream stream orders the deliveries and each node's
 store applies them from it (``kbgraph.jetstream``, ``submit_from_log``).
 """
@@ -46,10 +46,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final, TypeVar
 
-from kbgraph.eventlog import LogRecord, SqliteLog, read_transaction
 from kbgraph.events import Event
 from kbgraph.store import logcut, positions, schema, vectorrows
 from kbgraph.store import statements as sql
+from kbgraph.store.eventlog import LogRecord, SqliteLog, read_transaction
 from kbgraph.store.group import GroupWriter, Pending
 from kbgraph.store.load import load_columns, load_snapshot
 from kbgraph.store.model import (

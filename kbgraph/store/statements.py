@@ -16,8 +16,8 @@ from typing import Final, NamedTuple
 
 import msgspec
 
-from kbgraph.eventlog import json_text
 from kbgraph.store.decide import Subject
+from kbgraph.store.eventlog import json_text
 
 _CHUNK: Final = 5_000  # ids per json_each lookup
 tags_encoder = msgspec.json.Encoder()  # tags, aliases and links (stored as text: .decode())

@@ -77,7 +77,7 @@ def open_sink(args: argparse.Namespace) -> Sink | str:
             f"config {args.config}: [log] kind = jetstream: a node's store follows the stream;"
             " send with --url to a node instead"
         )
-    from kbgraph.health import store_folder_problem
+    from kbgraph.http.health import store_folder_problem
 
     return store_folder_problem(config.store.path) or LocalSink(config.store.path)
 

@@ -2,7 +2,7 @@
 
 A request field's metadata (description, default, bounds, allowed values) is the one source of
 the schemas ``/v1/tools``, ``/openapi.json`` and MCP's ``tools/list`` show; clamping and the
-contract's own error messages stay with the tools (``kbgraph.tools``), not the decoder.
+contract's own error messages stay with the tools (``kbgraph.agent.tools``), not the decoder.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 - ``lexical``: BM25F over the visible concepts (``kbgraph.search``).
 - ``vector``: cosine between the query's vector and the visible concepts' vectors
-  (``kbgraph.graphalgo.vectors``: every visible vector is scanned, none other is read).
+  (``kbgraph.graphalgo.nearest``: every visible vector is scanned, none other is read).
 - ``hybrid``: reciprocal-rank fusion of the two lists, each cut to ``FUSE_DEPTH``:
   ``score = sum over lists of weight / (RRF_K + rank)``, rank from 1. Ties by id. The words
   anchor it: a query whose words match no visible concept gets no hybrid hit (and no seed),
@@ -32,7 +32,7 @@ import numpy as np
 
 from kbgraph.embeddings import EmbeddingUnavailable
 from kbgraph.graphalgo import View
-from kbgraph.graphalgo.vectors import nearest
+from kbgraph.graphalgo.nearest import nearest
 from kbgraph.projection.snapshot import Snapshot
 from kbgraph.projection.vectors import Vectors
 from kbgraph.search import top

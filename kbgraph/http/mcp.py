@@ -4,7 +4,7 @@ One low-level ``mcp.server.lowlevel.Server`` serves both transports: streamable 
 ``/v1/kbs/{kb}/mcp`` (stateless, JSON responses, in the API's Starlette app, the bearer token
 and the KB's rule checked by the API before the SDK sees the request) and stdio (``kbgraph
 mcp``). A call decodes its arguments into the HTTP API's own request struct, runs the same
-function of ``kbgraph.tools`` in a tool thread under the KB's read lock, and answers the HTTP
+function of ``kbgraph.agent.tools`` in a tool thread under the KB's read lock, and answers the HTTP
 body as ``structuredContent`` beside a compact text rendering of it for an LLM (``render``).
 A refused call is a tool error carrying the HTTP error's message.
 """
@@ -21,14 +21,15 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-from kbgraph import __version__, retrieval, tools
+from kbgraph import __version__
 from kbgraph.access import RuleSet
+from kbgraph.agent import retrieval, tools
+from kbgraph.agent.tools import ToolError
+from kbgraph.agent.toolspecs import BY_NAME, SPECS, ToolSpec, input_schema, output_schema
 from kbgraph.projection import KBProjection, Projections
 from kbgraph.threads import ToolThreads
-from kbgraph.tools import ToolError
-from kbgraph.toolspecs import BY_NAME, SPECS, ToolSpec, input_schema, output_schema
 
-SCOPE_KEY: Final = "kbgraph.mcp.caller"  # the ASGI scope entry the HTTP gate fills
+SCOPE_KEY: Final = "kbgraph.http.mcp.caller"  # the ASGI scope entry the HTTP gate fills
 TEXT_LIMIT: Final = 1500  # characters of a concept's text in the rendering (all in structured)
 _encode = msgspec.json.Encoder().encode
 

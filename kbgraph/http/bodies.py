@@ -3,7 +3,7 @@
 The limit is checked from ``Content-Length`` before any body byte is read, then on the bytes
 read so far, so nothing larger than the limit is ever buffered or decoded. A refusal answers
 ``413`` with ``Connection: close`` (the rest of the body is never read; see
-``kbgraph.server``).
+``kbgraph.http.server``).
 """
 
 from __future__ import annotations

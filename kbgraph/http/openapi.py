@@ -1,6 +1,6 @@
 """``/openapi.json``: every route of the app, generated from the msgspec types.
 
-Tool requests and responses come from ``kbgraph.toolspecs`` (field descriptions, defaults,
+Tool requests and responses come from ``kbgraph.agent.toolspecs`` (field descriptions, defaults,
 bounds and allowed values live on the request types, so nothing is written twice); the events
 endpoint is described from ``kbgraph.events``' CloudEvents types in the three content modes of
 the HTTP binding (structured, batched, binary). A module that adds routes hands its paths to
@@ -14,9 +14,10 @@ from typing import Any, Final
 
 import msgspec
 
-from kbgraph import events, shapes
+from kbgraph import events
+from kbgraph.agent import shapes
+from kbgraph.agent.toolspecs import BY_NAME, HTTP_TOOLS
 from kbgraph.store import DeliveryResult
-from kbgraph.toolspecs import BY_NAME, HTTP_TOOLS
 
 _REF: Final = "#/components/schemas/{name}"
 EVENT_TYPES: Final = (

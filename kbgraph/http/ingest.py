@@ -6,7 +6,7 @@ timestamp outside the tolerance) -> body over the limit (413: Content-Length fir
 streaming) -> room among the bodies in flight, taken as the bytes arrive (503) -> the body
 complete within the server's body deadline (else the connection closes) -> UTF-8 (400) ->
 the webhook signature with the KB's secrets (401) -> the content mode and its events
-(``kbgraph.binding``: 415 / 400 / 422) -> the store: the same signed message (webhook-id
+(``kbgraph.http.binding``: 415 / 400 / 422) -> the store: the same signed message (webhook-id
 and body) already accepted for another KB, or re-sent with new events (401), a KB beyond
 ``max_kbs`` (403). A 200 is sent
 only after the store's commit is durable (over JetStream: after a quorum of the stream's
@@ -41,9 +41,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from kbgraph.binding import decode_request
 from kbgraph.deliverylog import DeliveryLog, DeliverySkipped, DeliveryTooLarge, LogUnavailable
 from kbgraph.events import DeliveryError, Event, SignatureVerifier
+from kbgraph.http.binding import decode_events
 from kbgraph.names import is_kb_name
 from kbgraph.store import (
     DeliveryResult,
@@ -57,7 +57,7 @@ from kbgraph.store import (
 DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 OFFLOAD_BYTES: Final = 1 << 20  # verify + decode bodies bigger than this off the event loop
 
-log = logging.getLogger("kbgraph.ingest")
+log = logging.getLogger("kbgraph.http.ingest")
 
 DELIVERIES: Final = Counter(
     "kbgraph_ingest_deliveries",
@@ -121,7 +121,7 @@ class InflightBytes:
 
     A delivery takes its bytes as they arrive (``Reservation``), not what it declares, so a
     client that declares a large body and trickles it holds only what it sent (and the server's
-    body deadline, ``kbgraph.server``, ends it); one delivery alone is always let in.
+    body deadline, ``kbgraph.http.server``, ends it); one delivery alone is always let in.
     """
 
     def __init__(self, limit: int) -> None:
@@ -210,7 +210,7 @@ def _verify_and_decode(
         if not verifier.verify(body, headers):
             raise DeliveryError(401, "invalid webhook signature")
         message = WebhookMessage(headers["webhook-id"], hashlib.sha256(body).digest())
-    return decode_request(body, headers), message
+    return decode_events(body, headers), message
 
 
 def verifier_for(state: object, kb: str) -> SignatureVerifier:

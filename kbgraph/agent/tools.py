@@ -1,6 +1,6 @@
 """The agent tools of SPEC section 3, as plain functions over a projection snapshot.
 
-Their request and response types live in ``kbgraph.shapes``.
+Their request and response types live in ``kbgraph.agent.shapes``.
 
 Each tool takes a ``Snapshot`` (read-locked, delivery-whole) and the caller's ``View`` (the
 visible subgraph) and returns a response struct; no HTTP here. Hidden concepts are never
@@ -17,11 +17,9 @@ import msgspec
 import numpy as np
 from msgspec import UNSET
 
-from kbgraph import evidence, graphalgo, ranking, retrieval
-from kbgraph.graphalgo.graph import View
-from kbgraph.projection import Snapshot
-from kbgraph.search import query_terms, snippet, snippet_at, top
-from kbgraph.shapes import (
+from kbgraph import graphalgo, ranking
+from kbgraph.agent import evidence, retrieval
+from kbgraph.agent.shapes import (
     FAILED_NAMED,
     MAX_IDS,
     Candidate,
@@ -39,11 +37,14 @@ from kbgraph.shapes import (
     Seed,
     StatusResponse,
 )
+from kbgraph.graphalgo.graph import View
+from kbgraph.projection import Snapshot
+from kbgraph.search import query_terms, snippet, snippet_at, top
 
 SEARCH_SEEDS: Final = 5
 # With vectors (docs/retrieval-quality.md, issue 36): the seeds are the top FUSED_SEEDS of the
 # lexical and vector lists (each SEED_DEPTH long) fused by their scores
-# (kbgraph.retrieval.by_score, the vector list weighted SEED_VECTOR_WEIGHT), each weighing
+# (kbgraph.agent.retrieval.by_score, the vector list weighted SEED_VECTOR_WEIGHT), each weighing
 # (fused / best) ** FUSED_SEED_POWER. Chosen on the tune questions of three corpora, two models.
 FUSED_SEEDS: Final = 10
 SEED_VECTOR_WEIGHT: Final = 0.25
@@ -266,7 +267,7 @@ def _hybrid(snap: Snapshot, view: View, node: int, limit: int) -> list[Candidate
     """Resource allocation (one common neighbour is enough) plus the text's evidence.
 
     score = RA + MENTION_WEIGHT * mention + TERMS_WEIGHT * terms + TAGS_WEIGHT * tags
-    (``kbgraph.evidence``), over the visible concepts not linked with ``node`` either way;
+    (``kbgraph.agent.evidence``), over the visible concepts not linked with ``node`` either way;
     a candidate needs some evidence of one kind or another.
     """
     g, mask = view.graph, view.mask

@@ -1,6 +1,7 @@
 """The explorer page (SPEC section 8): ``GET /ui`` and its static assets, served by the app.
 
-The page is plain HTML, CSS and JavaScript with Cytoscape.js vendored under ``kbgraph/ui/vendor``
+The page is plain HTML, CSS and JavaScript with Cytoscape.js vendored under
+``kbgraph/http/ui/vendor``
 (MIT, its licence beside it): no build step, no network beyond this service. It calls only the
 agent API, with the token the user types, so it shows exactly what that token may see. A strict
 Content-Security-Policy allows scripts, styles and requests from this origin only.

@@ -44,7 +44,7 @@ def is_binary(headers: Mapping[str, str]) -> bool:
     return "ce-specversion" in headers and kind not in SINGLE_TYPES | BATCH_TYPES
 
 
-def decode_request(body: bytes, headers: Mapping[str, str]) -> list[Event]:
+def decode_events(body: bytes, headers: Mapping[str, str]) -> list[Event]:
     """The events of one delivery in any content mode, or ``DeliveryError`` naming what is
     wrong and, where it helps, the mode the request was taken to be in."""
     if is_binary(headers):

@@ -1,7 +1,7 @@
 """The tools as served: one catalogue that the HTTP API, MCP and the OpenAPI document all read.
 
 Each ``ToolSpec`` names a tool, its msgspec request and response types (whose field metadata
-carries every description, default, bound and allowed value: ``kbgraph.tools``), the function
+carries every description, default, bound and allowed value: ``kbgraph.agent.tools``), the function
 that answers it and the description an agent reads. Nothing here is written twice: the JSON
 Schemas of ``/v1/tools``, ``/openapi.json`` and MCP's ``tools/list`` are generated from it.
 """
@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import msgspec
 
-from kbgraph import retrieval, shapes, tools
+from kbgraph.agent import retrieval, shapes, tools
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,7 @@ class ToolSpec:
     description: str
     advanced: bool = False
     http_post: bool = True  # served at POST /v1/kbs/{kb}/tools/{name} (else a GET route)
-    # the text whose vector the tool wants (embedded before the lock: kbgraph.retrieval)
+    # the text whose vector the tool wants (embedded before the lock: kbgraph.agent.retrieval)
     question: Callable[[Any], str | None] = lambda req: None
 
 

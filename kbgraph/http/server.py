@@ -36,7 +36,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from kbgraph.config import LimitsConfig, load_config
 
 CONFIG_ENV: Final = "KBGRAPH_CONFIG"
-PROTOCOL: Final = "kbgraph.server:BoundedHttpToolsProtocol"
+PROTOCOL: Final = "kbgraph.http.server:BoundedHttpToolsProtocol"
 
 
 @functools.cache

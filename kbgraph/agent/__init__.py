@@ -1,0 +1,2 @@
+"""What agents call: the tools, their catalogue and request/response shapes, the search modes and
+``link_suggest``'s text evidence."""
