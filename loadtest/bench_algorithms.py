@@ -41,6 +41,7 @@ import numpy as np
 # swing 10-100x. Our kernels run one query per thread, so compare single-threaded.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from kbgraph.agent.ranking import ranked
 from kbgraph.agent.retrieval import RRF_K
 from kbgraph.agent.shapes import ContextResult, Seed
 from kbgraph.agent.tools import FUSED_SEEDS, SEED_POWER
@@ -55,7 +56,6 @@ from kbgraph.graphalgo import (
 )
 from kbgraph.graphalgo.nearest import nearest, quantize
 from kbgraph.graphalgo.nearest import warm_up as warm_up_vectors
-from kbgraph.ranking import ranked
 from loadtest.synthetic import (
     build_graph,
     concept_id,

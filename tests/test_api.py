@@ -7,8 +7,8 @@ import json
 import pytest
 from starlette.testclient import TestClient
 
+from kbgraph.agent.ranking import GRAPH_SHARE as SHARE
 from kbgraph.config import parse_config
-from kbgraph.ranking import GRAPH_SHARE as SHARE
 from tests.conftest import ADMIN, INFRA, OTHER, RUNBOOKS, Service
 from tests.kb_events import delete, upsert
 

@@ -1,4 +1,4 @@
-"""graph_context's ``ranked`` as a function of its seeds and results (kbgraph.ranking)."""
+"""graph_context's ``ranked`` as a function of its seeds and results (kbgraph.agent.ranking)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from msgspec import UNSET
 
+from kbgraph.agent.ranking import GRAPH_SHARE, ranked
 from kbgraph.agent.shapes import ContextResult, Seed
-from kbgraph.ranking import GRAPH_SHARE, ranked
 
 NAMES = [f"c/{i:02d}" for i in range(40)]
 ROUNDED = st.integers(0, 10_000).map(lambda n: n / 10_000)

@@ -17,8 +17,8 @@ import msgspec
 import numpy as np
 from msgspec import UNSET
 
-from kbgraph import graphalgo, ranking
-from kbgraph.agent import evidence, retrieval
+from kbgraph import graphalgo
+from kbgraph.agent import evidence, ranking, retrieval
 from kbgraph.agent.shapes import (
     FAILED_NAMED,
     MAX_IDS,
