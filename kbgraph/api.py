@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Final
 
 import anyio
 import anyio.to_thread
@@ -18,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from kbgraph.agent import toolspecs
-from kbgraph.config import Config, load_config
+from kbgraph.config import CONFIG_ENV, Config, load_config
 from kbgraph.events import SignatureVerifier
 from kbgraph.http import explorer, ingest
 from kbgraph.http import mcp as mcp_out
@@ -42,8 +41,6 @@ from kbgraph.http.routes import (
     tool_route,
 )
 from kbgraph.service import Service
-
-CONFIG_ENV: Final = "KBGRAPH_CONFIG"
 
 
 def create_app(config: Config) -> Starlette:

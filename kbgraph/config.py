@@ -63,6 +63,9 @@ from kbgraph.names import is_kb_name
 DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 # a token written in the config: shorter is guessable (a token_sha256 cannot be measured)
 MIN_TOKEN_CHARS: Final = 16
+# the environment variable naming the config file: set by ``kbgraph serve``, read by the app
+# factory (``kbgraph.api.app_from_env``) and the HTTP protocol in every uvicorn worker
+CONFIG_ENV: Final = "KBGRAPH_CONFIG"
 _HEX64: Final = re.compile(r"[0-9a-fA-F]{64}")
 _MSGSPEC_AT: Final = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN: Final = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")

@@ -33,9 +33,8 @@ from typing import Any, ClassVar, Final
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from kbgraph.config import LimitsConfig, load_config
+from kbgraph.config import CONFIG_ENV, LimitsConfig, load_config
 
-CONFIG_ENV: Final = "KBGRAPH_CONFIG"
 PROTOCOL: Final = "kbgraph.http.server:BoundedHttpToolsProtocol"
 
 
