@@ -41,6 +41,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from kbgraph.config import DEFAULT_MAX_BODY_BYTES
 from kbgraph.deliverylog import DeliveryLog, DeliverySkipped, DeliveryTooLarge, LogUnavailable
 from kbgraph.events import DeliveryError, Event, SignatureVerifier
 from kbgraph.http.binding import decode_events
@@ -54,7 +55,6 @@ from kbgraph.store import (
     WebhookMessage,
 )
 
-DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 OFFLOAD_BYTES: Final = 1 << 20  # verify + decode bodies bigger than this off the event loop
 
 log = logging.getLogger("kbgraph.http.ingest")
