@@ -58,7 +58,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 from kbgraph.access import Rule, RuleSet, canonical
-from kbgraph.names import is_kb_name
+from kbgraph.names import KB_NAME_PATTERN, is_kb_name
 
 DEFAULT_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 # a token written in the config: shorter is guessable (a token_sha256 cannot be measured)
@@ -366,7 +366,7 @@ def _check(config: Config) -> None:
     for kb, own in config.webhooks.kbs.items():
         if not is_kb_name(kb):
             raise ConfigError(
-                f"webhooks.kbs.{kb}: invalid kb name {kb!r}: expected [a-z0-9][a-z0-9_-]{{0,63}}"
+                f"webhooks.kbs.{kb}: invalid kb name {kb!r}: expected {KB_NAME_PATTERN}"
             )
         if not own.secrets:
             raise ConfigError(f"webhooks.kbs.{kb}.secrets: empty (the KB would take no delivery)")
@@ -407,7 +407,7 @@ def _check(config: Config) -> None:
             if not is_kb_name(rule.kb):
                 raise ConfigError(
                     f"{where}.rules[{rule_index}].kb: invalid kb name {rule.kb!r}: "
-                    "expected [a-z0-9][a-z0-9_-]{0,63}"
+                    f"expected {KB_NAME_PATTERN}"
                 )
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from typing import Final
 
-KB_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+KB_NAME_PATTERN: Final = "[a-z0-9][a-z0-9_-]{0,63}"  # also shown in the errors that refuse one
+KB_NAME = re.compile(KB_NAME_PATTERN)
 MAX_ID_LENGTH = 512
 # Segments of non-control characters (C0, DEL, C1) joined by single slashes: the common case,
 # checked in one regex call; only a failing id is walked character by character to say why.

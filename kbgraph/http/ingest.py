@@ -45,7 +45,7 @@ from kbgraph.config import DEFAULT_MAX_BODY_BYTES
 from kbgraph.deliverylog import DeliveryLog, DeliverySkipped, DeliveryTooLarge, LogUnavailable
 from kbgraph.events import DeliveryError, Event, SignatureVerifier
 from kbgraph.http.binding import decode_events
-from kbgraph.names import is_kb_name
+from kbgraph.names import KB_NAME_PATTERN, is_kb_name
 from kbgraph.store import (
     DeliveryResult,
     KBLimitReached,
@@ -82,7 +82,6 @@ _event_counter = {
 
 _result_encoder = msgspec.json.Encoder()
 _JSON: Final = "application/json"
-KB_NAME_PATTERN: Final = "[a-z0-9][a-z0-9_-]{0,63}"
 
 
 class Headers(dict[str, str]):

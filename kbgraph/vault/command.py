@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Final
 
-from kbgraph.names import is_kb_name
+from kbgraph.names import KB_NAME_PATTERN, is_kb_name
 from kbgraph.vault.manifest import Manifest
 from kbgraph.vault.sinks import SECRET_ENV, LocalSink, Sink, SyncError, WebhookSink
 from kbgraph.vault.sync import SyncReport, sync_once, watch
@@ -89,7 +89,7 @@ def run_command(args: argparse.Namespace, stop_event: threading.Event | None = N
     if not root.is_dir():
         return _fail(f"{args.dir}: not a folder")
     if not is_kb_name(args.kb):
-        return _fail(f"--kb {args.kb!r}: expected a KB name matching [a-z0-9][a-z0-9_-]{{0,63}}")
+        return _fail(f"--kb {args.kb!r}: expected a KB name matching {KB_NAME_PATTERN}")
     if args.retries < 0:
         return _fail("--retries: expected at least 0")
     sink = open_sink(args)
