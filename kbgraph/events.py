@@ -106,13 +106,20 @@ _log_decoder = msgspec.msgpack.Decoder(Event)
 _MSGSPEC_PATH = re.compile(r"^(?P<what>.*) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
 
 
-class DeliveryError(Exception):
-    """A delivery refused as a whole; ``status`` is the HTTP status to answer with."""
+class Refused(Exception):
+    """A refusal: the ``status``, ``message`` and ``headers`` of its ``{"error": message}``
+    answer. The service's one refusal type (as Starlette has one ``HTTPException``); the
+    subclasses name where a refusal came from, for the code that catches one kind only."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers or {}
+
+
+class DeliveryError(Refused):
+    """A delivery refused as a whole."""
 
 
 def media_type(content_type: str | None) -> str:

@@ -31,6 +31,7 @@ from typing import Final
 import numpy as np
 
 from kbgraph.embeddings import EmbeddingUnavailable
+from kbgraph.events import Refused
 from kbgraph.graphalgo import View
 from kbgraph.graphalgo.nearest import nearest
 from kbgraph.projection.snapshot import Snapshot
@@ -48,13 +49,8 @@ log = logging.getLogger(__name__)
 _embedding = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="kbgraph-query-embed")
 
 
-class Unavailable(Exception):
+class Unavailable(Refused):
     """The KB has no vectors (409) or its provider cannot embed the query now (503)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)

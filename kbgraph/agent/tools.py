@@ -37,6 +37,7 @@ from kbgraph.agent.shapes import (
     Seed,
     StatusResponse,
 )
+from kbgraph.events import Refused
 from kbgraph.graphalgo.graph import View
 from kbgraph.projection import Snapshot
 from kbgraph.search import query_terms, snippet, snippet_at, top
@@ -64,13 +65,8 @@ TAGS_WEIGHT: Final = 0.5
 Req = TypeVar("Req")
 
 
-class ToolError(Exception):
-    """A refused request: ``status`` and the message of the ``{"error": ...}`` body."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+class ToolError(Refused):
+    """A tool request refused."""
 
 
 ECHO_CHARS: Final = 200  # of a caller's value a refusal repeats (it could be a megabyte)

@@ -11,15 +11,11 @@ from __future__ import annotations
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive
 
+from kbgraph.events import Refused
 
-class BodyRefused(Exception):
-    """A body the API will not take: ``status``, ``message`` and ``headers`` of the answer."""
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
+class BodyRefused(Refused):
+    """A body the API will not take."""
 
 
 async def read_body(request: Request) -> bytes:

@@ -28,6 +28,7 @@ from kbgraph.access import RuleSet
 from kbgraph.agent import retrieval, shapes, tools, toolspecs
 from kbgraph.agent.retrieval import Meaning, needs_meaning
 from kbgraph.config import TokenGrant
+from kbgraph.events import Refused
 from kbgraph.http import mcp as mcp_out
 from kbgraph.http.bodies import BodyRefused, read_body, replay
 from kbgraph.http.ingest import error_response
@@ -66,12 +67,8 @@ class ConceptIdConvertor(Convertor[str]):
 register_url_convertor("concept_id", ConceptIdConvertor())
 
 
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
+class HTTPError(Refused):
+    """A request the agent API refuses before any tool runs (token, KB, ``X-Min-Seq``, query)."""
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
