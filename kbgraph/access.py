@@ -1,4 +1,4 @@
-"""Who may see what (SPEC section 3): a token is admin or carries rules
+"""Who may see what (docs/api.md, tokens and visibility): a token is admin or carries rules
 ``{kb, collections?, types?}``.
 
 A concept is visible when some rule for its KB matches it: ``collections`` empty or holding the

@@ -1,5 +1,5 @@
 """The command line: ``kbgraph serve``, ``kbgraph mcp`` (stdio) and the one-command ``kbgraph
-demo`` (SPEC sections 5 and 6); ``kbgraph import`` and ``kbgraph sync`` live in
+demo`` (docs/configuration.md, docs/agents.md); ``kbgraph import`` and ``kbgraph sync`` live in
 ``kbgraph.vault.command`` (section 7).
 
 ``serve`` checks the config before anything starts (a wrong config exits 2 with a message
@@ -209,7 +209,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    """``kbgraph mcp``: the MCP tools of one KB over stdio, as one token sees it (SPEC 6).
+    """``kbgraph mcp``: the MCP tools of one KB over stdio, as one token sees it (docs/agents.md).
 
     Reads the store read-only and follows its log as every server process does, so deliveries
     the service acknowledges show up here too. Logs go to stderr: stdout is the protocol's.

@@ -1,4 +1,4 @@
-"""The TOML configuration (SPEC section 5), decoded strictly.
+"""The TOML configuration (docs/configuration.md), decoded strictly.
 
 Every problem raises ``ConfigError`` with a message naming the key (``unknown key store.pth``,
 ``tokens[1].rules[0]: missing required field kb``), so a wrong config stops start-up with a
@@ -83,7 +83,7 @@ class StoreConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # before it is cut, keeping log_retain_events records for followers just behind
     checkpoint_every_events: Annotated[int, msgspec.Meta(ge=0)] = 100_000
     log_retain_events: Annotated[int, msgspec.Meta(ge=0)] = 10_000
-    # a KB's last this many accepted (source, id) keys answer "duplicates" (SPEC section 2);
+    # a KB's last this many accepted (source, id) keys answer "duplicates" (docs/events.md);
     # an older event sent again is decided by its version alone
     dedupe_keys: Annotated[int, msgspec.Meta(ge=1)] = 1_000_000
 
@@ -200,7 +200,7 @@ class TokenGrant(msgspec.Struct, frozen=True):
 
 
 class EmbeddingsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """Vectors for search and seeds (SPEC 5; docs/incoming/24.md). ``default``: ``local`` when
+    """Vectors for search and seeds (docs/configuration.md, Embeddings). ``default``: ``local`` when
     the wordllama package is installed, else ``none``."""
 
     provider: Literal["default", "local", "openai", "none"] = "default"

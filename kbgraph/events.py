@@ -1,6 +1,6 @@
 """Events in: the CloudEvents 1.0 envelope, the four event types, and webhook signatures.
 
-A delivery is one event or a JSON array of events (SPEC section 2). Decoding is strict: every
+A delivery is one event or a JSON array of events (docs/events.md). Decoding is strict: every
 problem is reported as ``<where>: <what>``, with ``events[i]`` naming the event in a batch
 (``event`` for a single one), so a KB operator can find the offending field at once.
 """

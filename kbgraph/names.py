@@ -1,4 +1,4 @@
-"""The naming rules of SPEC section 1: KB names, concept ids and collections."""
+"""The naming rules (docs/events.md, Names): KB names, concept ids and collections."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Running the tools off the event loop, cheaply.
 
-SPEC section 4 wants algorithms off the event loop. ``loop.run_in_executor`` with a
+Algorithms run off the event loop (docs/architecture.md). ``loop.run_in_executor`` with a
 ``ThreadPoolExecutor`` costs ~110-130 µs of CPU per call here (a ``concurrent.futures.Future``
 with its condition variable, ``wrap_future`` chaining, callback hops), several times the cost
 of a graph_path. ``ToolThreads`` keeps only what a hand-off needs: a C ``SimpleQueue`` into the

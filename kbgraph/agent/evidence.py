@@ -1,4 +1,4 @@
-"""Text evidence for ``link_suggest`` ``hybrid`` (SPEC section 3): mentions, rare terms, tags.
+"""Text evidence for ``link_suggest`` ``hybrid`` (docs/api.md): mentions, rare terms, tags.
 
 For a concept x and each visible candidate v (not x, not linked to x either way):
 

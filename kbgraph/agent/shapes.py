@@ -1,4 +1,4 @@
-"""The agent API's request and response types (SPEC section 3), as msgspec structs.
+"""The agent API's request and response types (docs/api.md), as msgspec structs.
 
 A request field's metadata (description, default, bounds, allowed values) is the one source of
 the schemas ``/v1/tools``, ``/openapi.json`` and MCP's ``tools/list`` show; clamping and the

@@ -1,4 +1,4 @@
-"""The agent tools of SPEC section 3, as plain functions over a projection snapshot.
+"""The agent tools of docs/api.md, as plain functions over a projection snapshot.
 
 Their request and response types live in ``kbgraph.agent.shapes``.
 
@@ -79,7 +79,7 @@ def invalid_choice(field: str, value: str, expected: str) -> ToolError:
 
 
 def clamp(value: int, default: int, low: int, high: int) -> int:
-    """SPEC 3: absent or 0 takes the default, anything else is clamped into [low, high]."""
+    """docs/api.md: absent or 0 takes the default, anything else is clamped into [low, high]."""
     return default if value == 0 else min(max(value, low), high)
 
 

@@ -1,4 +1,4 @@
-"""Embedding providers (SPEC 5 ``[embeddings]``): text in, unit float32 vectors out.
+"""Embedding providers (``[embeddings]``, docs/configuration.md): text in, unit float32 vectors out.
 
 - ``local`` (``kbgraph.embeddings.local``): WordLlama's static 256-dimension model, whose weights
   ship inside the ``wordllama`` wheel; nothing is fetched at run time. The default when the

@@ -6,7 +6,7 @@ The binding (CloudEvents 1.0, HTTP Protocol Binding, section 3) tells the modes 
 ``ce-specversion`` header is binary: the event's attributes are the ``ce-*`` headers, their
 values percent-encoded (section 3.1.3.2), the ``Content-Type`` is its ``datacontenttype``
 (section 3.1.1), and the body is the event's ``data``, here JSON.
-``application/json`` without ``ce-specversion`` holds an event or an array (SPEC section 2).
+``application/json`` without ``ce-specversion`` holds an event or an array (docs/events.md).
 Every mode ends in the same validation (``kbgraph.events``), so an event means the same
 whichever way it came.
 """

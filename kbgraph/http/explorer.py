@@ -1,4 +1,4 @@
-"""The explorer page (SPEC section 8): ``GET /ui`` and its static assets, served by the app.
+"""The explorer page (docs/agents.md): ``GET /ui`` and its static assets, served by the app.
 
 The page is plain HTML, CSS and JavaScript with Cytoscape.js vendored under
 ``kbgraph/http/ui/vendor``

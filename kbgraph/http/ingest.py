@@ -1,4 +1,4 @@
-"""Events in over HTTP: ``POST /v1/kbs/{kb}/events`` (SPEC section 2).
+"""Events in over HTTP: ``POST /v1/kbs/{kb}/events`` (docs/events.md).
 
 Checks, in order, each refusing the whole delivery with nothing stored:
 KB name (422) -> the signature headers, before a body byte is read (401: missing, or a

@@ -1,4 +1,4 @@
-"""MCP out (SPEC section 6): the agent tools over the Model Context Protocol, official SDK.
+"""MCP out (docs/agents.md, MCP): the agent tools over the Model Context Protocol, official SDK.
 
 One low-level ``mcp.server.lowlevel.Server`` serves both transports: streamable HTTP at
 ``/v1/kbs/{kb}/mcp`` (stateless, JSON responses, in the API's Starlette app, the bearer token

@@ -84,7 +84,7 @@ _CE_HEADERS: Final = tuple(
 )
 
 EVENTS_DESCRIPTION: Final = (
-    "Concept and link changes from a knowledge base, as CloudEvents 1.0 (SPEC section 2), "
+    "Concept and link changes from a knowledge base, as CloudEvents 1.0, "
     "signed with Standard Webhooks. Three content modes: structured, one event "
     "(application/cloudevents+json, or application/json holding an event object); batched "
     "(application/cloudevents-batch+json, or application/json holding an array); binary, one "

@@ -1,4 +1,4 @@
-"""HTTP out: the Starlette application serving agents (SPEC section 3) and the webhook.
+"""HTTP out: the Starlette application serving agents (docs/api.md) and the webhook.
 
 Request path of a tool call: bearer token -> the caller's rules for the KB (no rule answers
 as a missing KB) -> ``X-Min-Seq`` wait -> body decoded with msgspec -> the tool runs in a

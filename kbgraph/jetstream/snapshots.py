@@ -1,5 +1,5 @@
 """Snapshots in a JetStream Object Store bucket, the stream trimmed below them, and a fresh or
-far-behind node restored from the newest one (SPEC section 4: a cluster runs for months).
+far-behind node restored from the newest one (a cluster runs for months: docs/operations.md).
 
 A snapshot is a node's store at a stream position (SQLite's online backup API into a temp
 file: one consistent transaction) with its projection checkpoints, as one gzip'd tar in the

@@ -1,7 +1,7 @@
 """The store: the event log and the current state of every KB, the source of truth.
 
 Along its jobs: ``sqlite`` (``Store``: one SQLite file, its connections and the group-commit
-writer), ``decide`` (the append decision of SPEC section 2, pure), ``schema`` (tables,
+writer), ``decide`` (the append decision of docs/events.md, pure), ``schema`` (tables,
 version, migrations), ``statements`` (the SQL a group runs), ``model`` (what it answers).
 """
 

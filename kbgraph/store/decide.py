@@ -1,4 +1,4 @@
-"""The append decision of SPEC section 2, as a pure function of what is known and the events.
+"""The append decision (docs/events.md), as a pure function of what is known and the events.
 
 Per event, in order: a (source, id) accepted before in this KB (or earlier in the same
 delivery) and among its last ``AcceptedKeys.retain`` accepted keys -> duplicate; a version not

@@ -1,4 +1,4 @@
-"""Markdown vaults in (SPEC section 7): a connector beside ``kbgraph.events``, producing events.
+"""Markdown vaults in (docs/sources.md): a connector beside ``kbgraph.events``, producing events.
 
 ``markdown`` parses one note, ``resolve`` resolves link targets as Obsidian does, ``reader``
 turns a folder into concept states, ``manifest`` remembers what was sent where, ``sinks``

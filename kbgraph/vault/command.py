@@ -1,4 +1,4 @@
-"""``kbgraph import DIR --kb KB`` and ``kbgraph sync DIR --kb KB [--watch]`` (SPEC section 7).
+"""``kbgraph import DIR --kb KB`` and ``kbgraph sync DIR --kb KB [--watch]`` (docs/sources.md).
 
 Both send only what changed since the last run (the manifest, see ``manifest``); ``import``
 is ``sync`` without ``--watch``. The destination is the local store of ``--config FILE``

@@ -1,4 +1,4 @@
-"""A folder of markdown notes read into concept states (SPEC section 7).
+"""A folder of markdown notes read into concept states (docs/sources.md).
 
 - A note is a ``.md`` file; its id is its path relative to the folder without ``.md``, in NFC
   (so an NFD file name from macOS gives the same id). A path that breaks the id rules, or
@@ -8,8 +8,8 @@
   (``x.md~`` backups included), which are attachments for link resolution.
 - title: front-matter ``title``, else the file name; ``aliases`` (``alias``), ``tags``
   (``tag``; a list, or a string split on commas and spaces; a leading ``#`` dropped) plus the
-  inline ``#tags`` outside code; ``type``; ``status`` (one of SPEC's, else reported and left
-  empty); text: the body without the front matter.
+  inline ``#tags`` outside code; ``type``; ``status`` (one of the five of docs/events.md,
+  else reported and left empty); text: the body without the front matter.
 - A file that cannot be read (vanished, no permission, not UTF-8) is reported as unreadable:
   sync leaves what it sent for it alone, it is not a deletion.
 - Only what lies inside the vault is read (issue 28): a symlinked note whose real path leaves
