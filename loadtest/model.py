@@ -33,7 +33,7 @@ class Counts(msgspec.Struct):
 
 
 class Model:
-    """The contract's rules (SPEC section 2), applied to acknowledged deliveries in order."""
+    """The contract's rules (docs/events.md), applied to acknowledged deliveries in order."""
 
     def __init__(self) -> None:
         self.accepted: set[tuple[str, str]] = set()

@@ -1,7 +1,7 @@
 """The tests' NATS runs as a team would run it: TLS with client certificates (a CA made here
 with ``cryptography``), accounts, and for each stream a node user whose permissions are that
 stream's subjects and the JetStream API calls a node makes, nothing else (no stream config
-update or deletion: ``docs/operations.md`` gives the list)."""
+update or deletion: docs/security.md gives the list)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 ``ReferenceKB`` replays applied log records with dicts and sets and answers the projection's
 questions (nodes, undirected edges, out-edges, visible nodes and degrees) by brute force.
 ``FakeStore`` is an in-memory store with ``kbgraph.store.Store``'s interface and the store
-semantics of SPEC section 2 (duplicates, stale versions, tombstones, ignored link events), for
+semantics of docs/events.md (duplicates, stale versions, tombstones, ignored link events), for
 tests that must not depend on SQLite.
 """
 
@@ -83,7 +83,7 @@ class ReferenceKB:
 
 
 class FakeStore:
-    """In-memory ``Store``: one log for all KBs, store-side semantics of SPEC section 2."""
+    """In-memory ``Store``: one log for all KBs, store-side semantics of docs/events.md."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

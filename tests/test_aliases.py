@@ -1,4 +1,4 @@
-"""``aliases`` (SPEC sections 1 and 2): decoded with bounds, stored, migrated, searched like
+"""``aliases`` (docs/events.md): decoded with bounds, stored, migrated, searched like
 the title, and returned by ``GET concepts/{id}``."""
 
 from __future__ import annotations

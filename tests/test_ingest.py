@@ -1,4 +1,4 @@
-"""POST /v1/kbs/{kb}/events: every answer of SPEC section 2, and nothing stored on a refusal."""
+"""POST /v1/kbs/{kb}/events: every answer of docs/events.md, and nothing stored on a refusal."""
 
 from __future__ import annotations
 

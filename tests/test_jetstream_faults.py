@@ -1,4 +1,4 @@
-"""Faults under load over a real 3-server NATS JetStream cluster (issue 25, SPEC §4).
+"""Faults under load over a real 3-server NATS JetStream cluster (issue 25; docs/operations.md).
 
 Two kbgraph nodes take a steady load of deliveries and agent reads while one fault at a time
 strikes: the whole stream not answering (every NATS server paused), the stream's leader

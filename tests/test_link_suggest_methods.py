@@ -55,7 +55,7 @@ def test_structure_equals_networkx(service: Service, seed: int) -> None:
         cands = [v for v in ids if v != x and v not in nbrs and len(nbrs & set(g[v])) >= 2]
         ra = {v: s for _, v, s in nx.resource_allocation_index(g, [(x, v) for v in cands])}
         # networkx sums a candidate's terms in set order, which moves with PYTHONHASHSEED: a
-        # tie can differ in the last bit. Equal scores are ties, ranked by id (SPEC 3).
+        # tie can differ in the last bit. Equal scores are ties, ranked by id (docs/api.md).
         ranked = sorted(ra, key=lambda v: (-round(ra[v], 12), v))
         kept = [v for v in ranked if statuses[v] not in ("deprecated", "superseded")][:20]
         got = suggest(service, seq, x, method="structure", limit=20)

@@ -11,7 +11,7 @@ from kbgraph.names import collection_of, concept_id_problem, is_kb_name
 
 
 def valid_by_definition(concept_id: str) -> bool:
-    """SPEC 1, read literally: 1-512 characters, '/'-separated segments, none empty, no
+    """docs/events.md, Names, literally: 1-512 characters, '/'-separated segments, none empty, no
     control characters (C0, DEL, C1), no format characters (Cf)."""
     return (
         1 <= len(concept_id) <= 512

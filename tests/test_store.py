@@ -1,4 +1,4 @@
-"""The SQLite store: SPEC section 2 semantics, atomicity, durability across reopen, the log."""
+"""The SQLite store: docs/events.md's semantics, atomicity, durability across reopen, the log."""
 
 from __future__ import annotations
 
