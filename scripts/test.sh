@@ -73,6 +73,13 @@ if [ "${KBGRAPH_SQLITE_MATRIX:-1}" != 0 ]; then
         took "SQLite $version"
     done < tests/sqlite_swap/builds.txt
 fi
+# The release as a user installs it: the wheel with [all] in a clean venv, its demo asked a
+# question (scripts/wheel-smoke.sh). KBGRAPH_WHEEL_SMOKE=0 skips it.
+if [ "${KBGRAPH_WHEEL_SMOKE:-1}" != 0 ]; then
+    echo "== the wheel, installed in a clean venv, and its demo (scripts/wheel-smoke.sh)" >&2
+    bash scripts/wheel-smoke.sh || failed+=("the wheel smoke")
+    took "the wheel smoke"
+fi
 if [ ${#failed[@]} -gt 0 ]; then
     printf 'FAILED: %s\n' "${failed[@]}" >&2
     exit 1
