@@ -68,7 +68,8 @@ done
 chroot "$ROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
-    DEBIAN_FRONTEND=noninteractive KBGRAPH_SQLITE_MATRIX=0 KBGRAPH_DEBIAN13=0 KBGRAPH_WHEEL_SMOKE=0 "${forward[@]}" \
+    DEBIAN_FRONTEND=noninteractive KBGRAPH_SQLITE_MATRIX=0 KBGRAPH_DEBIAN13=0 \
+    KBGRAPH_WHEEL_SMOKE=0 "${forward[@]}" \
     NUMBA_CACHE_DIR=/var/cache/kbgraph-numba \
     bash -c 'cd /kbgraph && echo "== $(. /etc/os-release; echo "$PRETTY_NAME"), $(python3 --version)" >&2 && bash scripts/test.sh "$@"' \
     test-debian13 "$@" 9>&-  # the lock is this script's, not the tests' servers'
