@@ -126,7 +126,7 @@ def _concepts(k: int) -> list:
     ]
 
 
-def _vectors_of(p: Projections) -> dict[str, bytes]:
+def vectors_of(p: Projections) -> dict[str, bytes]:
     kb = p.get(KB)
     with kb.read() as snap:
         v = snap.vectors
@@ -146,7 +146,7 @@ def test_checkpoint_carries_vectors_and_a_restart_computes_none(tmp_path: Path) 
     while p.follow_once() or p.fill_vectors():
         pass
     assert first.texts == 40
-    before = _vectors_of(p)
+    before = vectors_of(p)
     assert len(before) == 40
     assert p.write_checkpoint() is not None
     again = Counting()
@@ -155,7 +155,7 @@ def test_checkpoint_carries_vectors_and_a_restart_computes_none(tmp_path: Path) 
     assert q.loaded_from is not None
     q.fill_vectors()
     assert again.texts == 0  # nothing recomputed
-    assert _vectors_of(q) == before
+    assert vectors_of(q) == before
     store.append(KB, [upsert("c/n1", 2, title="note 1", text="now about the router")])
     q.follow_once()
     assert again.texts == 0  # applied without a call to the provider
@@ -181,12 +181,12 @@ def test_a_provider_down_mid_import_loses_nothing_and_fills_in_later(
     kb = p.get(KB)
     assert kb.seq == seq  # every event applied while the provider was down
     assert kb.vectors.status() == "filling"
-    assert len(_vectors_of(p)) == 9  # n3 deleted; n10..n24 wait
+    assert len(vectors_of(p)) == 9  # n3 deleted; n10..n24 wait
     assert p.fill_vectors() == 0
     embedder.down = False
     assert p.fill_vectors() == 15
     assert kb.vectors.status() == "complete"
-    got = _vectors_of(p)
+    got = vectors_of(p)
     assert sorted(got) == sorted(f"c/n{i}" for i in range(25) if i != 3)
     with kb.read() as snap:
         u = snap.node("c/n20")

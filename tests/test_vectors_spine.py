@@ -33,6 +33,7 @@ from kbgraph.store import Store
 from tests.conftest import ADMIN, INFRA, OTHER, Service, write_config
 from tests.kb_events import delete, upsert
 from tests.test_embeddings_openai import FakeServer, config
+from tests.test_vectors import vectors_of
 from tests.test_vectors_batch import HashEmbedder
 
 KB = "homelab"
@@ -60,17 +61,6 @@ class Counting(HashEmbedder):
 
 def concepts(n: int, prefix: str = "infra") -> list:
     return [upsert(f"{prefix}/n{i}", title=f"note {i}", text=f"disks {i}") for i in range(n)]
-
-
-def vector_bytes(p: Projections) -> dict[str, bytes]:
-    kb = p.get(KB)
-    with kb.read() as snap:
-        v = snap.vectors
-        return {
-            snap.ids[u]: v.q8[u].tobytes() + v.scale[u].tobytes()
-            for u in range(len(snap.ids))
-            if u < v.cap and v.have[u]
-        }
 
 
 def follow(p: Projections) -> None:
@@ -162,7 +152,7 @@ def test_every_process_of_a_store_reads_the_same_rows_and_a_restart_embeds_nothi
         p.load()
         p.fill_vectors()
     assert first.texts == 40 and second.texts == 0
-    assert vector_bytes(a) == vector_bytes(b) and len(vector_bytes(a)) == 40
+    assert vectors_of(a) == vectors_of(b) and len(vectors_of(a)) == 40
     assert a.write_checkpoint() is not None
     for folder in (tmp_path / "ckpt", None):  # with and without the checkpoint
         again = Counting()
@@ -170,7 +160,7 @@ def test_every_process_of_a_store_reads_the_same_rows_and_a_restart_embeds_nothi
         restarted.load()
         assert (restarted.loaded_from is not None) == (folder is not None)
         restarted.fill_vectors()
-        assert again.calls == 0 and vector_bytes(restarted) == vector_bytes(a)
+        assert again.calls == 0 and vectors_of(restarted) == vectors_of(a)
     store.append(
         KB, [upsert("infra/n3", 2, title="note 3", text="the router now"), delete("infra/n4", 2)]
     )
@@ -178,7 +168,7 @@ def test_every_process_of_a_store_reads_the_same_rows_and_a_restart_embeds_nothi
         follow(p)
         p.fill_vectors()
     assert first.texts + second.texts == 41  # the changed one, once for both
-    assert vector_bytes(a) == vector_bytes(b) and len(vector_bytes(a)) == 39
+    assert vectors_of(a) == vectors_of(b) and len(vectors_of(a)) == 39
     b.store.close()
     store.close()
 
@@ -199,7 +189,7 @@ def test_two_processes_filling_at_once_embed_each_text_once(tmp_path: Path) -> N
         t.join(120)
     assert not any(t.is_alive() for t in threads)
     assert embedder.texts == 1500
-    assert vector_bytes(workers[0]) == vector_bytes(workers[1])
+    assert vectors_of(workers[0]) == vectors_of(workers[1])
     for p in workers:
         p.store.close()
     store.close()
@@ -256,7 +246,7 @@ def test_a_refused_text_is_recorded_alone_and_never_asked_again(tmp_path: Path) 
         assert status.vectors_failed == 1 and status.vectors_failed_ids == ["infra/long"]
         words = tools.search(snap, snap.view(None), "long", 5, "lexical")
         assert [h.id for h in words.hits] == ["infra/long"]  # served by its words
-    assert len(vector_bytes(p)) == 20
+    assert len(vectors_of(p)) == 20
     again = Counting()
     restarted = Projections(store, embedder=again)
     restarted.load()

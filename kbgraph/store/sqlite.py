@@ -471,14 +471,9 @@ class Store:
             raise StoreClosed("store opened read-only")
         conn = self._connect()
         try:
-            self._begin_immediate(conn)
-            try:
-                deleted = logcut.cut(conn, before_gid, self.dedupe_keys)
-                self._retry_busy(lambda: conn.execute("COMMIT"))
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+            deleted = self._immediately(
+                conn, lambda: logcut.cut(conn, before_gid, self.dedupe_keys)
+            )
             if deleted:
                 logcut.free_pages(conn)
                 self._retry_busy(lambda: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"))
@@ -507,16 +502,22 @@ class Store:
             raise StoreClosed("store opened read-only")
         conn = self._connect()
         try:
-            self._begin_immediate(conn)
-            try:
-                vectorrows.write(conn, kb, model, rows)
-                self._retry_busy(lambda: conn.execute("COMMIT"))
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+            self._immediately(conn, lambda: vectorrows.write(conn, kb, model, rows))
         finally:
             conn.close()
+
+    def _immediately(self, conn: sqlite3.Connection, work: Callable[[], _T]) -> _T:
+        """``work`` in one IMMEDIATE transaction of ``conn`` outside the writer thread:
+        committed (retried while busy), or rolled back when it raises."""
+        self._begin_immediate(conn)
+        try:
+            result = work()
+            self._retry_busy(lambda: conn.execute("COMMIT"))
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return result
 
     def kb_seq(self, kb: str) -> int:
         """The KB's current log position (0 for a KB with no applied event)."""
