@@ -69,7 +69,8 @@ with TestClient(app, base_url="http://127.0.0.1") as client:
     sent = client.post("/v1/kbs/k/events", json=event,
                        headers={"content-type": "application/cloudevents+json"})
     assert sent.status_code == 200, sent.text
-    print(client.get("/v1/kbs/k/status").json()["concepts"])
+    seen = {"X-Min-Seq": str(sent.json()["seq"])}  # the projection follows the store
+    print(client.get("/v1/kbs/k/status", headers=seen).json()["concepts"])
 print(sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED and sys.modules[m]))
 """
     done = run(code, EVERY_EXTRA, tmp_path)

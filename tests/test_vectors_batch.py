@@ -119,6 +119,8 @@ def test_applying_embeds_nothing_and_the_filler_embeds_each_text_once(
 
 
 class CountingEmbedder(HashEmbedder):
+    remote = True  # a provider outside the process: the filler embeds, never the follower
+
     def __init__(self) -> None:
         self.texts = 0
 

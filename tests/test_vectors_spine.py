@@ -42,7 +42,10 @@ INFRA_ONLY = canonical([Rule(frozenset({"infra"}), frozenset())])
 
 
 class Counting(HashEmbedder):
-    """Counts texts; refuses (as a context-length error) any batch holding a text over LIMIT."""
+    """Counts texts; refuses (as a context-length error) any batch holding a text over LIMIT.
+    A provider outside the process (``remote``): its calls stay off the follower's path."""
+
+    remote = True
 
     def __init__(self, name: str = "hash-64") -> None:
         self.name = name

@@ -118,13 +118,19 @@ class Filler:
 
     def round(self) -> int:
         """One pass over every KB's waiting rows; returns how many were settled."""
+        return sum(self.settle(kb) for kb in self._kbs())
+
+    def settle(self, kb: KBProjection) -> int:
+        """One pass over ``kb``'s waiting rows; returns how many were settled. The follower
+        calls it itself, before a batch's seq is announced, when the model runs in this
+        process (``Embedder.remote`` false): then the answers at a seq are those of its texts'
+        vectors, whenever they are asked, and a checkpoint holds them."""
         done = 0
-        for kb in self._kbs():
-            pending = kb.vector_pending()
-            for start in range(0, len(pending), FILL_BATCH):
-                if self._stopping.is_set():
-                    return done
-                done += self._chunk(kb, pending[start : start + FILL_BATCH])
+        pending = kb.vector_pending()
+        for start in range(0, len(pending), FILL_BATCH):
+            if self._stopping.is_set():
+                return done
+            done += self._chunk(kb, pending[start : start + FILL_BATCH])
         return done
 
     def _chunk(self, kb: KBProjection, rows: list[int]) -> int:

@@ -29,7 +29,10 @@ followers just behind. A follower that finds its next records cut (``LogCut``) l
 
 Vectors (``kbgraph.projection.filler``): applying an event only marks its concept's vector as
 waiting; the filler's own thread settles it from the store's vector rows or the provider, and
-is kicked after each batch that changed something. Nothing remote runs in this thread.
+is kicked after each batch that changed something. Nothing remote runs in this thread; a model
+that runs in this process (the local one) is settled here, after the batch and before its seq
+is announced, so that an answer asked at that seq (``X-Min-Seq``) and a checkpoint written
+after it hold the batch's vectors.
 
 Failure: if reading the log raises (SQLite busy, I/O), nothing was applied and the follower
 retries with a growing pause (up to 1 s). If applying a record raises (a bug), the follower
@@ -414,6 +417,8 @@ class Projections:
                 deliveries = deliveries[done:]
                 if name not in self._kbs:
                     self._kbs[name] = kb
+                if self.filler is not None and not self.filler.embedder.remote:
+                    self.filler.settle(kb)  # an in-process model: vectors before the seq
                 self._notify(name, kb.seq)
         self.gid = records[-1].gid
         if self.filler is not None:
