@@ -283,3 +283,26 @@ def test_a_row_of_negligible_components_quantises_as_zero_without_overflow() -> 
         q8, scale, _codes = quantize(rows)
     assert q8[:2].tolist() == [[0, 0, 0], [0, 0, 0]]
     assert q8[2].tolist() == [127, -64, 25] and scale[2] == np.float32(0.5 / 127)
+
+
+def test_an_in_process_model_is_settled_by_the_follower_and_its_rows_stored_after(
+    tmp_path: Path,
+) -> None:
+    """The local model: the follower embeds a batch's texts before announcing its seq, and the
+    filler's next round stores those rows, so a restart without a checkpoint embeds none."""
+    store = Store(tmp_path / "kb.db")
+    first = Counting()
+    p = Projections(store, embedder=first)
+    p.load()
+    store.append(KB, _concepts(12))
+    p.follow_once()
+    assert first.texts == 12 and p.seq(KB) == 12
+    assert p.get(KB).vectors.status() == "complete"
+    assert store.read_vectors(KB, LOCAL.name, [f"c/n{i}" for i in range(12)]) == []
+    p.fill_vectors()  # the filler's round stores what the follower computed
+    again = Counting()
+    q = Projections(store, embedder=again)
+    q.load()  # built from the store: every vector waiting, the stored rows settle them
+    q.fill_vectors()
+    assert again.texts == 0 and vectors_of(q) == vectors_of(p)
+    store.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -78,6 +79,8 @@ class Filler:
         self._kick = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        # rows the follower computed (an in-process model), for this thread to store
+        self._unwritten: queue.SimpleQueue[tuple[str, str, list[VectorRow]]] = queue.SimpleQueue()
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -93,6 +96,8 @@ class Filler:
         if self._thread is not None:
             self._thread.join(STOP_WAIT)
             self._thread = None
+        with contextlib.suppress(Exception):  # best effort: a row not stored is computed again
+            self._write_computed()
 
     def kick(self) -> None:
         """Rows may be waiting (events were applied): a round now, not at the next poll."""
@@ -117,21 +122,49 @@ class Filler:
         return time.monotonic() < self._retry_at
 
     def round(self) -> int:
-        """One pass over every KB's waiting rows; returns how many were settled."""
+        """Store what the follower computed, then one pass over every KB's waiting rows;
+        returns how many were settled."""
+        self._write_computed()
         return sum(self.settle(kb) for kb in self._kbs())
 
-    def settle(self, kb: KBProjection) -> int:
-        """One pass over ``kb``'s waiting rows; returns how many were settled. The follower
-        calls it itself, before a batch's seq is announced, when the model runs in this
-        process (``Embedder.remote`` false): then the answers at a seq are those of its texts'
-        vectors, whenever they are asked, and a checkpoint holds them."""
+    def settle(self, kb: KBProjection, *, here: bool = False) -> int:
+        """One pass over ``kb``'s waiting rows; returns how many were settled.
+
+        ``here``: the follower's own call, before a batch's seq is announced, when the model
+        runs in this process (``Embedder.remote`` false), so that the answers at a seq are
+        those of its texts' vectors whenever they are asked, and a checkpoint holds them. The
+        rows the store lacks are then embedded without the store's embedder lock and stored
+        by this filler's thread, so the follower never waits on a lock or a write."""
         done = 0
         pending = kb.vector_pending()
         for start in range(0, len(pending), FILL_BATCH):
             if self._stopping.is_set():
                 return done
-            done += self._chunk(kb, pending[start : start + FILL_BATCH])
+            rows = pending[start : start + FILL_BATCH]
+            done += self._chunk_here(kb, rows) if here else self._chunk(kb, rows)
         return done
+
+    def _chunk_here(self, kb: KBProjection, rows: list[int]) -> int:
+        work = kb.vector_texts(rows, self.max_chars)
+        if not work:
+            return 0
+        model = self.embedder.name
+        digests = {u: text_hash(text) for u, _, text in work}
+        settled, missing = self._stored(kb.name, model, work, digests)
+        computed, stored = self._compute(kb.name, missing, digests)
+        if stored and not self.store.read_only:
+            self._unwritten.put((kb.name, model, stored))
+            self._kick.set()
+        return kb.settle_vectors(settled + computed, self.max_chars)
+
+    def _write_computed(self) -> None:
+        """Store the rows the follower computed (their own short transactions)."""
+        while True:
+            try:
+                kb, model, rows = self._unwritten.get_nowait()
+            except queue.Empty:
+                return
+            self.store.write_vectors(kb, model, rows)
 
     def _chunk(self, kb: KBProjection, rows: list[int]) -> int:
         work = kb.vector_texts(rows, self.max_chars)
@@ -169,8 +202,18 @@ class Filler:
         self, kb: str, model: str, work: list[tuple[int, str, str]], digests: dict[int, bytes]
     ) -> Settled:
         """Embed each distinct text once, store the vectors and refusals, return them."""
+        settled, rows = self._compute(kb, work, digests)
+        if rows and not self.store.read_only:
+            self.store.write_vectors(kb, model, rows)
+        return settled
+
+    def _compute(
+        self, kb: str, work: list[tuple[int, str, str]], digests: dict[int, bytes]
+    ) -> tuple[Settled, list[VectorRow]]:
+        """Embed each distinct text once: what settles the rows, and the store's rows of it
+        (none when the provider is unavailable: it is left alone for a growing pause)."""
         if not work:
-            return []
+            return [], []
         texts = list(dict.fromkeys(text for _, _, text in work))
         try:
             answers = dict(zip(texts, embed_each(self.embedder, texts), strict=True))
@@ -178,7 +221,7 @@ class Filler:
             self._backoff = min(BACKOFF_MAX, max(BACKOFF_START, 2 * self._backoff))
             self._retry_at = time.monotonic() + self._backoff
             log.warning("embeddings unavailable (next try in %.1f s): %s", self._backoff, exc)
-            return []
+            return [], []
         self._backoff = 0.0
         rows = []
         for u, concept, text in work:
@@ -189,9 +232,8 @@ class Filler:
                 log.warning("the embedding provider refused %s in %s: %s", concept, kb, answer)
             else:
                 rows.append(VectorRow(concept, digests[u], answer, ""))
-        if not self.store.read_only:
-            self.store.write_vectors(kb, model, rows)
-        return [(u, digests[u], row.vector) for (u, _, _), row in zip(work, rows, strict=True)]
+        settled = [(u, digests[u], row.vector) for (u, _, _), row in zip(work, rows, strict=True)]
+        return settled, rows
 
     @contextlib.contextmanager
     def _embedder_lock(self) -> Iterator[bool]:

@@ -139,6 +139,9 @@ class Projections:
         self._thread: threading.Thread | None = None
         self._listeners: list[Callable[[str, int], None]] = []
         self._waiters_lock = threading.Lock()
+        # per KB, the seq announced to X-Min-Seq waiters: a batch's, once it is applied and
+        # (with an in-process model) its vectors settled
+        self._announced: dict[str, int] = {}
         self._waiters: dict[str, list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future]]] = {}
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -166,6 +169,8 @@ class Projections:
         warm_up()
         kbs, self.gid = self._fresh_kbs()
         self._kbs.update(kbs)
+        with self._waiters_lock:
+            self._announced.update((name, kb.seq) for name, kb in kbs.items())
 
     def _fresh_kbs(self) -> tuple[dict[str, KBProjection], int]:
         """Every KB from the newest usable checkpoint, else built from the store."""
@@ -361,9 +366,9 @@ class Projections:
         return sorted(self._kbs)
 
     def seq(self, kb: str) -> int:
-        """The KB's applied log position (0 if it has none)."""
-        p = self._kbs.get(kb)
-        return p.seq if p is not None else 0
+        """The KB's announced log position (0 if it has none): applied, and with an in-process
+        model its vectors settled."""
+        return self._announced.get(kb, 0)
 
     def add_listener(self, fn: Callable[[str, int], None]) -> None:
         """``fn(kb, seq)`` runs in the follower thread after each applied batch."""
@@ -418,7 +423,7 @@ class Projections:
                 if name not in self._kbs:
                     self._kbs[name] = kb
                 if self.filler is not None and not self.filler.embedder.remote:
-                    self.filler.settle(kb)  # an in-process model: vectors before the seq
+                    self.filler.settle(kb, here=True)  # an in-process model: vectors first
                 self._notify(name, kb.seq)
         self.gid = records[-1].gid
         if self.filler is not None:
@@ -457,6 +462,7 @@ class Projections:
 
     def _notify(self, kb: str, seq: int) -> None:
         with self._waiters_lock:
+            self._announced[kb] = seq
             waiting = self._waiters.get(kb, ())
             ready = [w for w in waiting if w[0] <= seq]
         for _, loop, future in ready:
