@@ -170,15 +170,16 @@ async def connect(
         if not opening.done():
             opening.cancel()
             await asyncio.wait({opening}, timeout=1.0)  # its own cleanup, bounded too
+    if opening.done() and not opening.cancelled() and opening.exception() is None:
+        return opening.result()
+    # a TLS failure is the cause whatever came after it (a later attempt's broken pipe, say)
+    if tls_failed.done():
+        raise ConnectFailed(f"TLS with the NATS server failed: {tls_failed.result()}")
     if opening.done() and not opening.cancelled():
         cause = opening.exception()
-        if cause is None:
-            return opening.result()
         seen = last[0] if last else cause  # nats-py's NoServersError says no more
         servers = ", ".join(config.servers)
         raise ConnectFailed(f"no NATS server reachable ({servers}): {seen!r}") from cause
-    if tls_failed.done():
-        raise ConnectFailed(f"TLS with the NATS server failed: {tls_failed.result()}")
     seen = f"{last[0]!r}" if last else "no answer"
     raise ConnectFailed(f"NATS not connected within {OPEN_SECONDS:.0f} s: {seen}")
 
