@@ -141,21 +141,8 @@ class Filler:
             if self._stopping.is_set():
                 return done
             rows = pending[start : start + FILL_BATCH]
-            done += self._chunk_here(kb, rows) if here else self._chunk(kb, rows)
+            done += self._chunk(kb, rows, here)
         return done
-
-    def _chunk_here(self, kb: KBProjection, rows: list[int]) -> int:
-        work = kb.vector_texts(rows, self.max_chars)
-        if not work:
-            return 0
-        model = self.embedder.name
-        digests = {u: text_hash(text) for u, _, text in work}
-        settled, missing = self._stored(kb.name, model, work, digests)
-        computed, stored = self._compute(kb.name, missing, digests)
-        if stored and not self.store.read_only:
-            self._unwritten.put((kb.name, model, stored))
-            self._kick.set()
-        return kb.settle_vectors(settled + computed, self.max_chars)
 
     def _write_computed(self) -> None:
         """Store the rows the follower computed (their own short transactions)."""
@@ -166,14 +153,20 @@ class Filler:
                 return
             self.store.write_vectors(kb, model, rows)
 
-    def _chunk(self, kb: KBProjection, rows: list[int]) -> int:
+    def _chunk(self, kb: KBProjection, rows: list[int], here: bool) -> int:
         work = kb.vector_texts(rows, self.max_chars)
         if not work:
             return 0
         model = self.embedder.name
         digests = {u: text_hash(text) for u, _, text in work}
         settled, missing = self._stored(kb.name, model, work, digests)
-        if missing and not self.pausing() and self.store.read_only:
+        if here:  # the follower's call: no lock, no write (this thread stores them)
+            computed, stored = self._compute(kb.name, missing, digests)
+            settled += computed
+            if stored and not self.store.read_only:
+                self._unwritten.put((kb.name, model, stored))
+                self._kick.set()
+        elif missing and not self.pausing() and self.store.read_only:
             settled += self._embed(kb.name, model, missing, digests)  # for itself alone
         elif missing and not self.pausing():
             with self._embedder_lock() as held:
