@@ -28,10 +28,10 @@ from typing import Any, Final
 
 from kbgraph import __version__
 from kbgraph.config import CONFIG_ENV, Config, ConfigError, load_config
-from kbgraph.demokb import demo_concepts, example_vault
 from kbgraph.extras import add_unavailable, config_problem, missing
 from kbgraph.extras import problem as extra_problem
 from kbgraph.http.health import store_folder_problem, store_problem
+from kbgraph.vault.demokb import demo_concepts, example_vault
 
 APP_FACTORY: Final = "kbgraph.cli:app_factory"
 # The event loop, the store's writer thread and the projection follower share the GIL. At

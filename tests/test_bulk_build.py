@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbgraph.columns import decode_strings
 from kbgraph.projection import KBProjection, Projections
 from kbgraph.projection import kb as kb_module
 from kbgraph.search import SearchIndex
 from kbgraph.search import index as search_index
 from kbgraph.store import Store, load
+from kbgraph.store.columns import decode_strings
 from kbgraph.store.load import columns_of
 from kbgraph.store.model import KBColumns
 from tests.kb_events import delete, link_added, link_removed, upsert

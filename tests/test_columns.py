@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kbgraph.columns as columns
-from kbgraph.columns import (
+import kbgraph.store.columns as columns
+from kbgraph.store.columns import (
     KeyIndex,
     StringColumn,
     StringTable,
@@ -57,7 +57,7 @@ def test_key_index_answers_as_a_dict_even_when_hashes_collide(
 
 def test_key_hash_is_the_same_in_every_process() -> None:
     """Checkpoints store these hashes: another process (another hash seed) must agree."""
-    code = "from kbgraph.columns import key_hash; print(key_hash('infra/dns'), key_hash('é'))"
+    code = "from kbgraph.store.columns import key_hash; print(key_hash('infra/dns'), key_hash('é'))"
     env = {**os.environ, "PYTHONHASHSEED": "123"}
     other = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env

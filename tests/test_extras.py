@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kbgraph import demokb
 from kbgraph.extras import EXTRAS
+from kbgraph.vault import demokb
 
 ROOT = Path(__file__).resolve().parent.parent
 EVERY_EXTRA = sorted({module for pairs in EXTRAS.values() for module, _ in pairs})

@@ -18,7 +18,7 @@ or to a build from the store.
 
 Loading maps the file copy-on-write: the arrays the follower patches in place (adjacency, ids'
 bytes, alive flags) become private pages only where they change; texts are read lazily
-(``kbgraph.columns.StringColumn``).
+(``kbgraph.store.columns.StringColumn``).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from typing import Final
 import msgspec
 import numpy as np
 
-from kbgraph.columns import KeyIndex, StringColumn, decode_strings, encode_strings, key_hashes
 from kbgraph.projection.adjacency import Adjacency
 from kbgraph.projection.kb import KBProjection
 from kbgraph.projection.keys import Keys
 from kbgraph.search import SearchIndex
+from kbgraph.store.columns import KeyIndex, StringColumn, decode_strings, encode_strings, key_hashes
 
 log = logging.getLogger(__name__)
 

@@ -53,7 +53,6 @@ import numpy as np
 from numba import njit
 
 from kbgraph.access import RuleSet, visible
-from kbgraph.columns import KeyIndex, StringColumn, StringTable, process_hashes, strings_at
 from kbgraph.embeddings import Embedder, concept_text, text_hash
 from kbgraph.events import (
     ConceptDeleted,
@@ -73,6 +72,7 @@ from kbgraph.projection.vectors import Vectors
 from kbgraph.search import SearchIndex
 from kbgraph.search.document import Analysed
 from kbgraph.store import KBState, LogRecord
+from kbgraph.store.columns import KeyIndex, StringColumn, StringTable, process_hashes, strings_at
 from kbgraph.store.load import columns_of
 from kbgraph.store.model import KBColumns
 

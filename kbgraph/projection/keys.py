@@ -48,7 +48,7 @@ class Keys:
 
     @classmethod
     def from_encoded(cls, blob: np.ndarray, off: np.ndarray, node_cap: int) -> Keys:
-        """``Keys`` of the strings of an encoded column (``kbgraph.columns.encode_strings``:
+        """``Keys`` of the strings of an encoded column (``kbgraph.store.columns.encode_strings``:
         each followed by a NUL), without a Python object per id."""
         n = len(off) - 1
         keys = cls([], node_cap)

@@ -7,7 +7,7 @@ from typing import Final
 
 import numpy as np
 
-from kbgraph.columns import StringColumn, encode_strings, joined_columns, split_json_arrays
+from kbgraph.store.columns import StringColumn, encode_strings, joined_columns, split_json_arrays
 from kbgraph.store.model import ColumnSnapshot, ConceptState, KBColumns, KBState, StoreSnapshot
 from kbgraph.store.statements import tags_decoder, tags_encoder
 

@@ -70,23 +70,23 @@ class WebhookMessage(NamedTuple):
 class KBColumns(msgspec.Struct):
     """One KB's existing concepts as columns (the first build's input), sorted by id.
 
-    ``links``: per chunk of concepts, ``kbgraph.columns.split_json_arrays`` of their stored
+    ``links``: per chunk of concepts, ``kbgraph.store.columns.split_json_arrays`` of their stored
     JSON lists (how many targets each declares, and the target ids as one encoded column), so
     a million concepts' eight million target ids are flat bytes, never Python strings;
-    ``ids``, ``titles`` and ``texts`` are ``kbgraph.columns.StringColumn`` (flat UTF-8, as a
+    ``ids``, ``titles`` and ``texts`` are ``kbgraph.store.columns.StringColumn`` (flat UTF-8, as a
     checkpoint holds them, decoded when read);
     ``tags`` and ``aliases`` are decoded, every empty one the same shared, never mutated,
     list.
     """
 
     seq: int
-    ids: Any  # kbgraph.columns.StringColumn
+    ids: Any  # kbgraph.store.columns.StringColumn
     versions: list[int]
-    titles: Any  # kbgraph.columns.StringColumn
+    titles: Any  # kbgraph.store.columns.StringColumn
     types: list[str]
     statuses: list[str]
     tags: list[list[str]]
-    texts: Any  # kbgraph.columns.StringColumn
+    texts: Any  # kbgraph.store.columns.StringColumn
     aliases: list[list[str]]
     links: list[tuple[Any, Any, Any]]  # (counts, blob, off) numpy arrays per chunk
 
