@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -20,9 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kbgraph.access import RuleSet
+from kbgraph.access import Rule, RuleSet, canonical
 from kbgraph.projection import Projections, checkpoint, follower
 from kbgraph.store import LogCut, Store
+from tests import checkpoint_fixture
 from tests.kb_events import upsert
 from tests.test_projection import KB, deliveries_st, dump, rules_st
 
@@ -422,3 +424,32 @@ def test_without_fork_checkpoints_are_written_in_the_follower(
     finally:
         p.stop()
         store.close()
+
+
+FORMAT_1 = Path(__file__).parent / "data" / "checkpoint-format-1"
+
+
+def test_a_checkpoint_written_before_the_projection_had_parts_loads_the_same(
+    tmp_path: Path,
+) -> None:
+    """A store and its checkpoint written by the code before ``nodes``, ``links`` and
+    ``masks`` were modules of their own (``tests/checkpoint_fixture.py``; the file format did
+    not change, so it is still format 1): loaded, it answers as a build from the same store,
+    before and after more events."""
+    shutil.copytree(FORMAT_1, tmp_path / "old")
+    narrowed = [canonical([Rule(frozenset({"infra", "net"}), frozenset())])]
+    views: list[RuleSet | None] = [None, *narrowed, canonical([Rule(frozenset(), frozenset({"Note"}))])]
+    with Store(tmp_path / "old" / "kb.db") as store:
+        loaded = projections(store, tmp_path / "old" / "ckpt")
+        assert loaded.loaded_from is not None
+        assert loaded.loaded_from.name == checkpoint.file_name(27)
+        built = Projections(store)
+        built.load()
+        assert loaded.names() == built.names() == sorted(checkpoint_fixture.KBS)
+        for name in loaded.names():
+            assert dump(loaded.get(name), views) == dump(built.get(name), views)
+        for name, delivery in checkpoint_fixture.later():
+            store.append(name, delivery)
+        assert loaded.follow_once() == built.follow_once() > 0
+        for name in loaded.names():
+            assert dump(loaded.get(name), views) == dump(built.get(name), views)
