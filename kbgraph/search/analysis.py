@@ -35,9 +35,9 @@ STOP_WORDS: Final = frozenset(
     you your yours yourself yourselves""".split()  # noqa: SIM905 (easier to read)
 )
 
-_ASCII_TOKEN = re.compile(r"[a-z0-9]+")
-_ASCII_ALNUM = "abcdefghijklmnopqrstuvwxyz0123456789"
-_TOKEN = re.compile(r"[^\W_]+")
+ASCII_TOKEN = re.compile(r"[a-z0-9]+")
+ASCII_ALNUM = "abcdefghijklmnopqrstuvwxyz0123456789"
+TOKEN = re.compile(r"[^\W_]+")
 _COMPOUND = re.compile(r"[^\W_]+(?:-[^\W_]+)+")
 
 
@@ -61,8 +61,8 @@ def tokenize(text: str) -> list[str]:
         return text.encode("ascii").translate(_ASCII_FOLD).decode("ascii").split()
     folded = fold(text)
     if folded.isascii():
-        return _ASCII_TOKEN.findall(folded)
-    return _TOKEN.findall(folded)
+        return ASCII_TOKEN.findall(folded)
+    return TOKEN.findall(folded)
 
 
 class _Stemmers(threading.local):

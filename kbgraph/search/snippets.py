@@ -7,7 +7,7 @@ from typing import Final
 
 import numpy as np
 
-from kbgraph.search.analysis import _ASCII_ALNUM, _ASCII_TOKEN, _TOKEN, fold, stem, tokenize
+from kbgraph.search.analysis import ASCII_ALNUM, ASCII_TOKEN, TOKEN, fold, stem, tokenize
 
 SNIPPET_WIDTH: Final = 160
 
@@ -38,9 +38,9 @@ def _first_ascii_hit(lowered: str, forms: Sequence[str]) -> int:
     first = min((at for form in forms if (at := lowered.find(form)) >= 0), default=-1)
     if first < 0:
         return 0
-    start = len(lowered[:first].rstrip(_ASCII_ALNUM))  # the start of the token holding it
+    start = len(lowered[:first].rstrip(ASCII_ALNUM))  # the start of the token holding it
     wanted = set(forms)
-    for match in _ASCII_TOKEN.finditer(lowered, start):
+    for match in ASCII_TOKEN.finditer(lowered, start):
         if match.group() in wanted:
             return match.start()
     return 0
@@ -60,15 +60,15 @@ def first_hit(text: str, terms: Sequence[str]) -> int:
     if text.isascii():  # lower-casing keeps every offset
         forms = [token for token in set(tokenize(text)) if stem(token) in wanted]
         return _first_ascii_hit(text.lower(), forms) if forms else 0
-    distinct = list(set(_TOKEN.findall(text)))
+    distinct = list(set(TOKEN.findall(text)))
     folded = fold("\n".join(distinct)).split("\n")  # a token never holds a newline
     hits = {
         token
         for token, f in zip(distinct, folded, strict=True)
-        if any(stem(t) in wanted for t in _TOKEN.findall(f))
+        if any(stem(t) in wanted for t in TOKEN.findall(f))
     }
     if hits:
-        for match in _TOKEN.finditer(text):
+        for match in TOKEN.finditer(text):
             if match.group() in hits:
                 return match.start()
     return 0
