@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbgraph.projection import KBProjection, Projections
-from kbgraph.projection import kb as kb_module
+from kbgraph.projection import nodes as nodes_module
 from kbgraph.search import SearchIndex
 from kbgraph.search import index as search_index
 from kbgraph.store import Store, load
@@ -65,12 +65,14 @@ def test_store_columns_equal_the_snapshot_and_build_alike(changes) -> None:
             bulk, one = KBProjection(name), KBProjection(name)
             bulk.build_columns(store.load_columns().kbs[name])
             one.build(state)
-            assert list(bulk.ids) == list(one.ids) and list(bulk.titles) == list(one.titles)
-            assert list(bulk.texts) == list(one.texts)
-            assert bulk.tags == one.tags and bulk.aliases == one.aliases
-            for attr in ("_und", "_out"):
-                a, b = getattr(bulk, attr), getattr(one, attr)
-                n = len(bulk.ids)
+            got_nodes, want_nodes = bulk.nodes, one.nodes
+            assert list(got_nodes.ids) == list(want_nodes.ids)
+            assert list(got_nodes.titles) == list(want_nodes.titles)
+            assert list(got_nodes.texts) == list(want_nodes.texts)
+            assert got_nodes.tags == want_nodes.tags and got_nodes.aliases == want_nodes.aliases
+            for attr in ("und", "out"):
+                a, b = getattr(bulk.links, attr), getattr(one.links, attr)
+                n = len(got_nodes)
                 assert [a.block(u).tolist() for u in range(n)] == [
                     b.block(u).tolist() for u in range(n)
                 ]
@@ -167,7 +169,7 @@ def by_id(kb: KBProjection) -> dict:
                     snap.titles[u],
                     snap.types[u],
                     list(snap.tags[u]),
-                    list(kb.aliases[u]),
+                    list(snap.aliases[u]),
                     snap.texts[u],
                     snap.versions[u],
                     snap.declared_links(u),
@@ -179,9 +181,11 @@ def by_id(kb: KBProjection) -> dict:
                 )
                 for u in alive
             },
-            "und": {frozenset((ids[u], ids[v])) for u in alive for v in kb._und.block(u).tolist()},
-            "out": {(ids[u], ids[v]) for u in alive for v in kb._out.block(u).tolist()},
-            "pending": {(ids[u], ids[t]) for u, ts in kb._missing_out.items() for t in ts},
+            "und": {
+                frozenset((ids[u], ids[v])) for u in alive for v in kb.links.und.block(u).tolist()
+            },
+            "out": {(ids[u], ids[v]) for u in alive for v in kb.links.out.block(u).tolist()},
+            "pending": {(ids[u], ids[t]) for u, ts in kb.links.missing_out.items() for t in ts},
             "terms": {
                 k: {ids[u]: h for u, h in d.items()} for k, d in index.terms.as_dict().items()
             },
@@ -202,7 +206,7 @@ def by_id(kb: KBProjection) -> dict:
     st.lists(history_event, max_size=16),
     st.integers(1, 4),
     st.lists(history_event, max_size=8),
-    st.sampled_from([0, kb_module.DICT_IDS]),
+    st.sampled_from([0, nodes_module.DICT_IDS]),
 )
 def test_a_build_from_the_store_equals_the_events_applied_one_by_one(
     steps, chunk, later, dict_ids
@@ -222,7 +226,7 @@ def test_a_build_from_the_store_equals_the_events_applied_one_by_one(
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(load, "_FETCH_ROWS", chunk)
             patch.setattr(search_index, "BULK_CHUNK", chunk)
-            patch.setattr(kb_module, "DICT_IDS", dict_ids)
+            patch.setattr(nodes_module, "DICT_IDS", dict_ids)
             built = Projections(store)
             built.load()
         a, b = live.get("kb"), built.get("kb")

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kbgraph.projection.adjacency as adjacency
-import kbgraph.projection.kb as kb_module
+import kbgraph.projection.masks as masks_module
 from kbgraph.access import Rule, RuleSet, canonical
 from kbgraph.events import (
     ConceptDeleted,
@@ -59,8 +59,8 @@ def check_invariants(kb: KBProjection) -> None:
         assert len(ids) == n
         assert np.array_equal(snap.view(None).mask.astype(bool), alive)
         for adj, off, ln, pool in (
-            (kb._und, g.und_off, g.und_len, g.und),
-            (kb._out, g.out_off, g.out_len, g.out),
+            (kb.links.und, g.und_off, g.und_len, g.und),
+            (kb.links.out, g.out_off, g.out_len, g.out),
         ):
             spans = []
             for u in range(n):
@@ -231,7 +231,7 @@ def run_differential(
         live.follow_once()
     kb = live.get(KB)
     if cached:
-        assert set(kb._masks) == set(rule_sets)
+        assert set(kb.masks) == set(rule_sets)
     fresh = Projections(store)
     fresh.load()
     got = dump(kb, all_views)
@@ -362,7 +362,7 @@ def test_cached_mask_follows_type_changes_and_deletes() -> None:
 
 
 def test_mask_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kb_module, "MASK_CACHE_ENTRIES", 3)
+    monkeypatch.setattr(masks_module, "MASK_CACHE_ENTRIES", 3)
     store = FakeStore()
     store.append(KB, [upsert(f"c{i}/x", type=f"T{i}") for i in range(6)])
     kb = started(store).get(KB)
@@ -370,7 +370,7 @@ def test_mask_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         for i in range(6):
             view = snap.view(canonical([Rule(frozenset(), frozenset({f"T{i}"}))]))
             assert snap.counts(view) == (1, 0)
-    assert len(kb._masks) == 3
+    assert len(kb.masks) == 3
 
 
 def test_search_index_receives_puts_and_removes() -> None:

@@ -270,9 +270,9 @@ def test_cached_masks_stay_exact_under_growth_compaction_and_eviction(
     """Readers creating and evicting masks while the follower grows and compacts: every
     view's degrees equal a brute-force count over the same snapshot."""
     import kbgraph.projection.adjacency as adjacency
-    import kbgraph.projection.kb as kb_module
+    import kbgraph.projection.masks as masks_module
 
-    monkeypatch.setattr(kb_module, "MASK_CACHE_ENTRIES", 2)
+    monkeypatch.setattr(masks_module, "MASK_CACHE_ENTRIES", 2)
     monkeypatch.setattr(adjacency, "COMPACT_MIN_HOLES", 0)
     rule_sets = [canonical([Rule(frozenset({f"c{k}"}), frozenset())]) for k in range(4)] + [
         canonical([Rule(frozenset(), frozenset({"T"}))])
@@ -331,8 +331,8 @@ def test_cached_masks_stay_exact_under_growth_compaction_and_eviction(
         assert not failures, failures[0]
         assert p.error is None and p.seq(KB) == last
         assert checked[0] > 0
-        assert len(kb._masks) <= 2
-        assert kb._node_cap >= 512  # the node arrays (and masks) did grow during the test
+        assert len(kb.masks) <= 2
+        assert kb.nodes.cap >= 512  # the node arrays (and masks) did grow during the test
 
 
 def test_follower_retries_a_failed_log_read() -> None:

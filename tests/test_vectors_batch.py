@@ -59,7 +59,7 @@ def vector_rows(p: Projections) -> dict[str, tuple[bytes, bytes, bytes]] | None:
     vectors = kb.vectors
     assert vectors is not None
     out = {}
-    for u, concept_id in enumerate(kb.ids):
+    for u, concept_id in enumerate(kb.nodes.ids):
         if u < vectors.cap and vectors.have[u]:
             out[concept_id] = (vectors.q8[u].tobytes(), vectors.scale[u].tobytes(),
                                vectors.codes[u].tobytes())  # fmt: skip

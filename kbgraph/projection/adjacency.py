@@ -19,6 +19,7 @@ state cannot change, since it is the only writer) and swaps it in under the writ
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 import numba
@@ -309,6 +310,26 @@ class Adjacency:
         new_off = np.zeros(len(self.off), np.int64)
         end = compact(self.off[:n], self.len[:n], self.cap[:n], self.pool, new_off, new_pool)
         return new_pool, new_off, int(end)
+
+    def arrays(self, cap: int) -> dict[str, np.ndarray]:
+        """The arrays of the first ``cap`` nodes and the pool's used part (``from_arrays``)."""
+        return {
+            "off": self.off[:cap],
+            "len": self.len[:cap],
+            "cap": self.cap[:cap],
+            "pool": self.pool[: self.end],
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> Adjacency:
+        """The adjacency ``arrays()`` gave (mapped arrays are patched in place; ``meta`` is
+        copied, as the kernels write it on every patch)."""
+        adj = cls(0)
+        adj.off, adj.len, adj.cap = arrays["off"], arrays["len"], arrays["cap"]
+        adj.pool = arrays["pool"]
+        adj.meta = np.array(arrays["meta"], np.int64)
+        return adj
 
     def install_compacted(self, compacted: tuple[np.ndarray, np.ndarray, int]) -> None:
         self.pool, self.off, end = compacted

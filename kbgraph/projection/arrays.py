@@ -7,6 +7,7 @@ from typing import Final
 import numpy as np
 
 MIN_POOL_CAP: Final = 1024
+MIN_NODE_CAP: Final = 64  # a new KB's node capacity
 
 
 def sorted_unique(keys: np.ndarray) -> np.ndarray:

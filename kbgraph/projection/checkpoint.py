@@ -36,11 +36,11 @@ from typing import Final
 import msgspec
 import numpy as np
 
-from kbgraph.projection.adjacency import Adjacency
 from kbgraph.projection.kb import KBProjection
-from kbgraph.projection.keys import Keys
+from kbgraph.projection.links import Links
+from kbgraph.projection.nodes import Nodes
 from kbgraph.search import SearchIndex
-from kbgraph.store.columns import KeyIndex, StringColumn, decode_strings, encode_strings, key_hashes
+from kbgraph.store.columns import KeyIndex, StringColumn, encode_strings, key_hashes
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,6 @@ MAGIC: Final = b"kbgraph checkpoint\n"
 FORMAT: Final = 1
 ALIGN: Final = 64
 KEEP: Final = 2  # checkpoint files kept (the newest and one before it)
-_lists_encoder = msgspec.json.Encoder()
-_lists_decoder = msgspec.json.Decoder(list[str])
 
 
 class ArrayEntry(msgspec.Struct, array_like=True):
@@ -103,34 +101,8 @@ class Unusable(Exception):
 
 
 def _kb_arrays(kb: KBProjection) -> tuple[KBEntry, dict[str, np.ndarray]]:
-    cap = kb._node_cap
-    arrays: dict[str, np.ndarray] = {}
-    for column in ("ids", "titles", "texts", "statuses"):
-        blob, off = encode_strings(getattr(kb, column))
-        arrays[f"{column}.blob"], arrays[f"{column}.off"] = blob, off
-    arrays["ids.hash"], arrays["ids.order"] = key_hashes(kb.ids)
-    for column in ("aliases", "tags"):
-        blob, off = encode_strings(
-            _lists_encoder.encode(values).decode() for values in getattr(kb, column)
-        )
-        arrays[f"{column}.blob"], arrays[f"{column}.off"] = blob, off
-    arrays["versions"] = np.array(kb.versions, np.int64)
-    arrays["alive"], arrays["cls"] = kb._alive[:cap], kb._cls[:cap]
-    for part, adj in (("und", kb._und), ("out", kb._out)):
-        arrays.update(
-            {
-                f"{part}.off": adj.off[:cap],
-                f"{part}.len": adj.len[:cap],
-                f"{part}.cap": adj.cap[:cap],
-                f"{part}.pool": adj.pool[: adj.end],
-                f"{part}.meta": adj.meta,
-            }
-        )
-    keys = kb._keys
-    arrays["keys.pre"], arrays["keys.data"] = keys.pre[:cap], keys.data[: keys.end]
-    arrays["keys.off"] = keys.off[: cap + 1]
-    pairs = [(u, t) for u, targets in kb._missing_out.items() for t in sorted(targets)]
-    arrays["missing"] = np.array(sorted(pairs), np.int64).reshape(len(pairs), 2)
+    cap = kb.nodes.cap
+    arrays = {**kb.nodes.arrays(), **kb.links.arrays(cap)}
     index_keys, index_arrays = kb.index.arrays()
     name_lengths = index_keys.pop("name_lengths")
     for part, values in index_keys.items():
@@ -143,7 +115,7 @@ def _kb_arrays(kb: KBProjection) -> tuple[KBEntry, dict[str, np.ndarray]]:
         name=kb.name,
         seq=kb.seq,
         node_cap=cap,
-        classes=list(kb._classes),
+        classes=list(kb.nodes.classes),
         index_meta={"name_lengths": name_lengths},
     )
     if kb.vectors is not None and kb.vectors.cap:
@@ -154,48 +126,10 @@ def _kb_arrays(kb: KBProjection) -> tuple[KBEntry, dict[str, np.ndarray]]:
 
 def _kb_from_arrays(entry: KBEntry, arrays: Mapping[str, np.ndarray]) -> KBProjection:
     kb = KBProjection(entry.name)
-    cap = entry.node_cap
     kb.seq = entry.seq
-    kb._node_cap = cap
-    ids = StringColumn(arrays["ids.blob"], arrays["ids.off"])
-    n = len(ids)
-    kb.ids = ids  # type: ignore[assignment]
-    kb._index_of = KeyIndex(ids, arrays["ids.hash"], arrays["ids.order"])  # type: ignore[assignment]
-    for column in ("titles", "texts"):
-        setattr(kb, column, StringColumn(arrays[f"{column}.blob"], arrays[f"{column}.off"]))
-    for column in ("aliases", "tags"):
-        lists = StringColumn(
-            arrays[f"{column}.blob"], arrays[f"{column}.off"], _lists_decoder.decode
-        )
-        setattr(kb, column, lists)
-    shared: dict[str, str] = {}  # a few statuses, a million times
-    statuses = decode_strings(arrays["statuses.blob"], arrays["statuses.off"])
-    kb.statuses = [shared.setdefault(s, s) for s in statuses]
-    del statuses
-    kb.versions = arrays["versions"].tolist()
-    kb._classes = [tuple(c) for c in entry.classes]  # type: ignore[misc]
-    kb._class_of = {c: k for k, c in enumerate(kb._classes)}
-    kb._alive, kb._cls = arrays["alive"], arrays["cls"]
-    names = kb._collection_names
-    shared = [names.setdefault(c, c) for c, _ in kb._classes]
-    cls = kb._cls[:n].tolist()
-    kb.collections = [shared[k] for k in cls]
-    types = [t for _, t in kb._classes]
-    kb.types = [types[k] for k in cls]
-    for part in ("und", "out"):
-        adj = Adjacency.__new__(Adjacency)
-        adj.off, adj.len, adj.cap = (arrays[f"{part}.{a}"] for a in ("off", "len", "cap"))
-        adj.pool = arrays[f"{part}.pool"]
-        adj.meta = np.array(arrays[f"{part}.meta"], np.int64)
-        setattr(kb, f"_{part}", adj)
-    keys = Keys.__new__(Keys)
-    keys.pre, keys.data, keys.off = arrays["keys.pre"], arrays["keys.data"], arrays["keys.off"]
-    keys.end = len(keys.data)
-    kb._keys = keys
-    for u, t in arrays["missing"].tolist():
-        kb._missing_out.setdefault(u, set()).add(t)
-        kb._pending_in.setdefault(t, set()).add(u)
-    meta: dict[str, list] = {"name_lengths": entry.index_meta["name_lengths"]}
+    kb.nodes = Nodes.from_arrays(entry.node_cap, entry.classes, arrays)
+    kb.links = Links.from_arrays(arrays)
+    meta: dict[str, list[tuple[int, int]]] = {"name_lengths": entry.index_meta["name_lengths"]}
     index_arrays = {}
     for name, a in arrays.items():
         if name.startswith("vec."):

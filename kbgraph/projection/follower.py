@@ -53,7 +53,7 @@ import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, Literal, TypedDict
 
 try:  # POSIX only; elsewhere every process may write checkpoints
     import fcntl
@@ -67,9 +67,10 @@ from kbgraph.embeddings import Embedder
 from kbgraph.events import ConceptDeleted, ConceptUpserted, DeleteData, UpsertData
 from kbgraph.projection import checkpoint
 from kbgraph.projection.adjacency import compact
+from kbgraph.projection.bulk import gc_paused
 from kbgraph.projection.filler import Filler
-from kbgraph.projection.kb import MIN_NODE_CAP, KBProjection, gc_paused
-from kbgraph.projection.masks import Mask, masked_degrees
+from kbgraph.projection.kb import KBProjection
+from kbgraph.projection.masks import masked_degrees
 from kbgraph.search import SearchIndex
 from kbgraph.store import LogCut, LogRecord, Store
 
@@ -487,22 +488,30 @@ def warm_up() -> None:
     masked_degrees(off, ln, pool, np.ones(1, np.uint8), np.zeros(1, np.int32))
     compact(off, ln, ln, pool, np.zeros(1, np.int64), np.zeros(1, np.int32))
     kb = KBProjection("warm-up")
-    kb._masks[()] = Mask((), np.ones(MIN_NODE_CAP, np.uint8), np.zeros(MIN_NODE_CAP, np.int32))
-    kb._upsert(_warm_up_event("a", ["b"]))
-    kb._upsert(_warm_up_event("b", ["a"]))
-    kb._upsert(_warm_up_event("a", []))
-    kb._delete(ConceptDeleted(**_WARM_UP_ENVELOPE, subject="b", data=DeleteData(version=2)))
-
-
-_WARM_UP_ENVELOPE: Final = {"specversion": "1.0", "id": "warm-up", "source": "warm-up"}
+    kb.mask(())  # cached: the events below patch it, compiling the mask kernels too
+    kb.apply_event(_warm_up_event("a", ["b"]))
+    kb.apply_event(_warm_up_event("b", ["a"]))
+    kb.apply_event(_warm_up_event("a", []))
+    kb.apply_event(ConceptDeleted(**_warm_up_envelope("b"), data=DeleteData(version=2)))
 
 
 def _warm_up_event(subject: str, links: list[str]) -> ConceptUpserted:
     data = UpsertData(version=1, links=links)
-    return ConceptUpserted(**_WARM_UP_ENVELOPE, subject=subject, data=data)
+    return ConceptUpserted(**_warm_up_envelope(subject), data=data)
 
 
-def _resolve(future: asyncio.Future) -> None:
+class _Envelope(TypedDict):
+    specversion: Literal["1.0"]
+    id: str
+    source: str
+    subject: str
+
+
+def _warm_up_envelope(subject: str) -> _Envelope:
+    return {"specversion": "1.0", "id": "warm-up", "source": "warm-up", "subject": subject}
+
+
+def _resolve(future: asyncio.Future[bool]) -> None:
     if not future.done():
         future.set_result(True)
 

@@ -8,6 +8,8 @@ with one memory access; the whole bytes decide a tie.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numba
 import numpy as np
 
@@ -60,6 +62,17 @@ class Keys:
         keys.data = np.zeros(max(MIN_POOL_CAP, 2 * keys.end), np.uint8)
         keys.data[: keys.end] = data
         _prefixes_of(keys.data, keys.off, n, keys.pre)
+        return keys
+
+    def arrays(self, cap: int) -> dict[str, np.ndarray]:
+        """The arrays of the first ``cap`` nodes and the bytes used (``from_arrays``)."""
+        return {"pre": self.pre[:cap], "data": self.data[: self.end], "off": self.off[: cap + 1]}
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> Keys:
+        keys = cls([], 0)
+        keys.pre, keys.data, keys.off = arrays["pre"], arrays["data"], arrays["off"]
+        keys.end = len(keys.data)
         return keys
 
     def reserve(self, nodes: int, size: int) -> None:

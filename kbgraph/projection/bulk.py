@@ -1,0 +1,137 @@
+"""A KB's first build in bulk: its nodes and links from the store's columns, vectorised, with no
+Python object per concept or link (``KBProjection.build_columns`` adds the search index).
+
+The links' target ids are found by a ``StringTable`` of the ids' bytes; targets that are no
+concept are interned after the store's ids in sorted order, and merged into the id order by
+bisection (the store's ids come sorted); the adjacency is made from the sorted distinct edge
+keys ``src * n + rank of dst`` in two compiled passes (``Adjacency.from_keys``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import gc
+import itertools
+import operator
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+
+import numpy as np
+
+from kbgraph.projection.adjacency import Adjacency
+from kbgraph.projection.arrays import MIN_NODE_CAP, sorted_unique
+from kbgraph.projection.keys import Keys
+from kbgraph.projection.links import Links
+from kbgraph.projection.nodes import Nodes
+from kbgraph.store.columns import StringColumn, StringTable, strings_at
+from kbgraph.store.model import KBColumns
+
+
+def parts_of(cols: KBColumns) -> tuple[Nodes, Links]:
+    """The nodes and links of a KB's columns; the nodes take the column lists they are given
+    (``cols.links`` is emptied as soon as it is read)."""
+    n0 = len(cols.ids)
+    ids: StringColumn = cols.ids
+    encoded = ids.encoded
+    src, dst, missing_src, missing_names = _link_columns(cols.links, StringTable(*encoded))
+    cols.links = []  # the targets' bytes are no longer needed: free them now
+    added: dict[str, int] = {}  # the missing targets, after the store's ids
+    for t in sorted(set(missing_names)):
+        added[t] = len(ids)
+        ids.append(t)
+    dst[missing_src] = np.fromiter(map(added.__getitem__, missing_names), np.int64)
+    del missing_src, missing_names
+    n = len(ids)
+    cap = max(MIN_NODE_CAP, 1 << (n - 1).bit_length())
+    order = _id_order(ids, n0)
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n, dtype=np.int64)
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    to_alive = dst < n0
+    missing = zip(src[~to_alive].tolist(), dst[~to_alive].tolist(), strict=True)
+    src, dst = src[to_alive], dst[to_alive]
+    m = len(src)
+    edge_keys = np.empty(2 * m, np.int64)  # out-edge keys, then the reverse edges' for und
+    np.multiply(src, n, out=edge_keys[:m])
+    edge_keys[:m] += rank[dst]
+    np.multiply(dst, n, out=edge_keys[m:])
+    edge_keys[m:] += rank[src]
+    del src, dst, rank
+    out = Adjacency.from_keys(sorted_unique(edge_keys[:m].copy()), n, order, cap)
+    und = Adjacency.from_keys(sorted_unique(edge_keys), n, order, cap)
+    del edge_keys, order
+    keys = Keys.from_encoded(*encoded, cap)
+    del encoded
+    for t, u in added.items():
+        keys.add(u, t)
+    links = Links(und, out, keys)
+    for u, t in missing:
+        links.declare_missing(u, t)
+    return Nodes.from_columns(cols, ids, n0, cap), links
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for a bulk build (it would walk every container the
+    build makes, over and over, and find no cycle), on again after, as it was."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _link_columns(
+    links: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], table: StringTable
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """(src, dst, rows of dst still to resolve, their target ids) of every declared link
+    (``links``: ``KBColumns.links``, chunk by chunk), the targets found by ``table`` (of the
+    ids); a target that is no concept gets dst -1 and is listed for the caller to intern."""
+    srcs: list[np.ndarray] = []
+    dsts: list[np.ndarray] = []
+    missing_rows: list[np.ndarray] = []
+    missing_names: list[str] = []
+    first = done = 0
+    for counts, blob, off in links:
+        dst = table.find_all(blob, off)
+        gone = np.flatnonzero(dst < 0)
+        if len(gone):
+            missing_rows.append(gone + done)
+            missing_names.extend(strings_at(blob, off, gone.tolist()))
+        srcs.append(np.repeat(np.arange(first, first + len(counts), dtype=np.int64), counts))
+        dsts.append(dst)
+        first += len(counts)
+        done += len(dst)
+    empty = np.zeros(0, np.int64)
+    return (
+        np.concatenate(srcs) if srcs else empty,
+        np.concatenate(dsts) if dsts else empty,
+        np.concatenate(missing_rows) if missing_rows else empty,
+        missing_names,
+    )
+
+
+def _id_order(ids: Sequence[str], n0: int) -> np.ndarray:
+    """The rows of ``ids`` in id order, when ``ids[:n0]`` (the store's, by id) and the rest
+    (the missing targets, sorted) are each sorted: the two merged by a bisection per missing
+    target, not a sort of a million strings. Otherwise sorted."""
+    n = len(ids)
+    tail = [ids[i] for i in range(n0, n)]
+    if not (_ascending(itertools.islice(ids, n0)) and _ascending(tail)):
+        return np.array(sorted(range(n), key=ids.__getitem__), np.int64)
+    below = np.array([bisect.bisect_left(ids, t, 0, n0) for t in tail], np.int64)  # rows < t
+    rank = np.empty(n, np.int64)
+    rank[:n0] = np.arange(n0, dtype=np.int64) + np.searchsorted(below, np.arange(n0), "right")
+    rank[n0:] = below + np.arange(n - n0, dtype=np.int64)
+    order = np.empty(n, np.int64)
+    order[rank] = np.arange(n, dtype=np.int64)
+    return order
+
+
+def _ascending(values: Iterable[str]) -> bool:
+    first, second = itertools.tee(values)
+    next(second, None)
+    return all(map(operator.lt, first, second))

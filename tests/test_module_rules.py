@@ -1,0 +1,182 @@
+"""Two house rules over the whole ``kbgraph`` package, read from its source with ``ast``:
+
+- no module reads another module's underscore names: an attribute access ``x._name``, where
+  ``x`` is not ``self`` or ``cls``, whose ``_name`` some other module of the package defines
+  (a module-level name, a class attribute or method, a ``self._name`` assignment, a slot) and
+  the accessing module does not;
+- nor imports one (``from kbgraph.x import _name``; a package's private module, as
+  ``kbgraph.graphalgo._kernels``, is its package's own to import from);
+- every module is at most ``MAX_LINES`` lines long.
+
+Underscore names of other libraries (``os._exit``) are theirs to allow; dunders are public.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "kbgraph"
+MAX_LINES = 600
+OWN = {"self", "cls"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _targets(node: ast.AST) -> Iterator[ast.expr]:
+    if isinstance(node, ast.Assign):
+        yield from node.targets
+    elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+        yield node.target
+
+
+def _names_in(target: ast.expr) -> Iterator[str]:
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, ast.Tuple | ast.List):
+        for element in target.elts:
+            yield from _names_in(element)
+    elif isinstance(target, ast.Starred):
+        yield from _names_in(target.value)
+
+
+def _self_attributes(target: ast.expr) -> Iterator[str]:
+    if isinstance(target, ast.Attribute):
+        if isinstance(target.value, ast.Name) and target.value.id in OWN:
+            yield target.attr
+    elif isinstance(target, ast.Tuple | ast.List):
+        for element in target.elts:
+            yield from _self_attributes(element)
+
+
+def defined(tree: ast.Module) -> set[str]:
+    """The underscore names a module defines: at its top level, in its classes' bodies
+    (methods, attributes, ``__slots__``) and as ``self._name`` / ``cls._name`` targets."""
+    names: set[str] = set()
+    scopes: list[list[ast.stmt]] = [tree.body]
+    scopes.extend(c.body for c in ast.walk(tree) if isinstance(c, ast.ClassDef))
+    for body in scopes:
+        for stmt in body:
+            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(stmt.name)
+            for target in _targets(stmt):
+                names.update(_names_in(target))
+                if isinstance(target, ast.Name) and target.id == "__slots__":
+                    value = stmt.value  # type: ignore[union-attr]
+                    if isinstance(value, ast.Tuple | ast.List | ast.Set):
+                        names.update(
+                            e.value
+                            for e in value.elts
+                            if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                        )
+    for node in ast.walk(tree):
+        for target in _targets(node):
+            names.update(_self_attributes(target))
+    return {n for n in names if _private(n)}
+
+
+def foreign_accesses(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, ``x._name``) of every access to an underscore attribute of something that is
+    not ``self`` or ``cls``."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not _private(node.attr):
+            continue
+        if isinstance(node.value, ast.Name) and node.value.id in OWN:
+            continue
+        yield node.lineno, f"{ast.unparse(node.value)}.{node.attr}"
+
+
+def private_imports(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, ``module._name``) of every ``from <kbgraph module> import _name``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level == 0 and module.split(".")[0] != PACKAGE.name:
+                continue
+            for alias in node.names:
+                if _private(alias.name):
+                    yield node.lineno, f"{'.' * node.level}{module}.{alias.name}"
+
+
+def violations(sources: dict[str, str]) -> list[str]:
+    """``where: x._name (defined in ...)`` for each module of ``sources`` (name -> text) that
+    reads an underscore name another of them defines and it does not."""
+    trees = {name: ast.parse(text) for name, text in sources.items()}
+    owners: dict[str, set[str]] = {}
+    for name, tree in trees.items():
+        for attr in defined(tree):
+            owners.setdefault(attr, set()).add(name)
+    found = []
+    for name, tree in trees.items():
+        for line, access in foreign_accesses(tree):
+            attr = access.rsplit(".", 1)[1]
+            others = owners.get(attr, set()) - {name}
+            if others and name not in owners[attr]:
+                found.append(f"{name}:{line}: {access} (defined in {', '.join(sorted(others))})")
+        found.extend(f"{name}:{line}: imports {what}" for line, what in private_imports(tree))
+    return found
+
+
+def _sources() -> dict[str, str]:
+    return {str(p.relative_to(PACKAGE.parent)): p.read_text() for p in _modules()}
+
+
+def test_no_module_reads_another_modules_underscore_names() -> None:
+    assert violations(_sources()) == []
+
+
+def test_every_module_is_at_most_600_lines() -> None:
+    long = {
+        name: n for name, text in _sources().items() if (n := len(text.splitlines())) > MAX_LINES
+    }
+    assert long == {}
+
+
+# --- the checker itself ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("owner", "reader", "expected"),
+    [
+        # a method, read through an instance
+        ("class A:\n    def _m(self): ...\n", "def f(a):\n    return a._m()\n", True),
+        # an instance field set in __init__
+        ("class A:\n    def __init__(self):\n        self._x = 1\n", "y = a._x\n", True),
+        # a slot, a class attribute, a module-level function
+        ("class A:\n    __slots__ = ('_s',)\n", "a._s = 2\n", True),
+        ("class A:\n    _k: int = 0\n", "print(A._k)\n", True),
+        ("def _helper(): ...\n", "import m\nm._helper()\n", True),
+        # tuple targets count as definitions
+        ("class A:\n    def f(self):\n        self._a, self._b = 1, 2\n", "a._b\n", True),
+        # self/cls, a name the reader defines too, another library's, a dunder: allowed
+        (
+            "class A:\n    def _m(self): ...\n",
+            "class B:\n    def f(self):\n        self._m()\n",
+            False,
+        ),
+        (
+            "class A:\n    _k = 0\n",
+            "class B:\n    _k = 1\n    def eq(self, o): return o._k\n",
+            False,
+        ),
+        ("x = 1\n", "import os\nos._exit(0)\n", False),
+        # importing another module's private name; a private module's public names are fine
+        ("def _h(): ...\n", "from kbgraph.owner import _h\n", True),
+        ("def _h(): ...\n", "from .owner import _h\n", True),
+        ("def h(): ...\n", "from kbgraph._owner import h\n", False),
+        ("x = 1\n", "from os import _exit\n", False),
+        ("class A:\n    def __len__(self): ...\n", "a.__len__()\n", False),
+    ],
+)
+def test_the_checker_finds_what_it_should(owner: str, reader: str, expected: bool) -> None:
+    found = violations({"owner.py": owner, "reader.py": reader})
+    assert bool(found) is expected, found
