@@ -438,7 +438,11 @@ def test_a_checkpoint_written_before_the_projection_had_parts_loads_the_same(
     before and after more events."""
     shutil.copytree(FORMAT_1, tmp_path / "old")
     narrowed = [canonical([Rule(frozenset({"infra", "net"}), frozenset())])]
-    views: list[RuleSet | None] = [None, *narrowed, canonical([Rule(frozenset(), frozenset({"Note"}))])]
+    views: list[RuleSet | None] = [
+        None,
+        *narrowed,
+        canonical([Rule(frozenset(), frozenset({"Note"}))]),
+    ]
     with Store(tmp_path / "old" / "kb.db") as store:
         loaded = projections(store, tmp_path / "old" / "ckpt")
         assert loaded.loaded_from is not None
