@@ -34,13 +34,15 @@ COMPACT_MIN_HOLES = 1 << 16  # module-level so tests can force compaction
 
 
 @numba.njit(nogil=True, cache=True)
-def _key_counts(keys, n, ln):  # pragma: no cover - compiled
+def _key_counts(keys: np.ndarray, n: int, ln: np.ndarray) -> None:  # pragma: no cover
     for key in keys:
         ln[key // n] += 1
 
 
 @numba.njit(nogil=True, cache=True)
-def _key_fill(keys, n, order, off, pool):  # pragma: no cover - compiled
+def _key_fill(
+    keys: np.ndarray, n: int, order: np.ndarray, off: np.ndarray, pool: np.ndarray
+) -> None:  # pragma: no cover - compiled
     """keys sorted: each source's entries come together, in order."""
     last, at = -1, 0
     for key in keys:
@@ -52,7 +54,14 @@ def _key_fill(keys, n, order, off, pool):  # pragma: no cover - compiled
 
 
 @numba.njit(nogil=True, cache=True)
-def compact(off, ln, cap, pool, new_off, new_pool):  # pragma: no cover - compiled
+def compact(
+    off: np.ndarray,
+    ln: np.ndarray,
+    cap: np.ndarray,
+    pool: np.ndarray,
+    new_off: np.ndarray,
+    new_pool: np.ndarray,
+) -> int:  # pragma: no cover - compiled
     pos = 0
     for u in range(off.shape[0]):
         new_off[u] = pos
@@ -60,7 +69,7 @@ def compact(off, ln, cap, pool, new_off, new_pool):  # pragma: no cover - compil
         for i in range(ln[u]):
             new_pool[pos + i] = pool[o + i]
         pos += cap[u]
-    return pos
+    return int(pos)
 
 
 #
@@ -71,14 +80,23 @@ def compact(off, ln, cap, pool, new_off, new_pool):  # pragma: no cover - compil
 
 
 @numba.njit(cache=True, inline="always")
-def _find(off, ln, pool, kpre, kdata, koff, u, v):  # pragma: no cover - compiled
+def _find(
+    off: np.ndarray,
+    ln: np.ndarray,
+    pool: np.ndarray,
+    kpre: np.ndarray,
+    kdata: np.ndarray,
+    koff: np.ndarray,
+    u: int,
+    v: int,
+) -> tuple[int, bool]:  # pragma: no cover - compiled
     """(position of v in u's block, True) or (where v would go, False).
 
     The 16-byte prefixes decide a comparison unless they tie; then the whole bytes do.
     """
     o = off[u]
     v0, v1 = kpre[v, 0], kpre[v, 1]
-    lo, hi = 0, np.int64(ln[u])
+    lo, hi = 0, int(ln[u])
     while lo < hi:
         mid = (lo + hi) >> 1
         w = pool[o + mid]
@@ -98,7 +116,16 @@ def _find(off, ln, pool, kpre, kdata, koff, u, v):  # pragma: no cover - compile
 
 
 @numba.njit(cache=True, inline="always")
-def _index(off, ln, pool, kpre, kdata, koff, u, v):  # pragma: no cover - compiled
+def _index(
+    off: np.ndarray,
+    ln: np.ndarray,
+    pool: np.ndarray,
+    kpre: np.ndarray,
+    kdata: np.ndarray,
+    koff: np.ndarray,
+    u: int,
+    v: int,
+) -> int:  # pragma: no cover - compiled
     """Position of v in u's block, -1 if absent.
 
     A block of up to ``_SCAN_MAX`` entries is scanned for the int itself: one or two cache
@@ -117,14 +144,23 @@ def _index(off, ln, pool, kpre, kdata, koff, u, v):  # pragma: no cover - compil
 
 
 @numba.njit(cache=True, inline="always")
-def _room(ln, cap, u):  # pragma: no cover - compiled
+def _room(ln: np.ndarray, cap: np.ndarray, u: int) -> int:  # pragma: no cover - compiled
     """Pool slots one more entry in u's block may take (a full block moves, doubled)."""
     c = cap[u]
     return max(_MIN_BLOCK_CAP, 2 * c) if ln[u] == c else 0
 
 
 @numba.njit(cache=True, inline="always")
-def _insert_at(off, ln, cap, pool, meta, u, v, pos):  # pragma: no cover - compiled
+def _insert_at(
+    off: np.ndarray,
+    ln: np.ndarray,
+    cap: np.ndarray,
+    pool: np.ndarray,
+    meta: np.ndarray,
+    u: int,
+    v: int,
+    pos: int,
+) -> None:  # pragma: no cover - compiled
     """Insert v at ``pos`` of u's block; a full block moves to the pool's end, doubled."""
     o, n, c = off[u], ln[u], cap[u]
     if n == c:
@@ -147,7 +183,9 @@ def _insert_at(off, ln, cap, pool, meta, u, v, pos):  # pragma: no cover - compi
 
 
 @numba.njit(cache=True, inline="always")
-def _remove_at(off, ln, pool, meta, u, pos):  # pragma: no cover - compiled
+def _remove_at(
+    off: np.ndarray, ln: np.ndarray, pool: np.ndarray, meta: np.ndarray, u: int, pos: int
+) -> None:  # pragma: no cover - compiled
     o, n = off[u], ln[u]
     for i in range(pos, n - 1):
         pool[o + i] = pool[o + i + 1]
@@ -157,8 +195,23 @@ def _remove_at(off, ln, pool, meta, u, pos):  # pragma: no cover - compiled
 
 @numba.njit(cache=True)
 def declare(
-    src, dst, flags, uo, ul, uc, up, um, oo, ol, oc, op, om, kpre, kdata, koff
-):  # pragma: no cover - compiled
+    src: np.ndarray,
+    dst: np.ndarray,
+    flags: np.ndarray,
+    uo: np.ndarray,
+    ul: np.ndarray,
+    uc: np.ndarray,
+    up: np.ndarray,
+    um: np.ndarray,
+    oo: np.ndarray,
+    ol: np.ndarray,
+    oc: np.ndarray,
+    op: np.ndarray,
+    om: np.ndarray,
+    kpre: np.ndarray,
+    kdata: np.ndarray,
+    koff: np.ndarray,
+) -> int:  # pragma: no cover - compiled
     """src[i] starts declaring dst[i] (both alive, distinct), pair by pair.
 
     flags[i]: 0 already declared, 1 declared (the undirected edge existed), 2 declared and a
@@ -185,13 +238,26 @@ def declare(
             _insert_at(uo, ul, uc, up, um, u, t, upos)
             _insert_at(uo, ul, uc, up, um, t, u, _find(uo, ul, up, kpre, kdata, koff, t, u)[0])
             flags[i] = 2
-    return src.shape[0]
+    return len(src)
 
 
 @numba.njit(cache=True)
 def undeclare(
-    src, dst, flags, uo, ul, up, um, oo, ol, op, om, kpre, kdata, koff
-):  # pragma: no cover - compiled
+    src: np.ndarray,
+    dst: np.ndarray,
+    flags: np.ndarray,
+    uo: np.ndarray,
+    ul: np.ndarray,
+    up: np.ndarray,
+    um: np.ndarray,
+    oo: np.ndarray,
+    ol: np.ndarray,
+    op: np.ndarray,
+    om: np.ndarray,
+    kpre: np.ndarray,
+    kdata: np.ndarray,
+    koff: np.ndarray,
+) -> None:  # pragma: no cover - compiled
     """src[i] stops declaring dst[i] (both alive), pair by pair.
 
     flags[i]: 0 was not declared, 1 undeclared (the undirected edge stays: dst declares src),
@@ -213,7 +279,22 @@ def undeclare(
 
 
 @numba.njit(cache=True)
-def drop(u, nb, declares, uo, ul, up, um, oo, ol, op, om, kpre, kdata, koff):  # pragma: no cover
+def drop(
+    u: int,
+    nb: np.ndarray,
+    declares: np.ndarray,
+    uo: np.ndarray,
+    ul: np.ndarray,
+    up: np.ndarray,
+    um: np.ndarray,
+    oo: np.ndarray,
+    ol: np.ndarray,
+    op: np.ndarray,
+    om: np.ndarray,
+    kpre: np.ndarray,
+    kdata: np.ndarray,
+    koff: np.ndarray,
+) -> None:  # pragma: no cover - compiled
     """u stops existing: its undirected edges (to ``nb``, a copy of its block) and its
     out-block go, and u leaves the out-blocks of the neighbours declaring it
     (``declares[i] = 1`` for those)."""

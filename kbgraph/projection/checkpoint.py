@@ -178,7 +178,7 @@ def write(
             entry.arrays.append(ArrayEntry(array_name, data.dtype.str, data.shape, offset))
             data = data.reshape(-1).view(np.uint8)
             chunks.append(data)
-            crc = zlib.crc32(data, crc)
+            crc = zlib.crc32(data.data, crc)
             pad = _padded(data.nbytes)
             crc = zlib.crc32(bytes(pad), crc)
             offset += data.nbytes + pad
@@ -190,7 +190,7 @@ def write(
     with open(temporary, "wb") as f:
         f.write(head + bytes(_padded(len(head))))
         for data in chunks:
-            f.write(data)
+            f.write(data.data)
             f.write(bytes(_padded(data.nbytes)))
         f.flush()
         os.fsync(f.fileno())

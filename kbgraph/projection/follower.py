@@ -143,7 +143,9 @@ class Projections:
         # per KB, the seq announced to X-Min-Seq waiters: a batch's, once it is applied and
         # (with an in-process model) its vectors settled
         self._announced: dict[str, int] = {}
-        self._waiters: dict[str, list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future]]] = {}
+        self._waiters: dict[
+            str, list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[bool]]]
+        ] = {}
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -197,8 +199,8 @@ class Projections:
 
             def problem(header: checkpoint.Header) -> str | None:
                 mark = header.mark
-                mark = None if mark is None else (mark.kb, mark.seq, mark.digest)
-                return store.checkpoint_problem(header.store_id, header.gid, mark)
+                at = None if mark is None else (mark.kb, mark.seq, mark.digest)
+                return store.checkpoint_problem(header.store_id, header.gid, at)
 
             loaded = checkpoint.newest_usable(self.checkpoints, problem)
             if loaded is not None:
@@ -234,9 +236,9 @@ class Projections:
         claim = self._claim_checkpoint(min_progress)
         if claim is None:
             return None
-        lock, store_id, mark = claim
+        folder, lock, store_id, mark = claim
         try:
-            path = checkpoint.write(self.checkpoints, store_id, self.gid, mark, self._kbs)
+            path = checkpoint.write(folder, store_id, self.gid, mark, self._kbs)
         finally:
             lock.close()
         self._checkpoint_written(self.gid)
@@ -244,13 +246,14 @@ class Projections:
 
     def _claim_checkpoint(
         self, min_progress: int
-    ) -> tuple[BinaryIO, str, checkpoint.LogMark | None] | None:
-        """(the checkpoint lock, held; the store's id; the log record at ``gid``) when this
-        process should write a checkpoint now, else None."""
-        if self.checkpoints is None or self.store.read_only:
+    ) -> tuple[Path, BinaryIO, str, checkpoint.LogMark | None] | None:
+        """(the checkpoint folder; its lock, held; the store's id; the log record at ``gid``)
+        when this process should write a checkpoint now, else None."""
+        folder = self.checkpoints
+        if folder is None or self.store.read_only:
             return None
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
-        lock = open(self.checkpoints / ".lock", "a+b")  # noqa: SIM115 - handed to the caller
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / ".lock", "a+b")  # noqa: SIM115 - handed to the caller
         try:
             if fcntl is not None:
                 try:
@@ -258,13 +261,14 @@ class Projections:
                 except BlockingIOError:
                     lock.close()
                     return None
-            newest = next(checkpoint.iter_headers(self.checkpoints), None)
+            newest = next(checkpoint.iter_headers(folder), None)
             if newest is not None and self.gid - newest[1].gid < min_progress:
                 self.checkpoint_gid = newest[1].gid
                 lock.close()
                 return None
             mark = self.store.log_mark(self.gid) if self.gid else None
-            return lock, self.store.store_id, None if mark is None else checkpoint.LogMark(*mark)
+            at = None if mark is None else checkpoint.LogMark(*mark)
+            return folder, lock, self.store.store_id, at
         except BaseException:
             lock.close()
             raise
@@ -282,7 +286,7 @@ class Projections:
         claim = self._claim_checkpoint(self.checkpoint_every)
         if claim is None:
             return
-        lock, store_id, mark = claim
+        folder, lock, store_id, mark = claim
         gid = self.gid
         pid = _fork()
         if pid == 0:  # pragma: no cover - the child (coverage does not follow it)
@@ -294,7 +298,7 @@ class Projections:
                 held = lock.fileno()
                 os.closerange(3, held)
                 os.closerange(held + 1, MAX_FD)
-                checkpoint.write(self.checkpoints, store_id, gid, mark, self._kbs)
+                checkpoint.write(folder, store_id, gid, mark, self._kbs)
                 code = 0
             except BaseException:
                 # straight to fd 2: sys.stderr's lock may have been held by another thread
@@ -378,7 +382,7 @@ class Projections:
     async def wait_for(self, kb: str, seq: int, timeout: float) -> bool:
         """True once ``kb`` has applied ``seq``; False after ``timeout`` seconds."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
+        future: asyncio.Future[bool] = loop.create_future()
         waiter = (seq, loop, future)
         with self._waiters_lock:
             if self.seq(kb) >= seq:

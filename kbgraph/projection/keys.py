@@ -17,14 +17,16 @@ from kbgraph.projection.arrays import MIN_POOL_CAP, grown
 
 
 @numba.njit(cache=True)
-def bytes_less(kdata, koff, a, b):  # pragma: no cover - compiled
+def bytes_less(
+    kdata: np.ndarray, koff: np.ndarray, a: int, b: int
+) -> bool:  # pragma: no cover - compiled
     """ids[a] < ids[b] (a != b), comparing the whole UTF-8 bytes."""
     sa, ea, sb, eb = koff[a], koff[a + 1], koff[b], koff[b + 1]
     for i in range(min(ea - sa, eb - sb)):
         ca, cb = kdata[sa + i], kdata[sb + i]
         if ca != cb:
-            return ca < cb
-    return ea - sa < eb - sb
+            return bool(ca < cb)
+    return bool(ea - sa < eb - sb)
 
 
 class Keys:
@@ -98,7 +100,9 @@ class Keys:
 
 
 @numba.njit(cache=True)
-def _prefixes_of(data, off, n, pre):  # pragma: no cover - compiled
+def _prefixes_of(
+    data: np.ndarray, off: np.ndarray, n: int, pre: np.ndarray
+) -> None:  # pragma: no cover - compiled
     """pre[u] = ``prefixes`` of ids[u], for u < n."""
     for u in range(n):
         start, end = off[u], off[u + 1]
