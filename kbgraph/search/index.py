@@ -323,9 +323,11 @@ class SearchIndex:
 
     # --- as arrays (checkpoints) ------------------------------------------------------------
 
-    def arrays(self) -> tuple[dict[str, Iterable[Any]], dict[str, np.ndarray]]:
-        """(keys and counts, arrays) to store; ``from_arrays`` makes the same index again."""
-        meta: dict[str, Iterable[Any]] = {"name_lengths": sorted(self.name_lengths.items())}
+    def arrays(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """(keys and counts, arrays) to store; ``from_arrays`` makes the same index again.
+        The first maps "name_lengths" to (token count, names) pairs and each part (terms,
+        names, tags) to its keys."""
+        meta: dict[str, Any] = {"name_lengths": sorted(self.name_lengths.items())}
         out: dict[str, np.ndarray] = {
             "title_len": self._title_len,
             "text_len": self._text_len,
@@ -340,7 +342,7 @@ class SearchIndex:
     @classmethod
     def from_arrays(
         cls,
-        meta: Mapping[str, Iterable[Any]],
+        meta: Mapping[str, Any],
         vocabularies: Mapping[str, tuple[KeyList, KeyIds]],
         arrays: Mapping[str, np.ndarray],
     ) -> SearchIndex:

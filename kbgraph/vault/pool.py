@@ -116,5 +116,5 @@ def read_all(
         return
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, spawn, _start, (context, ids)) as pool:
-        for chunk in pool.map(_read_chunk, chunks):
-            yield from map(_read, _decoder.decode(chunk))
+        for encoded in pool.map(_read_chunk, chunks):
+            yield from map(_read, _decoder.decode(encoded))

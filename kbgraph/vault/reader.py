@@ -367,16 +367,16 @@ class VaultScan:
             if result.state is not None:
                 yield result.state
         out = self.out
-        for result in results:
-            assert result is not None
-            if result.state is None:
-                out.skipped.append((result.path, result.skipped))
-                if result.unreadable:
-                    out.unreadable.add(result.id)
+        for note in results:
+            assert note is not None
+            if note.state is None:
+                out.skipped.append((note.path, note.skipped))
+                if note.unreadable:
+                    out.unreadable.add(note.id)
                 continue
-            out.warnings.extend((result.path, warning) for warning in result.warnings)
-            out.attachments += result.attachments
-            out.notes[result.id] = result.state
+            out.warnings.extend((note.path, warning) for warning in note.warnings)
+            out.attachments += note.attachments
+            out.notes[note.id] = note.state
 
 
 def read_vault(
