@@ -27,7 +27,8 @@ bash scripts/setup.sh
 took "setup (venv, packages)"
 .venv/bin/ruff check kbgraph tests loadtest
 .venv/bin/ruff format --check kbgraph tests loadtest
-took "lint"
+.venv/bin/mypy  # strict on kbgraph/ (pyproject.toml [tool.mypy])
+took "lint and types"
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 MATRIX_TESTS=(
     tests/test_sqlite_matrix.py tests/test_store_json_text.py tests/test_store.py
