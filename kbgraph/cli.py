@@ -278,13 +278,13 @@ def write_demo_config(path: Path) -> None:
 
 def seed_demo(store_path: str, size: int) -> int:
     """Seed the ``demo`` KB through ``Store.append`` when it is empty; its seq after."""
-    from kbgraph.events import ConceptUpserted, UpsertData
+    from kbgraph.events import ConceptUpserted, Event, UpsertData
     from kbgraph.store import Store
 
     with Store(store_path) as store:
         if store.kb_seq(DEMO_KB) > 0:
             return store.kb_seq(DEMO_KB)
-        events = [
+        events: list[Event] = [
             ConceptUpserted(
                 specversion="1.0",
                 id=f"demo-seed-{concept['id']}",

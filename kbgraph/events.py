@@ -100,6 +100,11 @@ _EITHER_TYPES: Final = frozenset({"application/json"})
 _single_decoder = msgspec.json.Decoder(Event)
 _batch_decoder = msgspec.json.Decoder(list[Event])
 _either_decoder = msgspec.json.Decoder(Event | list[Event])
+_DeliveryDecoder = (  # whichever of the three a content type selects
+    msgspec.json.Decoder[Event]
+    | msgspec.json.Decoder[list[Event]]
+    | msgspec.json.Decoder[Event | list[Event]]
+)
 _log_encoder = msgspec.msgpack.Encoder()
 _log_decoder = msgspec.msgpack.Decoder(Event)
 
@@ -131,7 +136,7 @@ def decode_delivery(body: bytes, content_type: str | None) -> list[Event]:
     """Decode and validate a delivery body, or raise DeliveryError (400, 415 or 422)."""
     kind = media_type(content_type)
     if kind in SINGLE_TYPES:
-        decoder: msgspec.json.Decoder = _single_decoder
+        decoder: _DeliveryDecoder = _single_decoder
     elif kind in BATCH_TYPES:
         decoder = _batch_decoder
     elif kind in _EITHER_TYPES:

@@ -78,7 +78,7 @@ def config_problem(config: Config) -> str | None:
 
 
 def add_unavailable(
-    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
     names: tuple[str, ...],
     extra: str,
     refuse: Callable[[str], int],

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from loadtest import kbgen
-from loadtest.abuse import delivery, upsert
+from loadtest.attacks import delivery, upsert
 from loadtest.embed_provider import CountingProvider
 from loadtest.service import HOST, Credentials, ServiceProcess, write_config
 

@@ -27,7 +27,8 @@ bash scripts/setup.sh
 took "setup (venv, packages)"
 .venv/bin/ruff check kbgraph tests loadtest
 .venv/bin/ruff format --check kbgraph tests loadtest
-took "lint"
+.venv/bin/mypy  # strict on kbgraph/ (pyproject.toml [tool.mypy])
+took "lint and types"
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 MATRIX_TESTS=(
     tests/test_sqlite_matrix.py tests/test_store_json_text.py tests/test_store.py
@@ -44,7 +45,7 @@ MATRIX_SKIP="not test_kills_lose_no_acknowledged_delivery"
 MATRIX_CLUSTER_BUILDS="3.45.1"
 MATRIX_CLUSTER_TESTS=(
     "tests/test_jetstream.py::test_two_nodes_one_kb_decide_as_one_store"
-    "tests/test_jetstream.py::test_snapshots_trim_the_stream_and_a_fresh_node_starts_from_one"
+    "tests/test_jetstream_snapshots.py::test_snapshots_trim_the_stream_and_a_fresh_node_starts_from_one"
 )
 failed=()
 debian13="${KBGRAPH_DEBIAN13:-$([ "$(id -u)" = 0 ] && echo 1 || echo 0)}"

@@ -8,6 +8,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import settings
@@ -16,6 +17,9 @@ from starlette.testclient import TestClient
 from kbgraph.api import create_app
 from kbgraph.config import load_config
 from kbgraph.events import Event
+
+if TYPE_CHECKING:
+    from tests.nats_cluster import NatsCluster
 
 # Hypothesis: "ci" (what scripts/test.sh and .ci/run use) draws the same examples on every run
 # and keeps no example database, so a run never depends on an earlier one; "dev" (plain
@@ -125,3 +129,13 @@ def service(tmp_path: Path) -> Iterator[Service]:
     app = create_app(load_config(write_config(tmp_path)))
     with TestClient(app) as client:
         yield Service(client)
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    """One NATS JetStream cluster for a module's tests that leave its servers as they found
+    them (each test on a stream of its own): a start-up costs seconds on a loaded machine."""
+    from tests.nats_cluster import running_cluster
+
+    with running_cluster(tmp_path_factory.mktemp("nats")) as cluster:
+        yield cluster

@@ -33,8 +33,7 @@ import httpx
 import pytest
 
 from loadtest.faults import Load, compare
-from tests.nats_cluster import NatsCluster, running_cluster
-from tests.test_jetstream import (
+from tests.jetstream_nodes import (
     AUTH,
     KB,
     READY_SECONDS,
@@ -46,6 +45,7 @@ from tests.test_jetstream import (
     wait_caught_up,
     wait_ready,
 )
+from tests.nats_cluster import NatsCluster, running_cluster
 
 pytestmark = pytest.mark.slow
 

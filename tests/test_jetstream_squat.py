@@ -21,8 +21,8 @@ import nats.errors
 import pytest
 
 from tests import webhook_client as wc
+from tests.jetstream_nodes import AUTH, KB, Node, nodes_on, post, wait_caught_up
 from tests.nats_cluster import NatsCluster, running_cluster
-from tests.test_jetstream import AUTH, KB, Node, nodes_on, post, wait_caught_up
 
 pytestmark = pytest.mark.slow
 

@@ -26,9 +26,9 @@ import pytest
 
 from kbgraph.config import LogConfig
 from kbgraph.jetstream.connect import ConnectFailed, connect
+from tests.jetstream_nodes import Node, readyz_saying, wait_ready
 from tests.nats_cluster import NatsCluster, free_ports, running_cluster
 from tests.nats_security import Tls
-from tests.test_jetstream import Node, readyz_saying, wait_ready
 
 pytestmark = pytest.mark.slow
 

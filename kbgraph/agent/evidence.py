@@ -104,7 +104,15 @@ def mentions(
 
 
 @njit(cache=True, nogil=True)
-def _share_kernel(off, nodes, mask, n_visible, max_df, node, acc):  # pragma: no cover - compiled
+def _share_kernel(  # pragma: no cover - compiled
+    off: np.ndarray,
+    nodes: np.ndarray,
+    mask: np.ndarray,
+    n_visible: float,
+    max_df: float,
+    node: int,
+    acc: np.ndarray,
+) -> None:
     """``_shares`` over key k's holders ``nodes[off[k]:off[k + 1]]``, keys in order."""
     total = 0.0
     for k in range(off.shape[0] - 1):

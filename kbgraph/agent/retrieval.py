@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final
@@ -120,14 +121,14 @@ def vector(snap: Snapshot, view: View, meaning: Meaning, limit: int) -> list[tup
 
 
 def fuse(
-    lists: list[tuple[list[tuple[int, float]], float]], ids: list[str] | object, limit: int
+    lists: list[tuple[list[tuple[int, float]], float]], ids: Sequence[str], limit: int
 ) -> list[tuple[int, float]]:
     """Reciprocal-rank fusion of ranked lists, each with its weight; ties by id."""
     scores: dict[int, float] = {}
     for ranked, weight in lists:
         for rank, (node, _) in enumerate(ranked, 1):
             scores[node] = scores.get(node, 0.0) + weight / (RRF_K + rank)
-    ordered = sorted(scores.items(), key=lambda h: (-h[1], ids[h[0]]))  # type: ignore[index]
+    ordered = sorted(scores.items(), key=lambda h: (-h[1], ids[h[0]]))
     return ordered[:limit]
 
 

@@ -15,7 +15,7 @@ from typing import Final, TypeVar
 
 import msgspec
 import numpy as np
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from kbgraph import graphalgo
 from kbgraph.agent import evidence, ranking, retrieval
@@ -149,7 +149,7 @@ def graph_context(
         node = visible_node(snap, view, concept_id)
         weights[node] = weights.get(node, 0.0) + 1.0
     terms: list[str] = []
-    mode = UNSET
+    mode: str | UnsetType = UNSET
     if req.query is not None:
         terms = query_terms(req.query)
         if meaning is None:

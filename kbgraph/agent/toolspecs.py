@@ -20,8 +20,8 @@ from kbgraph.agent import retrieval, shapes, tools
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
     name: str
-    request_type: type
-    response_type: type
+    request_type: type[msgspec.Struct]
+    response_type: type[msgspec.Struct]
     run: Callable[[Any, Any, Any, Any], Any]  # (snapshot, view, request, meaning) -> response
     description: str
     advanced: bool = False
@@ -77,7 +77,8 @@ HTTP_TOOLS: Final = tuple(spec for spec in SPECS if spec.http_post)
 
 def input_schema(request_type: type) -> dict[str, Any]:
     """The request struct's JSON Schema (descriptions, defaults, bounds, allowed values)."""
-    return msgspec.json.schema(request_type)["$defs"][request_type.__name__]
+    schema: dict[str, Any] = msgspec.json.schema(request_type)["$defs"][request_type.__name__]
+    return schema
 
 
 def output_schema(response_type: type) -> dict[str, Any]:

@@ -73,7 +73,9 @@ def _package_folder() -> Path:
 
 
 @nb.njit(cache=True, nogil=True)
-def _pool(table, ids, off):  # pragma: no cover - compiled
+def _pool(  # pragma: no cover - compiled
+    table: np.ndarray, ids: np.ndarray, off: np.ndarray
+) -> np.ndarray:
     n = len(off) - 1
     dim = table.shape[1]
     out = np.zeros((n, dim), np.float32)
@@ -110,7 +112,10 @@ class LocalEmbedder:
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
         self._words: dict[str, list[int]] = {}
-        self._space = self._tokenizer.token_to_id("▁")
+        space = self._tokenizer.token_to_id("▁")
+        if space is None:
+            raise RuntimeError(f"the {MODEL} tokenizer in {folder} has no '▁' token")
+        self._space = space
 
     def tokens(self, text: str) -> list[int]:
         """The token ids of ``text`` (cut to MAX_CHARS)."""

@@ -67,7 +67,8 @@ class OpenAIEmbedder:
         out = np.concatenate(rows).astype(np.float32)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         norms[norms == 0] = 1.0
-        return out / norms
+        unit: np.ndarray = out / norms
+        return unit
 
     def _headers(self) -> dict[str, str]:
         key = os.environ.get(self._key_env, "") if self._key_env else ""

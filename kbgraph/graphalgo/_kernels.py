@@ -17,8 +17,22 @@ from numba import njit
 
 @njit(cache=True, nogil=True)
 def ppr_push(
-    und_off, und_len, und, mask, deg, seeds, weights, alpha, eps, r, p, inq, seen, queue, touched
-):
+    und_off: np.ndarray,
+    und_len: np.ndarray,
+    und: np.ndarray,
+    mask: np.ndarray,
+    deg: np.ndarray,
+    seeds: np.ndarray,
+    weights: np.ndarray,
+    alpha: float,
+    eps: float,
+    r: np.ndarray,
+    p: np.ndarray,
+    inq: np.ndarray,
+    seen: np.ndarray,
+    queue: np.ndarray,
+    touched: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """Forward push (FIFO). ``seeds`` distinct and in ascending id order, ``weights`` sum 1.
 
     Scratch (resting state): ``r``, ``p`` float64 zeros; ``inq``, ``seen`` uint8 zeros;
@@ -99,7 +113,18 @@ def ppr_push(
 
 
 @njit(cache=True, nogil=True)
-def bfs_targets(und_off, und_len, und, mask, seeds, targets, dist, parent, queue, tflag):
+def bfs_targets(
+    und_off: np.ndarray,
+    und_len: np.ndarray,
+    und: np.ndarray,
+    mask: np.ndarray,
+    seeds: np.ndarray,
+    targets: np.ndarray,
+    dist: np.ndarray,
+    parent: np.ndarray,
+    queue: np.ndarray,
+    tflag: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """Multi-source BFS from ``seeds`` (ascending id order), stopping once every target is found.
 
     Parent is assigned at first discovery: with id-sorted blocks the parent chain is the
@@ -156,7 +181,18 @@ def bfs_targets(und_off, und_len, und, mask, seeds, targets, dist, parent, queue
 
 
 @njit(cache=True, nogil=True)
-def bfs_path(off, length, blk, mask, source, target, max_hops, dist, parent, queue):
+def bfs_path(
+    off: np.ndarray,
+    length: np.ndarray,
+    blk: np.ndarray,
+    mask: np.ndarray,
+    source: int,
+    target: int,
+    max_hops: int,
+    dist: np.ndarray,
+    parent: np.ndarray,
+    queue: np.ndarray,
+) -> np.ndarray:
     """Lexicographically smallest shortest path ``source`` .. ``target`` within ``max_hops``.
 
     Works on any id-sorted adjacency (undirected or out-links). Stops when the target is
@@ -208,7 +244,19 @@ def bfs_path(off, length, blk, mask, source, target, max_hops, dist, parent, que
 
 
 @njit(cache=True, nogil=True)
-def ra_scores(und_off, und_len, und, mask, deg, x, min_common, score, cnt, adj, touched):
+def ra_scores(
+    und_off: np.ndarray,
+    und_len: np.ndarray,
+    und: np.ndarray,
+    mask: np.ndarray,
+    deg: np.ndarray,
+    x: int,
+    min_common: int,
+    score: np.ndarray,
+    cnt: np.ndarray,
+    adj: np.ndarray,
+    touched: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """Resource allocation scores of every candidate of ``x``, ranked by score descending.
 
     Scores add ``1/deg(z)`` over the common neighbours z in block (= id) order. Ties keep
@@ -259,7 +307,16 @@ def ra_scores(und_off, und_len, und, mask, deg, x, min_common, score, cnt, adj, 
 
 
 @njit(cache=True, nogil=True)
-def ra_common(und_off, und_len, und, mask, x, cands, k, adj):
+def ra_common(
+    und_off: np.ndarray,
+    und_len: np.ndarray,
+    und: np.ndarray,
+    mask: np.ndarray,
+    x: int,
+    cands: np.ndarray,
+    k: int,
+    adj: np.ndarray,
+) -> np.ndarray:
     """The (at most) ``k`` smallest-id visible common neighbours of ``x`` and each candidate.
 
     Row i of the result holds them in ascending id order, padded with -1. Scratch: ``adj``
@@ -287,7 +344,20 @@ def ra_common(und_off, und_len, und, mask, x, cands, k, adj):
 
 
 @njit(cache=True, nogil=True)
-def bidir_path(off, length, blk, mask, source, target, max_hops, ds, dt1, qs, qt, good):
+def bidir_path(
+    off: np.ndarray,
+    length: np.ndarray,
+    blk: np.ndarray,
+    mask: np.ndarray,
+    source: int,
+    target: int,
+    max_hops: int,
+    ds: np.ndarray,
+    dt1: np.ndarray,
+    qs: np.ndarray,
+    qt: np.ndarray,
+    good: np.ndarray,
+) -> np.ndarray:
     """``bfs_path`` for a symmetric adjacency, by bidirectional BFS (same result, fewer nodes).
 
     Phase 1 expands, layer by layer, whichever frontier is smaller, until a node is labelled

@@ -66,7 +66,9 @@ def _popcount(typingctx, x):  # type: ignore[no-untyped-def]  # pragma: no cover
 
 
 @nb.njit(cache=True, nogil=True)
-def _shortlist(codes, mask, query, shortlist):  # pragma: no cover - compiled
+def _shortlist(  # pragma: no cover - compiled
+    codes: np.ndarray, mask: np.ndarray, query: np.ndarray, shortlist: int
+) -> np.ndarray:
     n = codes.shape[0]
     bits = 128
     q0, q1 = query[0], query[1]
@@ -74,7 +76,9 @@ def _shortlist(codes, mask, query, shortlist):  # pragma: no cover - compiled
     hist = np.zeros(bits + 1, np.int64)
     for u in range(n):
         if mask[u]:
-            d = int(_popcount(codes[u, 0] ^ q0)) + int(_popcount(codes[u, 1] ^ q1))
+            # numba's stubs type an intrinsic's call as its typing function's (typingctx
+            # first); compiled code passes the operand alone
+            d = int(_popcount(codes[u, 0] ^ q0)) + int(_popcount(codes[u, 1] ^ q1))  # type: ignore[call-arg]
             dist[u] = d
             hist[d] += 1
         else:
@@ -98,7 +102,9 @@ def _shortlist(codes, mask, query, shortlist):  # pragma: no cover - compiled
 
 
 @nb.njit(cache=True, nogil=True)
-def _rerank(q8, scale, rows, query, query_scale):  # pragma: no cover - compiled
+def _rerank(  # pragma: no cover - compiled
+    q8: np.ndarray, scale: np.ndarray, rows: np.ndarray, query: np.ndarray, query_scale: float
+) -> np.ndarray:
     """Integer dot products (exact, vectorised, the same on every CPU), then scaled."""
     out = np.empty(len(rows), np.float64)
     d = q8.shape[1]

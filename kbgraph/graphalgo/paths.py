@@ -132,4 +132,5 @@ def shortest_path(
     path = with_scratch(n, run)
     if path.shape[0] == 0:
         return None
-    return path.tolist()
+    nodes: list[int] = path.tolist()
+    return nodes

@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Final, Protocol
 
 import anyio.to_thread
@@ -152,7 +152,7 @@ class Reservation:
         self.held = 0
 
 
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+def error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
     return Response(
         _result_encoder.encode({"error": message}), status, headers=headers, media_type=_JSON
     )
@@ -214,10 +214,11 @@ def _verify_and_decode(
 
 def verifier_for(state: object, kb: str) -> SignatureVerifier:
     """The KB's own secrets' verifier, else the default one (none configured: unsigned)."""
-    own = getattr(state, "kb_verifiers", {}).get(kb)
+    own: SignatureVerifier | None = getattr(state, "kb_verifiers", {}).get(kb)
     if own is not None:
         return own
-    return getattr(state, "verifier", None) or SignatureVerifier([])
+    default: SignatureVerifier | None = getattr(state, "verifier", None)
+    return default or SignatureVerifier([])
 
 
 class _Answer:

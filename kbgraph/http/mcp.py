@@ -55,7 +55,7 @@ def tool_listing() -> list[types.Tool]:
             input_schema=input_schema(spec.request_type),
             output_schema=output_schema(spec.response_type),
             annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True),
-            meta={"advanced": spec.advanced},
+            _meta={"advanced": spec.advanced},
         )
         for spec in SPECS
     ]

@@ -43,7 +43,7 @@ def _answers(ok: str | None, *codes: int, ok_text: str = "OK") -> dict[str, Any]
     return out
 
 
-def _param(name: str, where: str, description: str, *, required: bool = False) -> dict:
+def _param(name: str, where: str, description: str, *, required: bool = False) -> dict[str, Any]:
     return {
         "name": name,
         "in": where,
@@ -144,7 +144,9 @@ def _tool_path(name: str) -> dict[str, Any]:
     }
 
 
-def _get(operation: str, summary: str, ok: str | None, params: list, *codes: int) -> dict:
+def _get(
+    operation: str, summary: str, ok: str | None, params: list[dict[str, Any]], *codes: int
+) -> dict[str, Any]:
     return {"get": {"operationId": operation, "summary": summary, "parameters": params,
                     "responses": _answers(ok, *codes)}}  # fmt: skip
 
@@ -208,7 +210,7 @@ def document(extra_paths: dict[str, Any] | None = None) -> dict[str, Any]:
         },
     }
     paths["/v1/kbs/{kb}/events"] = _events_path()
-    unauthenticated = {"security": []}
+    unauthenticated: dict[str, list[dict[str, list[str]]]] = {"security": []}
     paths["/v1/tools"] = _get("tools", "The HTTP tools and their input schemas.", None, [])
     paths["/healthz"] = _get("healthz", "The process is up.", None, [])
     paths["/readyz"] = _get(

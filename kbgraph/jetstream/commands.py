@@ -10,7 +10,7 @@ import sys
 from kbgraph.config import ConfigError, load_config
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``kbgraph cluster skip`` on the CLI's subcommands."""
     cluster = sub.add_parser("cluster", help="operate a JetStream cluster of nodes")
     commands = cluster.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)

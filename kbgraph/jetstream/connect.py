@@ -163,9 +163,8 @@ async def connect(
         options["reconnected_cb"] = reconnected
     opening = asyncio.ensure_future(nats.connect(**options))
     try:
-        await asyncio.wait(
-            {opening, tls_failed}, timeout=OPEN_SECONDS, return_when=asyncio.FIRST_COMPLETED
-        )
+        either: set[asyncio.Future[Any]] = {opening, tls_failed}
+        await asyncio.wait(either, timeout=OPEN_SECONDS, return_when=asyncio.FIRST_COMPLETED)
     finally:
         if not opening.done():
             opening.cancel()
@@ -180,8 +179,8 @@ async def connect(
         seen = last[0] if last else cause  # nats-py's NoServersError says no more
         servers = ", ".join(config.servers)
         raise ConnectFailed(f"no NATS server reachable ({servers}): {seen!r}") from cause
-    seen = f"{last[0]!r}" if last else "no answer"
-    raise ConnectFailed(f"NATS not connected within {OPEN_SECONDS:.0f} s: {seen}")
+    heard_last = f"{last[0]!r}" if last else "no answer"
+    raise ConnectFailed(f"NATS not connected within {OPEN_SECONDS:.0f} s: {heard_last}")
 
 
 async def ensure_stream(js: Any, config: LogConfig, rules: str) -> int:

@@ -82,7 +82,7 @@ class _Collectors:
 def stream_metrics_text() -> str:
     """The ``kbgraph_stream_*`` metrics of this process in Prometheus's text format (an
     applier hands them to its node's workers, which serve them on ``/metrics``)."""
-    return generate_latest(_Collectors(STREAM_METRICS)).decode()  # type: ignore[arg-type]
+    return generate_latest(_Collectors(STREAM_METRICS)).decode()
 
 
 class ApplyFailed(RuntimeError):
@@ -177,7 +177,8 @@ class Follower:
     async def _read_decisions(self) -> None:
         """The operators' decisions in the stream past this node's position (usually none: one
         request), so that a message a later decision skips is skipped before it is applied."""
-        subject, after, skips = wire.decision_subject(self.stream), self.applied + 1, {}
+        subject, after = wire.decision_subject(self.stream), self.applied + 1
+        skips: dict[int, tuple[int, str]] = {}
         while True:
             try:
                 raw = await self._js.get_msg(self.stream, after, subject=subject, next=True)
@@ -282,9 +283,9 @@ class Follower:
             refusal = self._refusals.pop(seq, None)
             waiter = self._waiter(msg_id)
             if waiter is not None and not waiter.done():
-                exc = refusal or future.exception()
-                if exc is not None:
-                    waiter.set_exception(exc)
+                outcome = refusal or future.exception()
+                if outcome is not None:
+                    waiter.set_exception(outcome)
                 else:
                     waiter.set_result(future.result())
         POSITION.labels(self.stream).set(self.applied)

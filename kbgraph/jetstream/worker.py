@@ -149,13 +149,11 @@ class WorkerLog(Publisher):
                     if kind == "skipped"
                     else LogUnavailable(f"the stream's message at {seq} was {kind} here: retry")
                 )
-            for seq, result, refusal, detail in results:
+            for seq, result, refusal, why in results:
                 if result is not None:
                     outcomes[seq] = _decode(result)
                 else:
-                    outcomes[seq] = (ReplayRefused if refusal == "replay" else KBLimitReached)(
-                        detail
-                    )
+                    outcomes[seq] = (ReplayRefused if refusal == "replay" else KBLimitReached)(why)
             dead, status = self.applier.read()
             for seq in seqs:
                 outcome: DeliveryResult | BaseException | None = outcomes.get(seq)

@@ -26,7 +26,7 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 from numba import njit
@@ -35,7 +35,7 @@ from kbgraph.search.analysis import query_terms
 from kbgraph.search.bulk import FIELD, BulkAnalyzer
 from kbgraph.search.document import Analysed, parts
 from kbgraph.search.nametrie import NAME_SEP, NameTrie
-from kbgraph.search.postings import Postings, PostingsBuilder
+from kbgraph.search.postings import KeyIds, KeyList, Postings, PostingsBuilder
 
 W_TITLE: Final = 12.0
 B_TITLE: Final = 0.3
@@ -45,21 +45,21 @@ K1: Final = 4.0
 
 @njit(cache=True, nogil=True)
 def _bm25f(
-    term_off,
-    nodes,
-    tf_title,
-    tf_text,
-    title_len,
-    text_len,
-    mask,
-    n_docs,
-    avg_title,
-    avg_text,
-    params,
-    acc,
-    seen,
-    touched,
-):  # pragma: no cover - compiled
+    term_off: np.ndarray,
+    nodes: np.ndarray,
+    tf_title: np.ndarray,
+    tf_text: np.ndarray,
+    title_len: np.ndarray,
+    text_len: np.ndarray,
+    mask: np.ndarray,
+    n_docs: int,
+    avg_title: float,
+    avg_text: float,
+    params: np.ndarray,
+    acc: np.ndarray,
+    seen: np.ndarray,
+    touched: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
     """Sum each visible document's BM25F parts, term by term (so in query-term order).
 
     ``nodes[term_off[t]:term_off[t + 1]]`` are term t's postings with their field hits.
@@ -151,6 +151,7 @@ class SearchIndex:
         """Index (or re-index) ``node`` with its current title, text, aliases and tags;
         ``analysed``, when the log carried it, is their analysis (``kbgraph.search.document``),
         used instead of analysing them here."""
+        tag_keys: Sequence[str]
         if analysed is None:
             freq, name_keys, tag_keys, title_len, text_len = parts(title, text, aliases, tags)
             term_hits: Iterable[tuple[str, int]] = freq.items()
@@ -272,11 +273,13 @@ class SearchIndex:
 
     def named_key(self, key: str) -> list[int]:
         """The documents with the name of key ``key`` (from ``name_trie``)."""
-        return self.names.holders(key)[0].tolist()
+        nodes: list[int] = self.names.holders(key)[0].tolist()
+        return nodes
 
     def named(self, tokens: tuple[str, ...]) -> list[int]:
         """The documents with a name (title or alias) of exactly these folded tokens."""
-        return self.names.holders(_NAME_SEP.join(tokens))[0].tolist()
+        nodes: list[int] = self.names.holders(_NAME_SEP.join(tokens))[0].tolist()
+        return nodes
 
     def search(self, query: str, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """BM25F scores of every visible document matching a term of ``query``.
@@ -320,9 +323,11 @@ class SearchIndex:
 
     # --- as arrays (checkpoints) ------------------------------------------------------------
 
-    def arrays(self) -> tuple[dict[str, list], dict[str, np.ndarray]]:
-        """(keys and counts, arrays) to store; ``from_arrays`` makes the same index again."""
-        meta: dict[str, list] = {"name_lengths": sorted(self.name_lengths.items())}
+    def arrays(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """(keys and counts, arrays) to store; ``from_arrays`` makes the same index again.
+        The first maps "name_lengths" to (token count, names) pairs and each part (terms,
+        names, tags) to its keys."""
+        meta: dict[str, Any] = {"name_lengths": sorted(self.name_lengths.items())}
         out: dict[str, np.ndarray] = {
             "title_len": self._title_len,
             "text_len": self._text_len,
@@ -337,8 +342,8 @@ class SearchIndex:
     @classmethod
     def from_arrays(
         cls,
-        meta: Mapping[str, list],
-        vocabularies: Mapping[str, tuple[Sequence[str], Mapping[str, int]]],
+        meta: Mapping[str, Any],
+        vocabularies: Mapping[str, tuple[KeyList, KeyIds]],
         arrays: Mapping[str, np.ndarray],
     ) -> SearchIndex:
         """The index ``arrays`` gave; ``vocabularies``: per part (terms, names, tags) its keys

@@ -65,12 +65,13 @@ class NameTrie:
         edges, ends = self._edges, self._ends
         size = len(tokens)
         for i in range(size):
-            node: int | None = 0
+            node = 0
             j = i
             while j < size:
-                node = edges.get((node, tokens[j]))  # type: ignore[arg-type]
-                if node is None:
+                child = edges.get((node, tokens[j]))
+                if child is None:
                     break
+                node = child
                 j += 1
                 key = ends.get(node)
                 if key is not None:

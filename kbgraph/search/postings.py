@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import itertools
 from array import array
-from collections.abc import Iterable, Mapping, MutableMapping, Sequence
-from typing import Final
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Final, Protocol, overload
 
 import numpy as np
 from numba import njit
@@ -26,12 +26,33 @@ _EMPTY: Final = (np.empty(0, np.int64), np.empty(0, np.int64))
 ARRAY_NAMES: Final = ("key_off", "post_node", "post_hits", "node_off", "node_keys", "base_live")
 
 
+class KeyList(Protocol):
+    """The interned keys by id: a list, or a checkpoint's column (appended to in memory)."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, k: int, /) -> str: ...
+    def __iter__(self) -> Iterator[str]: ...
+    def append(self, key: str, /) -> None: ...
+
+
+class KeyIds(Protocol):
+    """key -> id of a ``KeyList``: a dict, or a checkpoint's hashed index of its column."""
+
+    @overload
+    def get(self, key: str, /) -> int | None: ...
+    @overload
+    def get(self, key: str, default: int, /) -> int: ...
+    def __setitem__(self, key: str, value: int, /) -> None: ...
+
+
 class Postings:
     """Which nodes hold each key, with a count of hits (``int64``, the caller's packing)."""
 
-    def __init__(self) -> None:
-        self.keys: list[str] = []
-        self.key_id: dict[str, int] = {}
+    def __init__(self, keys: KeyList | None = None, key_id: KeyIds | None = None) -> None:
+        """``keys`` and ``key_id`` (both or neither): the keys interned so far; none when
+        not given."""
+        self.keys: KeyList = [] if keys is None else keys
+        self.key_id: KeyIds = {} if key_id is None else key_id
         # The base. Key k's postings: post_node/post_hits[key_off[k]:key_off[k + 1]], by node.
         # Node u's keys, in the order put: node_keys[node_off[u]:node_off[u + 1]].
         self.key_off = np.zeros(1, np.int64)
@@ -191,7 +212,7 @@ class Postings:
 
     # --- the base as arrays (checkpoints) ---------------------------------------------------
 
-    def arrays(self) -> tuple[Sequence[str], dict[str, np.ndarray]]:
+    def arrays(self) -> tuple[KeyList, dict[str, np.ndarray]]:
         """(keys, arrays): base and overlay folded into one base, for ``from_arrays``."""
         size = max(len(self.base_live), max(self._node_added, default=-1) + 1)
         live = np.zeros(size, np.uint8)
@@ -228,17 +249,15 @@ class Postings:
     @classmethod
     def from_arrays(
         cls,
-        keys: Sequence[str],
-        key_id: MutableMapping[str, int] | None,
+        keys: KeyList,
+        key_id: KeyIds | None,
         arrays: Mapping[str, np.ndarray],
     ) -> Postings:
         """A base from ``arrays()`` (the arrays may be read-only maps of a file: ``base_live``
         is copied, the rest only read); ``key_id`` finds each of ``keys`` (built when None)."""
-        postings = cls()
-        postings.keys = keys  # type: ignore[assignment]
         if key_id is None:
             key_id = dict(zip(keys, range(len(keys)), strict=True))
-        postings.key_id = key_id  # type: ignore[assignment]
+        postings = cls(keys, key_id)
         for name in ARRAY_NAMES:
             setattr(postings, name, arrays[name])
         postings.base_live = np.array(arrays["base_live"], np.uint8)
@@ -252,7 +271,9 @@ class PostingsBuilder:
     compiled pass: what ``Postings.built`` does, without a Python object per posting."""
 
     def __init__(self) -> None:
-        self.postings = Postings()
+        self._keys: list[str] = []  # the postings' own: extended here many at a time
+        self._key_id: dict[str, int] = {}
+        self.postings = Postings(self._keys, self._key_id)
         self._held = array("i")  # the nodes held, ascending
         self._rows = array("i")  # how many rows each of them has
         self._key = array("i")
@@ -274,12 +295,12 @@ class PostingsBuilder:
 
     def intern_all(self, keys: list[str]) -> np.ndarray:
         """int64 id of each key, new keys interned in order of first appearance."""
-        key_id = self.postings.key_id
+        key_id = self._key_id
         ids = np.fromiter(map(key_id.get, keys, itertools.repeat(-1)), np.int64, len(keys))
         unknown = np.flatnonzero(ids < 0).tolist()
         if unknown:
             new = list(dict.fromkeys([keys[i] for i in unknown]))
-            known = self.postings.keys
+            known = self._keys
             first = len(known)
             key_id.update(zip(new, range(first, first + len(new)), strict=True))
             known.extend(new)
@@ -317,7 +338,14 @@ class PostingsBuilder:
 
 
 @njit(cache=True, nogil=True)
-def _place_by_key(node_off, node_keys, hits, key_off, post_node, post_hits):  # pragma: no cover
+def _place_by_key(  # pragma: no cover
+    node_off: np.ndarray,
+    node_keys: np.ndarray,
+    hits: np.ndarray,
+    key_off: np.ndarray,
+    post_node: np.ndarray,
+    post_hits: np.ndarray,
+) -> None:
     """Every row (node u, key k, hits) put in key k's postings, nodes ascending in each."""
     at = key_off[:-1].copy()
     for u in range(len(node_off) - 1):

@@ -15,7 +15,7 @@ import bisect
 import hashlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Final
+from typing import Any, Final, overload
 
 import msgspec
 import numpy as np
@@ -89,7 +89,10 @@ _ITER_ROWS: Final = 1 << 12  # rows a StringColumn's iterator decodes at once
 def python_ints(values: np.ndarray) -> memoryview:
     """A view of a 1-D array of machine integers whose items read as Python ints: what a
     lookup on a request or follower path indexes (a numpy scalar costs ~10x more)."""
-    return memoryview(np.ascontiguousarray(values)).cast("B").cast(values.dtype.char)
+    char = values.dtype.char
+    if char not in ("b", "B", "h", "H", "i", "I", "l", "L", "q", "Q"):
+        raise TypeError(f"python_ints takes machine integers, not {values.dtype}")
+    return np.ascontiguousarray(values).data.cast("B").cast(char)
 
 
 class StringColumn(Sequence[Any]):
@@ -103,7 +106,7 @@ class StringColumn(Sequence[Any]):
     ) -> None:
         self._blob = blob
         self._off = off
-        self._bytes = memoryview(np.ascontiguousarray(blob)).cast("B")
+        self._bytes = np.ascontiguousarray(blob).data.cast("B")
         self._offs = python_ints(off)
         self._base = len(off) - 1
         self._decode = decode
@@ -213,7 +216,11 @@ class KeyIndex:
         self._sorted, self._rows = python_ints(hashes), python_ints(order)
         self._added: dict[str, int] = {}
 
-    def get(self, key: str, default: int | None = None) -> int | None:
+    @overload
+    def get(self, key: str, default: None = None, /) -> int | None: ...
+    @overload
+    def get(self, key: str, default: int, /) -> int: ...
+    def get(self, key: str, default: int | None = None, /) -> int | None:
         found = self._added.get(key)
         if found is not None:
             return found
@@ -235,7 +242,7 @@ class KeyIndex:
 
 
 @njit(cache=True, nogil=True)
-def _fnv1a(blob, start, end):  # pragma: no cover - compiled
+def _fnv1a(blob: np.ndarray, start: int, end: int) -> np.uint64:  # pragma: no cover - compiled
     h = np.uint64(0xCBF29CE484222325)
     for i in range(start, end):
         h = (h ^ np.uint64(blob[i])) * np.uint64(0x100000001B3)
@@ -243,7 +250,9 @@ def _fnv1a(blob, start, end):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _same(a, a_start, a_end, b, b_start, b_end):  # pragma: no cover - compiled
+def _same(
+    a: np.ndarray, a_start: int, a_end: int, b: np.ndarray, b_start: int, b_end: int
+) -> bool:  # pragma: no cover - compiled
     if a_end - a_start != b_end - b_start:
         return False
     for i in range(a_end - a_start):  # noqa: SIM110 (numba: a loop, not a generator)
@@ -253,7 +262,7 @@ def _same(a, a_start, a_end, b, b_start, b_end):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _table_of(blob, off):  # pragma: no cover - compiled
+def _table_of(blob: np.ndarray, off: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
     """Open addressing, linear probing, at most half full: slot -> the row's hash's top 31
     bits << 32 | row (-1 empty), so a probe compares bytes only when those bits agree."""
     n = len(off) - 1
@@ -272,7 +281,14 @@ def _table_of(blob, off):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _find_all(table, blob, off, qblob, qoff, out):  # pragma: no cover - compiled
+def _find_all(
+    table: np.ndarray,
+    blob: np.ndarray,
+    off: np.ndarray,
+    qblob: np.ndarray,
+    qoff: np.ndarray,
+    out: np.ndarray,
+) -> None:  # pragma: no cover - compiled
     mask = np.uint64(len(table) - 1)
     low = np.int64(0xFFFFFFFF)
     for i in range(len(qoff) - 1):
@@ -311,7 +327,9 @@ class StringTable:
 
 
 @njit(cache=True, nogil=True)
-def _split_arrays(text, counts, out, ends):  # pragma: no cover - compiled
+def _split_arrays(
+    text: np.ndarray, counts: np.ndarray, out: np.ndarray, ends: np.ndarray
+) -> tuple[int, int, int]:  # pragma: no cover - compiled
     """Every string of the JSON arrays in ``text`` (one after another, strings without a
     backslash) copied to ``out`` each followed by a NUL, its end (after the NUL) in ``ends``,
     and how many each array holds in ``counts``; returns (arrays, strings, bytes) written."""

@@ -16,7 +16,8 @@ from kbgraph.store import statements as sql
 
 def log_start(conn: sqlite3.Connection) -> int:
     """The first gid the log may still hold: every record before it was cut."""
-    return conn.execute(sql.META_GET, ("log_start",)).fetchone()[0]
+    start: int = conn.execute(sql.META_GET, ("log_start",)).fetchone()[0]
+    return start
 
 
 def mark_at(conn: sqlite3.Connection, gid: int) -> tuple[str, int, str] | None:

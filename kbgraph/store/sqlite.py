@@ -440,7 +440,8 @@ class Store:
     def store_id(self) -> str:
         """A random id made with the file: checkpoints name the store they were made from."""
         with self._reader() as conn:
-            return conn.execute(sql.META_GET, ("store_id",)).fetchone()[0]
+            store_id: str = conn.execute(sql.META_GET, ("store_id",)).fetchone()[0]
+            return store_id
 
     def log_mark(self, gid: int) -> tuple[str, int, str] | None:
         """(kb, seq, digest of the event) of the log record at ``gid``; None when the log does

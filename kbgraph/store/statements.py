@@ -12,7 +12,7 @@ row.
 from __future__ import annotations
 
 import sqlite3
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import msgspec
 
@@ -23,7 +23,7 @@ _CHUNK: Final = 5_000  # ids per json_each lookup
 tags_encoder = msgspec.json.Encoder()  # tags, aliases and links (stored as text: .decode())
 tags_decoder = msgspec.json.Decoder(list[str])
 links_decoder = tags_decoder
-rows_decoder = msgspec.json.Decoder(list[list])
+rows_decoder = msgspec.json.Decoder(list[list[Any]])  # a row: whatever its columns hold
 
 
 class Bulk(NamedTuple):
@@ -41,7 +41,7 @@ class Lookup(NamedTuple):
     one: str
 
 
-def bulk(conn: sqlite3.Connection, statement: Bulk, kid: int, rows: list[tuple]) -> None:
+def bulk(conn: sqlite3.Connection, statement: Bulk, kid: int, rows: list[tuple[Any, ...]]) -> None:
     if not rows:
         return
     payload = json_text(rows)
@@ -53,8 +53,8 @@ def bulk(conn: sqlite3.Connection, statement: Bulk, kid: int, rows: list[tuple])
 
 def lookup(
     conn: sqlite3.Connection, statement: Lookup, kid: int, keys: list[str] | list[tuple[str, str]]
-) -> list[list]:
-    out: list[list] = []
+) -> list[list[Any]]:
+    out: list[list[Any]] = []
     for start in range(0, len(keys), _CHUNK):
         chunk = keys[start : start + _CHUNK]
         payload = json_text(chunk)

@@ -26,7 +26,7 @@ EXIT_USAGE: Final = 2
 PROGRESS_MIN: Final = 200  # show progress when a run sends at least this many notes
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for name, text in (
         ("import", "load a folder of markdown notes (an Obsidian vault) into a KB"),
         ("sync", "send a folder's changes since the last run; --watch keeps it current"),

@@ -20,7 +20,7 @@ from typing import Final
 
 import msgspec
 
-from kbgraph.events import UpsertData
+from kbgraph.events import Status, UpsertData
 from kbgraph.vault.reader import NoteFields, NoteRead, NoteState, ReadContext, read_chunk
 from kbgraph.vault.resolve import Resolver
 
@@ -55,7 +55,7 @@ class _Row(msgspec.Struct, array_like=True):
     unreadable: bool
     key: str
     fields: NoteFields | None
-    data: tuple[str, list[str], str, str, list[str], str, list[str]] | None
+    data: tuple[str, list[str], str, Status, list[str], str, list[str]] | None
     digest: str
     unresolved: int
     warnings: list[str]
@@ -83,7 +83,7 @@ def _read(row: _Row) -> NoteRead:
     state = None
     if row.data is not None:
         title, aliases, kind, status, tags, text, links = row.data
-        data = UpsertData(0, title, aliases, kind, status, tags, text, links)  # type: ignore[arg-type]
+        data = UpsertData(0, title, aliases, kind, status, tags, text, links)
         state = NoteState(row.id, row.path, data, row.digest, row.unresolved)
     return NoteRead(
         row.index, row.id, row.path, row.skipped, row.unreadable, row.key, row.fields, state,
@@ -116,5 +116,5 @@ def read_all(
         return
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, spawn, _start, (context, ids)) as pool:
-        for chunk in pool.map(_read_chunk, chunks):
-            yield from map(_read, _decoder.decode(chunk))
+        for encoded in pool.map(_read_chunk, chunks):
+            yield from map(_read, _decoder.decode(encoded))

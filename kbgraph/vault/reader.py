@@ -33,7 +33,7 @@ import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, get_args
+from typing import Any, Final, TypeGuard, get_args
 
 import msgspec
 
@@ -43,6 +43,13 @@ from kbgraph.vault.markdown import LinkRef, parse
 from kbgraph.vault.resolve import Resolver
 
 STATUSES: Final = frozenset(get_args(Status))
+
+
+def _is_status(value: str) -> TypeGuard[Status]:
+    """Whether ``value`` is one of the statuses a concept may have."""
+    return value in STATUSES
+
+
 PROGRESS_EVERY: Final = 250
 PARSER_VERSION: Final = b"2\0"  # part of the parse cache key: raise it when parsing changes
 # a note's file may be larger than its text (CRLF line ends, a BOM, front matter), not more so
@@ -230,7 +237,7 @@ class NoteFields(msgspec.Struct, frozen=True, array_like=True):
     aliases: list[str]
     tags: list[str]
     type: str
-    status: str
+    status: Status
     body_start: int
     links: list[LinkRef]
     warnings: list[str]
@@ -367,16 +374,16 @@ class VaultScan:
             if result.state is not None:
                 yield result.state
         out = self.out
-        for result in results:
-            assert result is not None
-            if result.state is None:
-                out.skipped.append((result.path, result.skipped))
-                if result.unreadable:
-                    out.unreadable.add(result.id)
+        for note in results:
+            assert note is not None
+            if note.state is None:
+                out.skipped.append((note.path, note.skipped))
+                if note.unreadable:
+                    out.unreadable.add(note.id)
                 continue
-            out.warnings.extend((result.path, warning) for warning in result.warnings)
-            out.attachments += result.attachments
-            out.notes[result.id] = result.state
+            out.warnings.extend((note.path, warning) for warning in note.warnings)
+            out.attachments += note.attachments
+            out.notes[note.id] = note.state
 
 
 def read_vault(
@@ -399,10 +406,12 @@ def note_fields(source: str) -> NoteFields:
     parsed = parse(source)
     warnings = list(parsed.problems)
     fm = parsed.front_matter
-    status = _scalar(fm.get("status"))
-    if status not in STATUSES:
-        warnings.append(f"status {status!r} is not one of {', '.join(sorted(STATUSES - {''}))}")
-        status = ""
+    said = _scalar(fm.get("status"))
+    status: Status = ""
+    if _is_status(said):
+        status = said
+    else:
+        warnings.append(f"status {said!r} is not one of {', '.join(sorted(STATUSES - {''}))}")
     aliases = _strings(fm.get("aliases", fm.get("alias")), split_spaces=False)
     if len(aliases) > MAX_ALIASES or any(len(a) > MAX_ALIAS_CHARS for a in aliases):
         warnings.append(f"aliases cut to {MAX_ALIASES} of at most {MAX_ALIAS_CHARS} characters")
@@ -443,7 +452,7 @@ def _note(
         title=fields.title or nid.rsplit("/", 1)[-1],
         aliases=fields.aliases,
         type=fields.type,
-        status=fields.status,  # type: ignore[arg-type]
+        status=fields.status,
         tags=fields.tags,
         text=source[fields.body_start :],
         links=list(links),
