@@ -13,6 +13,11 @@ A round goes through every KB's waiting rows (``Vectors.dirty``) in chunks of ``
    to the store, the lock released (a process on a read-only store embeds for itself alone);
 4. installed under the KB's write lock for each row whose text is still the one embedded.
 
+When several stores follow one log (a JetStream cluster) and the provider is outside the
+process, a ``VectorShare`` (``share_with``) says who embeds: only the process holding the
+cluster's lease calls the provider, and it publishes its rows for every node's store instead
+of writing them here; every other process settles its rows from the store once they arrive.
+
 A provider that is down or slow pauses the embedding with a growing pause (``BACKOFF_*``);
 events are applied meanwhile, and text search serves the concepts without a vector.
 """
@@ -26,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Final
+from typing import TYPE_CHECKING, BinaryIO, Final, Protocol
 
 try:  # POSIX only; elsewhere each process embeds for itself
     import fcntl
@@ -60,6 +65,18 @@ REFUSED: Final = Counter(
 Settled = list[tuple[int, bytes, np.ndarray | None]]
 
 
+class VectorShare(Protocol):
+    """One embedder for several stores (``kbgraph.jetstream.embedder.ClusterEmbedder``)."""
+
+    def may_embed(self) -> bool:
+        """Whether this process is the one that calls the provider now."""
+        ...
+
+    def publish(self, kb: str, model: str, rows: list[VectorRow]) -> None:
+        """Hand computed rows to every store (this one included); raises if not taken."""
+        ...
+
+
 class Filler:
     """Every KB's missing vectors, from the store's rows or the provider (one per process)."""
 
@@ -79,6 +96,7 @@ class Filler:
         self._kick = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._share: VectorShare | None = None
         # rows the follower computed (an in-process model), for this thread to store
         self._unwritten: queue.SimpleQueue[tuple[str, str, list[VectorRow]]] = queue.SimpleQueue()
 
@@ -98,6 +116,10 @@ class Filler:
             self._thread = None
         with contextlib.suppress(Exception):  # best effort: a row not stored is computed again
             self._write_computed()
+
+    def share_with(self, share: VectorShare) -> None:
+        """Embed only while ``share`` says so, and publish the rows through it."""
+        self._share = share
 
     def kick(self) -> None:
         """Rows may be waiting (events were applied): a round now, not at the next poll."""
@@ -168,7 +190,7 @@ class Filler:
                 self._kick.set()
         elif missing and not self.pausing() and self.store.read_only:
             settled += self._embed(kb.name, model, missing, digests)  # for itself alone
-        elif missing and not self.pausing():
+        elif missing and not self.pausing() and self._may_embed():
             with self._embedder_lock() as held:
                 if held:
                     found, missing = self._stored(kb.name, model, missing, digests)
@@ -196,9 +218,24 @@ class Filler:
     ) -> Settled:
         """Embed each distinct text once, store the vectors and refusals, return them."""
         settled, rows = self._compute(kb, work, digests)
-        if rows and not self.store.read_only:
+        if rows and self._share is not None:
+            try:  # every node's store gets them from the stream, this one too
+                self._share.publish(kb, model, rows)
+            except Exception as exc:  # not published: computed again after a pause
+                self._pause(f"publishing vectors failed: {exc!r}")
+                return []
+        elif rows and not self.store.read_only:
             self.store.write_vectors(kb, model, rows)
         return settled
+
+    def _may_embed(self) -> bool:
+        return self._share is None or self._share.may_embed()
+
+    def _pause(self, why: str) -> None:
+        """Leave the provider alone for a growing pause."""
+        self._backoff = min(BACKOFF_MAX, max(BACKOFF_START, 2 * self._backoff))
+        self._retry_at = time.monotonic() + self._backoff
+        log.warning("%s (next try in %.1f s)", why, self._backoff)
 
     def _compute(
         self, kb: str, work: list[tuple[int, str, str]], digests: dict[int, bytes]
@@ -211,9 +248,7 @@ class Filler:
         try:
             answers = dict(zip(texts, embed_each(self.embedder, texts), strict=True))
         except EmbeddingUnavailable as exc:
-            self._backoff = min(BACKOFF_MAX, max(BACKOFF_START, 2 * self._backoff))
-            self._retry_at = time.monotonic() + self._backoff
-            log.warning("embeddings unavailable (next try in %.1f s): %s", self._backoff, exc)
+            self._pause(f"embeddings unavailable: {exc}")
             return [], []
         self._backoff = 0.0
         rows = []
