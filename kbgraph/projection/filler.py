@@ -56,6 +56,7 @@ BACKOFF_MAX: Final = 30.0
 POLL_SECONDS: Final = 0.5  # a round at least this often (a pause ending, another's rows)
 LOCK_WAIT: Final = 0.02  # between tries of the embedder lock (the thread must stay stoppable)
 STOP_WAIT: Final = 5.0  # seconds a stop waits for a round to end
+PRUNE_SECONDS: Final = 3600.0  # the store's stale vector rows pruned at start, then this often
 
 REFUSED: Final = Counter(
     "kbgraph_vectors_refused_total",
@@ -97,6 +98,7 @@ class Filler:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._share: VectorShare | None = None
+        self._pruned_at: float | None = None  # time.monotonic() of the last prune
         # rows the follower computed (an in-process model), for this thread to store
         self._unwritten: queue.SimpleQueue[tuple[str, str, list[VectorRow]]] = queue.SimpleQueue()
 
@@ -145,9 +147,25 @@ class Filler:
 
     def round(self) -> int:
         """Store what the follower computed, then one pass over every KB's waiting rows;
-        returns how many were settled."""
+        returns how many were settled. The store's stale rows are pruned when due."""
         self._write_computed()
-        return sum(self.settle(kb) for kb in self._kbs())
+        settled = sum(self.settle(kb) for kb in self._kbs())
+        now = time.monotonic()
+        if self._pruned_at is None or now - self._pruned_at >= PRUNE_SECONDS:
+            self._pruned_at = now
+            self.prune()
+        return settled
+
+    def prune(self) -> int:
+        """Delete the store's vector rows of deleted concepts and of other models than this
+        one (``Store.prune_vectors``); returns how many. Every process of a store has the
+        same ``[embeddings]``, so another model is one no longer configured."""
+        if self.store.read_only:
+            return 0
+        pruned = self.store.prune_vectors(self.embedder.name)
+        if pruned:
+            log.info("pruned %d stale vector rows (deleted concepts, other models)", pruned)
+        return pruned
 
     def settle(self, kb: KBProjection, *, here: bool = False) -> int:
         """One pass over ``kb``'s waiting rows; returns how many were settled.
