@@ -49,6 +49,18 @@ def lease_bucket(stream: str) -> str:
     return f"{stream}-embedder"
 
 
+def payloads(kb: str, model: str, rows: list[VectorRow], limit: int) -> list[bytes]:
+    """``rows`` as vectors messages of at most ``limit`` bytes each, in order (halved until
+    they fit; one row over the limit is a ``ValueError``)."""
+    payload = wire.encode_vectors(kb, model, rows)
+    if len(payload) <= limit:
+        return [payload]
+    if len(rows) == 1:
+        raise ValueError(f"one vector of {len(payload)} bytes is over the stream's limit")
+    half = len(rows) // 2
+    return payloads(kb, model, rows[:half], limit) + payloads(kb, model, rows[half:], limit)
+
+
 class ClusterEmbedder:
     """A filler's ``VectorShare`` over JetStream (see the module's text); made by the process's
     ``Publisher.vector_share``, started and closed with its log."""
@@ -113,21 +125,10 @@ class ClusterEmbedder:
 
     async def _publish_rows(self, kb: str, model: str, rows: list[VectorRow]) -> None:
         subject = wire.vectors_subject(self.stream)
-        for payload in self._parts(kb, model, rows, self._max_payload() - HEADER_ROOM):
+        for payload in payloads(kb, model, rows, self._max_payload() - HEADER_ROOM):
             headers: dict[str, str] = {}
             self._signer.sign(subject, payload, headers)
             await self._publish(subject, payload, headers)
-
-    @classmethod
-    def _parts(cls, kb: str, model: str, rows: list[VectorRow], limit: int) -> list[bytes]:
-        """``rows`` as payloads of at most ``limit`` bytes, in order (halved until they fit)."""
-        payload = wire.encode_vectors(kb, model, rows)
-        if len(payload) <= limit:
-            return [payload]
-        if len(rows) == 1:
-            raise ValueError(f"one vector of {len(payload)} bytes is over the stream's limit")
-        half = len(rows) // 2
-        return cls._parts(kb, model, rows[:half], limit) + cls._parts(kb, model, rows[half:], limit)
 
     async def _hold(self) -> None:
         while True:

@@ -179,6 +179,8 @@ def decode_vectors(payload: bytes) -> tuple[str, str, list[VectorRow]]:
     message = _vectors_decoder.decode(payload)
     if not is_kb_name(message.kb):
         raise msgspec.ValidationError(f"kb name {message.kb!r} is not one nodes accept")
+    if any(vec is not None and (not vec or len(vec) % 4) for _, _, vec, _ in message.rows):
+        raise msgspec.ValidationError("a vector that is not float32 values")
     rows = [
         VectorRow(
             concept,
