@@ -1,11 +1,14 @@
 """One embedder for a JetStream cluster (``kbgraph.jetstream.embedder``): three nodes (one of
 them two workers beside an applier) with a remote provider that counts what it is asked; each
 text is asked once for the whole cluster, and every node's store ends with the same vector rows,
-byte for byte, carried in the stream."""
+byte for byte, carried in the stream; the lease's holder killed, another process takes over
+and the next change is asked once too."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -14,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kbgraph.embeddings import concept_text
 from loadtest.embed_provider import CountingProvider
 from tests import webhook_client as wc
 from tests.nats_cluster import running_cluster
@@ -23,6 +27,7 @@ pytestmark = pytest.mark.slow
 
 STREAM = "t-vec"
 FILL_SECONDS = 120.0
+HOLDS = "embeds for the cluster"  # the line a process logs when it takes the lease
 
 
 @contextlib.contextmanager
@@ -88,6 +93,10 @@ def test_a_cluster_embeds_each_text_once_and_every_node_stores_the_same_bytes(
                 event = wc.upsert(f"infra/c{i}", 1, title=f"c{i}", text=f"alpha text {i}")
                 post(nodes[i % 3].url, [event])
             first = filled(nodes, created)
+            # who holds the lease, from the line it logged (early: a node keeps 40 lines)
+            holders = [n for n in nodes if n.proc is not None and HOLDS in n.proc.tail()]
+            assert len(holders) == 1, [n.proc and n.proc.tail()[-500:] for n in nodes]
+            holder = holders[0]
             assert all(r == first[0] for r in first)  # the same bytes on every node
             assert len(counting.asked) == created, counting.asked
             assert len(set(counting.asked)) == created
@@ -116,6 +125,24 @@ def test_a_cluster_embeds_each_text_once_and_every_node_stores_the_same_bytes(
             ]
             assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
             assert all(a.content == answers[0].content for a in answers)
+
+            asked = len(counting.asked)  # the three questions' vectors among them
+
+            # the holder killed (no goodbye): its lease expires, another process takes it
+            assert holder.proc is not None
+            os.killpg(holder.proc.pid, signal.SIGKILL)
+            holder.proc.wait(30)
+            holder.proc = None
+            alive = [n for n in nodes if n is not holder]
+            post(alive[0].url, [wc.upsert("infra/c9", 3, title="c9", text="gamma after")])
+            deadline = time.monotonic() + FILL_SECONDS
+            while len(counting.asked) == asked and time.monotonic() < deadline:
+                time.sleep(0.2)
+            third = filled(alive, created)
+            assert all(r == third[0] for r in third) and third[0] != second[0]
+            expected = concept_text("c9", [], [], "gamma after")
+            assert counting.asked[asked:] == [expected], counting.asked[asked:]
+            assert any(n.proc is not None and HOLDS in n.proc.tail() for n in alive)
         finally:
             for node in nodes:
                 node.stop()
