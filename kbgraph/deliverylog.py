@@ -24,7 +24,9 @@ A delivery's way, for a newcomer reading the code in order:
 
 ``follow`` starts whatever must run for appends to be answered (JetStream: the connection
 and, on a node, the stream's follower); ``problem`` is what ``/readyz`` says about the log;
-``close`` stops it. The service builds exactly one log from its config
+``close`` stops it. ``vector_share`` says who embeds when several stores follow one log
+(JetStream: one process of the cluster, ``kbgraph.jetstream.embedder``; the SQLite log has one
+store, whose embedder lock suffices). The service builds exactly one log from its config
 (``kbgraph.service``); the rest depends on this protocol only. The refusals every
 implementation raises are defined here so that a SQLite service never imports nats-py.
 """
@@ -33,10 +35,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kbgraph.events import Event
 from kbgraph.store import DeliveryResult, Store, WebhookMessage
+
+if TYPE_CHECKING:
+    from kbgraph.projection.filler import VectorShare
 
 log = logging.getLogger("kbgraph.http.ingest")
 
@@ -80,6 +85,11 @@ class DeliveryLog(Protocol):
         """Stop following; the store is closed by its owner afterwards."""
         ...
 
+    def vector_share(self) -> VectorShare | None:
+        """Who computes vectors with a provider outside the process when several stores
+        follow this log, started by ``follow``; None: this store's own embedder lock."""
+        ...
+
 
 class StoreLog:
     """``[log] kind = "sqlite"``: the store's own log table is the log; ``append`` commits
@@ -109,3 +119,7 @@ class StoreLog:
 
     async def close(self) -> None:
         """Nothing to stop."""
+
+    def vector_share(self) -> None:
+        """None: one store, one embedder lock."""
+        return None

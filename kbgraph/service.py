@@ -95,9 +95,19 @@ class Service:
             if self.read_only
             else make_log(config, self.store, self.projections)
         )
+        self._share_embedder()
         self.tool_threads = ToolThreads(TOOL_THREADS)
         self.projections.start()
         warm_up()
+
+    def _share_embedder(self) -> None:
+        """With a provider outside the process, the log may say who embeds for several
+        stores (a JetStream cluster: one process of all its nodes)."""
+        filler = self.projections.filler
+        if filler is not None and filler.embedder.remote:
+            share = self.log.vector_share()
+            if share is not None:
+                filler.share_with(share)
 
     async def follow(self) -> None:
         await self.log.follow()

@@ -12,17 +12,25 @@ outside against a test provider that counts what it is asked (``loadtest.embed_p
    per concept).
 3. ``restart``: the service stopped, its checkpoints removed, started again (``--workers 2``)
    until complete: the texts asked again (aim 0).
+4. ``cluster`` (``--cluster``): three nodes of ``serve --workers 2`` over a 3-server NATS
+   JetStream cluster (``tests.nats_cluster``), ``--concepts`` concepts created then
+   ``--changes`` of them changed, deliveries spread over the nodes, until every node says
+   complete: the texts the provider was asked per concept change (aim 1), and whether every
+   node's store holds the same vector rows.
 
-``--peer CHECKOUT`` runs the same phases against another checkout's server (its ``.venv``)
-first, side by side. The last line is one JSON object.
+``--skip-single`` runs the cluster phase alone. ``--peer CHECKOUT`` runs the same phases
+against another checkout's server (its ``.venv``) first, side by side. The last line is one
+JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shutil
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -41,8 +49,10 @@ from loadtest.service import HOST, Credentials, ServiceProcess, write_config
 KB = "spine"
 
 
-def config(folder: Path, creds: Credentials, provider: CountingProvider) -> Path:
-    path = write_config(folder, creds, KB)
+def config(
+    folder: Path, creds: Credentials, provider: CountingProvider, log_toml: str = ""
+) -> Path:
+    path = write_config(folder, creds, KB, log_toml)
     with path.open("a") as out:
         out.write(f'\n[embeddings]\nprovider = "openai"\nurl = "{provider.url}"\nbatch = 16\n')
     return path
@@ -153,14 +163,85 @@ def workers_and_restart(
         provider.stop()
 
 
+def vector_rows(store: Path) -> list[tuple[Any, ...]]:
+    with contextlib.closing(sqlite3.connect(store)) as conn:
+        return conn.execute("SELECT * FROM vector ORDER BY kb, model, concept").fetchall()
+
+
+def cluster(folder: Path, concepts: int, changes: int, root: Path | None) -> dict[str, Any]:
+    from tests.nats_cluster import STREAM, NatsCluster  # the benchmark's own servers
+
+    provider = CountingProvider()
+    provider.start()
+    nats = NatsCluster(folder / "nats", 3)
+    services: list[ServiceProcess] = []
+    try:
+        nats.start()
+        creds = Credentials()
+        for i in range(3):
+            (folder / f"node{i}").mkdir()
+            path = config(folder / f"node{i}", creds, provider, nats.log_toml(STREAM))
+            services.append(ServiceProcess(path, workers=2, root=root))
+            services[-1].start()
+        for service in services:
+            asyncio.run(service.wait_ready(180))
+        signer = kbgen.Signer(creds.secret)
+        clients = [httpx.Client(base_url=f"http://{HOST}:{s.port}", timeout=60) for s in services]
+        started = time.monotonic()
+        for i in range(concepts):  # deliveries of 10, spread over the nodes
+            if i % 10 == 0:
+                batch = [
+                    upsert(f"infra/c{j}", f"concept {j} text", f"c{j}")
+                    for j in range(i, min(concepts, i + 10))
+                ]
+                post(clients[(i // 10) % 3], signer, batch)
+        for client in clients:
+            until_complete(client, creds)
+        for i in range(0, changes, 10):
+            batch = [
+                upsert(f"infra/c{j}", f"concept {j} changed", f"c{j}")
+                for j in range(i, min(changes, i + 10))
+            ]
+            for event in batch:
+                event["data"]["version"] = 2
+            post(clients[(i // 10) % 3], signer, batch)
+        time.sleep(1.0)  # the changes applied everywhere before "complete" is believed
+        for client in clients:
+            until_complete(client, creds)
+        filled = time.monotonic() - started
+        for client in clients:
+            client.close()
+        rows = [vector_rows(folder / f"node{i}" / "kbgraph.db") for i in range(3)]
+        return {
+            "nodes": 3,
+            "workers_per_node": 2,
+            "concept_changes": concepts + changes,
+            "texts_embedded": provider.texts,
+            "provider_requests": provider.requests,
+            "embed_calls_per_change": round(provider.texts / (concepts + changes), 2),
+            "same_rows_on_every_node": all(r == rows[0] for r in rows),
+            "rows_per_node": [len(r) for r in rows],
+            "fill_s": round(filled, 2),
+        }
+    finally:
+        for service in services:
+            service.stop()
+        nats.stop()
+        provider.stop()
+
+
 def measure(tmp: Path, args: argparse.Namespace, root: Path | None) -> dict[str, Any]:
-    first, second = tmp / "readable", tmp / "workers"
-    first.mkdir()
-    second.mkdir()
-    return {
-        "readable": readable(first, args.deliveries, args.delay, root),
-        "workers": workers_and_restart(second, args.concepts, args.delay, root),
-    }
+    result: dict[str, Any] = {}
+    if not args.skip_single:
+        first, second = tmp / "readable", tmp / "workers"
+        first.mkdir()
+        second.mkdir()
+        result["readable"] = readable(first, args.deliveries, args.delay, root)
+        result["workers"] = workers_and_restart(second, args.concepts, args.delay, root)
+    if args.cluster or args.skip_single:
+        (tmp / "cluster").mkdir()
+        result["cluster"] = cluster(tmp / "cluster", args.concepts, args.changes, root)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deliveries", type=int, default=40)
     parser.add_argument("--delay", type=float, default=1.0, help="the provider's seconds")
     parser.add_argument("--concepts", type=int, default=120)
+    parser.add_argument("--changes", type=int, default=30, help="concepts changed (--cluster)")
+    parser.add_argument("--cluster", action="store_true", help="the 3-node phase too")
+    parser.add_argument("--skip-single", action="store_true", help="the cluster phase alone")
     parser.add_argument("--peer", type=Path, help="a checkout to measure too (its .venv)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-spine-") as tmp:
@@ -179,12 +263,20 @@ def main(argv: list[str] | None = None) -> int:
             peer = measure(Path(tmp) / "peer", args, args.peer.resolve())
         (Path(tmp) / "this").mkdir()
         result = measure(Path(tmp) / "this", args, None)
-    readable_part, workers_part = result["readable"], result["workers"]
-    result["aims"] = {
-        "readable_p99_le_50ms": readable_part["p99_ms"] <= 50 and not readable_part["not_200"],
-        "workers_texts_embedded_eq_concepts": workers_part["texts_embedded"] == args.concepts,
-        "restart_embeds_nothing": workers_part["restart_without_checkpoints_texts_embedded"] == 0,
-    }
+    aims: dict[str, bool] = {}
+    if "readable" in result:
+        readable_part, workers_part = result["readable"], result["workers"]
+        restarted = workers_part["restart_without_checkpoints_texts_embedded"]
+        aims["readable_p99_le_50ms"] = (
+            readable_part["p99_ms"] <= 50 and not readable_part["not_200"]
+        )
+        aims["workers_texts_embedded_eq_concepts"] = workers_part["texts_embedded"] == args.concepts
+        aims["restart_embeds_nothing"] = restarted == 0
+    if "cluster" in result:
+        part = result["cluster"]
+        aims["cluster_one_embed_per_change"] = part["embed_calls_per_change"] == 1
+        aims["cluster_same_rows_everywhere"] = part["same_rows_on_every_node"]
+    result["aims"] = aims
     if peer is not None:
         result["peer"] = peer
     print(json.dumps(result))

@@ -34,6 +34,7 @@ class CountingProvider:
         self.delay = delay
         self.requests = 0
         self.texts = 0
+        self.asked: list[str] = []  # every text asked, in order
         self._lock = threading.Lock()
 
         async def embeddings(request: Request) -> JSONResponse:
@@ -41,6 +42,7 @@ class CountingProvider:
             with self._lock:
                 self.requests += 1
                 self.texts += len(body["input"])
+                self.asked.extend(body["input"])
             await asyncio.sleep(self.delay)
             data = [
                 {"object": "embedding", "index": i, "embedding": vector(text)}

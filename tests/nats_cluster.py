@@ -38,6 +38,7 @@ CONNECT_SECONDS = 10.0  # an administrator's connection not open by then fails t
 STREAMS = [
     STREAM,
     *("t-two", "t-cut", "t-rules", "t-skip", "t-mac", "t-snap", "t-fault", "t-work", "t-squat"),
+    "t-vec",
 ]
 # the administrator's own stream, made to see the cluster ready (a node's streams are its
 # own to create: it states its decision rules then, and may not change them after)

@@ -32,11 +32,16 @@ def node_permissions(stream: str) -> dict[str, dict[str, list[str]]]:
                 f"{api}.CONSUMER.DELETE.{stream}.*",
                 f"$JS.FC.{stream}.>",  # flow control replies of its push consumer
                 f"{api}.STREAM.PURGE.{stream}",  # trimming below the snapshots
-                # the snapshots' object store and the live nodes' positions: these two alone,
-                # made, read, written and trimmed (never updated or deleted)
+                # the snapshots' object store, the live nodes' positions and the cluster's
+                # embedder lease: these three alone, made, read, written and trimmed (never
+                # updated or deleted)
                 *[
                     f"{api}.{call}.{bucket}{tail}"
-                    for bucket in (f"OBJ_{stream}-snapshots", f"KV_{stream}-nodes")
+                    for bucket in (
+                        f"OBJ_{stream}-snapshots",
+                        f"KV_{stream}-nodes",
+                        f"KV_{stream}-embedder",
+                    )
                     for call, tail in (
                         ("STREAM.INFO", ""),
                         ("STREAM.CREATE", ""),
@@ -52,8 +57,10 @@ def node_permissions(stream: str) -> dict[str, dict[str, list[str]]]:
                 f"{api}.STREAM.NAMES",  # nats-py finds the object store's stream by subject
                 f"$O.{stream}-snapshots.>",
                 f"$KV.{stream}-nodes.>",
+                f"$KV.{stream}-embedder.>",
                 f"$JS.FC.OBJ_{stream}-snapshots.>",
                 f"$JS.FC.KV_{stream}-nodes.>",
+                f"$JS.FC.KV_{stream}-embedder.>",
             ]
         },
         "subscribe": {"allow": ["_INBOX.>"]},  # replies and its consumer's deliveries

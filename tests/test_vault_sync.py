@@ -286,3 +286,23 @@ def test_watch_runs_once_armed_so_an_edit_before_it_is_not_lost(tmp_path: Path) 
     stop.set()
     thread.join(10)
     assert runs and not errors
+
+
+def test_import_into_a_local_store_keeps_the_configs_limits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``import --config`` opens the store as the service does: a KB beyond ``[limits]
+    max_kbs`` is refused (named, nothing stored) as the webhook refuses it."""
+    from kbgraph.cli import main
+
+    root = write_vault(tmp_path / "vault", {"a.md": "first"})
+    config = tmp_path / "kbgraph.toml"
+    config.write_text('[store]\npath = "kb.db"\n[limits]\nmax_kbs = 1\n')
+    assert main(["import", str(root), "--kb", "one", "--config", str(config)]) == 0
+    capsys.readouterr()
+    assert main(["import", str(root), "--kb", "two", "--config", str(config)]) != 0
+    assert "kb two not created: 1 KBs exist, the limit ([limits] max_kbs)" in (
+        capsys.readouterr().err
+    )
+    with Store(tmp_path / "kb.db") as store:
+        assert store.kb_seq("two") == 0 and store.kb_seq("one") > 0

@@ -9,6 +9,8 @@ recorded alone; a question whose vector does not come is answered by its words a
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import tempfile
 import threading
 import time
@@ -212,6 +214,39 @@ def test_a_changed_model_embeds_again_in_the_background(tmp_path: Path) -> None:
     assert p.get(KB).vectors.status() == "filling"  # answered by words meanwhile
     p.fill_vectors()
     assert new_model.texts == 20 and p.get(KB).vectors.status() == "complete"
+    store.close()
+
+
+def stored_rows(path: Path) -> list[tuple[str, str]]:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return conn.execute("SELECT model, concept FROM vector ORDER BY model, concept").fetchall()
+
+
+def test_rows_of_deleted_concepts_and_of_other_models_are_pruned(tmp_path: Path) -> None:
+    """Nothing stale stays in the store: a new model's first round prunes the old model's
+    rows, and a prune after a delete takes the deleted concept's row (and only it)."""
+    store = Store(tmp_path / "kb.db")
+    store.append(KB, concepts(6))
+    old = Projections(store, embedder=Counting("hash-64"))
+    old.load()
+    old.fill_vectors()
+    assert {model for model, _ in stored_rows(tmp_path / "kb.db")} == {"hash-64"}
+    new = Counting("hash-64-v2")
+    p = Projections(store, embedder=new)
+    p.load()
+    p.fill_vectors()
+    everything = [("hash-64-v2", f"infra/n{i}") for i in range(6)]
+    assert stored_rows(tmp_path / "kb.db") == everything
+    store.append(KB, [delete("infra/n1", 2)])
+    follow(p)
+    p.fill_vectors()
+    assert p.filler is not None and p.filler.prune() == 1
+    assert stored_rows(tmp_path / "kb.db") == [r for r in everything if r[1] != "infra/n1"]
+    assert p.filler.prune() == 0
+    store.append(KB, [upsert("infra/n1", 3, title="note 1", text="disks 1")])  # re-created
+    follow(p)
+    p.fill_vectors()
+    assert stored_rows(tmp_path / "kb.db") == everything and new.texts == 7
     store.close()
 
 

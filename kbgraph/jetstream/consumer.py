@@ -125,6 +125,7 @@ class Follower:
     _skips: dict[int, tuple[int, str]]  # position -> (the decision's position, its reason)
     _refusals: dict[int, Exception]  # what the sender of a skipped delivery hears
     skipped_messages: set[WebhookMessage]  # the signed messages of skipped deliveries
+    _vectors_failure: MessageFailed | None = None  # why the store did not take vectors
 
     async def _follow(self) -> None:
         """One consumer from ``applied + 1`` until it must be replaced (``_Restart``)."""
@@ -357,6 +358,11 @@ class Follower:
             log.warning("stream %s: position %s refused: %s", self.stream, seq, note[1])
         elif msg.subject == wire.decision_subject(self.stream):
             note = await self._decision_note(msg.data or b"", seq)
+        elif msg.subject == wire.vectors_subject(self.stream):
+            note = await self._vectors_note(msg.data or b"", seq)
+            if note is None:  # not stored: this message fails here, retried alone
+                resolve(None, self._vectors_failure)
+                return
         else:
             try:
                 kb, events, message = wire.unpack(msg.data or b"", headers)
@@ -379,6 +385,23 @@ class Follower:
                 self.skipped_messages.add(message)
             self._refusals[seq] = DeliverySkipped(f"not applied: skipped {note[1]}")
         self.store.submit_note_from_log(position, *note, resolve, message)
+
+    async def _vectors_note(self, payload: bytes, seq: int) -> tuple[str, str] | None:
+        """Store the cluster's embedder's rows (``kbgraph.jetstream.embedder``) in this node's
+        vector table, where every process's filler finds them, and note the position; None
+        when the store did not take them (``_vectors_failure`` says why). Rows are derived
+        data written in their own transaction: a crash before the note applies them again,
+        the same bytes."""
+        try:
+            kb, model, rows = wire.decode_vectors(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return ("unreadable", f"not vectors: {exc}"[:500])
+        try:
+            await asyncio.to_thread(self.store.write_vectors, kb, model, rows)
+        except Exception as exc:
+            self._vectors_failure = MessageFailed(self.stream, seq, kb, exc)
+            return None
+        return ("vectors", f"{len(rows)} rows of kb {kb}, model {model}"[:500])
 
     async def _decision_note(self, payload: bytes, seq: int) -> tuple[str, str]:
         """Note a decision reached in order; a skip of a message this node applied means it

@@ -90,8 +90,12 @@ class JetStreamLog(Follower, Publisher):
         self._task = asyncio.create_task(self._run(), name="kbgraph-jetstream-follower")
         self._upkeep_task = asyncio.create_task(self._upkeep(), name="kbgraph-jetstream-upkeep")
         self._watch_task = asyncio.create_task(self._watch(), name="kbgraph-jetstream-watch")
+        if self.share is not None:
+            self.share.start()
 
     async def close(self) -> None:
+        if self.share is not None:
+            await self.share.close()
         for task in (self._watch_task, self._upkeep_task, self._task):
             if task is not None:
                 task.cancel()

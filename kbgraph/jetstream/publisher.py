@@ -27,6 +27,7 @@ from kbgraph.deliverylog import DeliverySkipped, DeliveryTooLarge, LogUnavailabl
 from kbgraph.events import Event
 from kbgraph.jetstream import wire
 from kbgraph.jetstream.connect import connect
+from kbgraph.jetstream.embedder import ClusterEmbedder
 from kbgraph.store import WebhookMessage
 
 log = logging.getLogger("kbgraph.jetstream")
@@ -44,6 +45,7 @@ class Publisher:
     _js: Any
     connected: bool
     answered_at: float = 0.0  # when the stream's leader last answered (time.monotonic)
+    share: ClusterEmbedder | None = None  # set by vector_share: the owner starts and closes it
 
     async def _open_nats(self, name: str, on_error: Callable[[Exception], Awaitable[None]]) -> None:
         """Connect as ``name``; ``connected`` follows nats-py's disconnects and reconnects, and
@@ -61,6 +63,21 @@ class Publisher:
         )
         self._js = self._nc.jetstream(timeout=5)
         self.connected = True
+
+    def vector_share(self) -> ClusterEmbedder:
+        """This process's part in the cluster's one embedder (``kbgraph.jetstream.embedder``),
+        over its connection: made once, started by the owner's ``follow``."""
+        if self.share is None:
+            self.share = ClusterEmbedder(
+                self.stream,
+                self.signer,
+                self._id_prefix,
+                lambda: self._js,
+                self._publish,
+                lambda: int(self._nc.max_payload),
+                self.config.publish_timeout_seconds,
+            )
+        return self.share
 
     def _msg_ids(self, node: str) -> None:
         """This process's name ``<node>-<process>`` (its NATS connection's, its ids' prefix)."""

@@ -1,5 +1,6 @@
 """What the stream carries: deliveries (MessagePack, deflated when big) on ``<stream>.<kb>``,
-and operators' decisions on ``<stream>._decision`` (no KB name starts with ``_``), each with a
+operators' decisions on ``<stream>._decision`` and the cluster's embedder's vectors on
+``<stream>._vectors`` (no KB name starts with ``_``), each with a
 MAC (HMAC-SHA256 with the cluster's secret, header ``Kbgraph-Mac``) over exactly what a node
 reads of it: the subject, the encoding and the payload. A NATS password alone cannot write."""
 
@@ -11,15 +12,18 @@ import zlib
 from typing import Final
 
 import msgspec
+import numpy as np
 
 from kbgraph.events import Event, decode_from_log, encode_for_log
 from kbgraph.names import is_kb_name
 from kbgraph.store import WebhookMessage
+from kbgraph.store.vectorrows import VectorRow
 
 MSG_ID: Final = "Nats-Msg-Id"
 ENCODING: Final = "Kbgraph-Encoding"  # "deflate": the payload is zlib-compressed
 COMPRESS_ABOVE: Final = 32 << 10  # bytes; batched deliveries of text shrink 3-5x
 DECISION_TOKEN: Final = "_decision"  # the subject token of operators' decisions
+VECTORS_TOKEN: Final = "_vectors"  # the subject token of the cluster's embedder's vectors
 MAC: Final = "Kbgraph-Mac"
 MIN_SECRET_BYTES: Final = 16
 
@@ -57,6 +61,19 @@ def decision_subject(stream: str) -> str:
     return f"{stream}.{DECISION_TOKEN}"
 
 
+def vectors_subject(stream: str) -> str:
+    return f"{stream}.{VECTORS_TOKEN}"
+
+
+class StreamVectors(msgspec.Struct, array_like=True, frozen=True):
+    """Vectors (or refusals) the cluster's embedder computed, for every node's store: each row
+    (concept, text hash, float32 little-endian bytes or None when refused, the refusal)."""
+
+    kb: str
+    model: str
+    rows: list[tuple[str, bytes, bytes | None, str]]
+
+
 class StreamDelivery(msgspec.Struct, array_like=True, frozen=True):
     """One delivery as the stream carries it (MessagePack)."""
 
@@ -78,6 +95,7 @@ Decision = Skip
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(StreamDelivery)
 _decision_decoder = msgspec.json.Decoder(Decision)
+_vectors_decoder = msgspec.msgpack.Decoder(StreamVectors)
 
 
 class NotPublishable(ValueError):
@@ -135,3 +153,41 @@ def encode_decision(decision: Decision) -> bytes:
 
 def decode_decision(payload: bytes) -> Decision:
     return _decision_decoder.decode(payload)
+
+
+def encode_vectors(kb: str, model: str, rows: list[VectorRow]) -> bytes:
+    """The payload of one vectors message (never deflated: float bytes do not shrink)."""
+    return _encoder.encode(
+        StreamVectors(
+            kb,
+            model,
+            [
+                (
+                    r.concept,
+                    r.text_hash,
+                    None if r.vector is None else np.asarray(r.vector, "<f4").tobytes(),
+                    r.problem,
+                )
+                for r in rows
+            ],
+        )
+    )
+
+
+def decode_vectors(payload: bytes) -> tuple[str, str, list[VectorRow]]:
+    """(kb, model, rows) of a vectors message; raises msgspec's errors on anything else."""
+    message = _vectors_decoder.decode(payload)
+    if not is_kb_name(message.kb):
+        raise msgspec.ValidationError(f"kb name {message.kb!r} is not one nodes accept")
+    if any(vec is not None and (not vec or len(vec) % 4) for _, _, vec, _ in message.rows):
+        raise msgspec.ValidationError("a vector that is not float32 values")
+    rows = [
+        VectorRow(
+            concept,
+            digest,
+            None if vec is None else np.frombuffer(vec, "<f4").astype(np.float32),
+            problem,
+        )
+        for concept, digest, vec, problem in message.rows
+    ]
+    return message.kb, message.model, rows

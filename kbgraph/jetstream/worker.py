@@ -59,6 +59,8 @@ class WorkerLog(Publisher):
     async def follow(self) -> None:
         """Connect in the background (the node's applier follows the stream)."""
         self._task = asyncio.create_task(self._connect(), name="kbgraph-worker-nats")
+        if self.share is not None:
+            self.share.start()
 
     async def _connect(self) -> None:
         async def error(exc: Exception) -> None:  # nats-py retries; /readyz says why
@@ -76,6 +78,8 @@ class WorkerLog(Publisher):
                 backoff = min(2.0, backoff * 2)
 
     async def close(self) -> None:
+        if self.share is not None:
+            await self.share.close()
         for task in (self._poller, self._task):
             if task is not None:
                 task.cancel()

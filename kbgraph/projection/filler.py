@@ -13,6 +13,11 @@ A round goes through every KB's waiting rows (``Vectors.dirty``) in chunks of ``
    to the store, the lock released (a process on a read-only store embeds for itself alone);
 4. installed under the KB's write lock for each row whose text is still the one embedded.
 
+When several stores follow one log (a JetStream cluster) and the provider is outside the
+process, a ``VectorShare`` (``share_with``) says who embeds: only the process holding the
+cluster's lease calls the provider, and it publishes its rows for every node's store instead
+of writing them here; every other process settles its rows from the store once they arrive.
+
 A provider that is down or slow pauses the embedding with a growing pause (``BACKOFF_*``);
 events are applied meanwhile, and text search serves the concepts without a vector.
 """
@@ -26,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Final
+from typing import TYPE_CHECKING, BinaryIO, Final, Protocol
 
 try:  # POSIX only; elsewhere each process embeds for itself
     import fcntl
@@ -51,6 +56,7 @@ BACKOFF_MAX: Final = 30.0
 POLL_SECONDS: Final = 0.5  # a round at least this often (a pause ending, another's rows)
 LOCK_WAIT: Final = 0.02  # between tries of the embedder lock (the thread must stay stoppable)
 STOP_WAIT: Final = 5.0  # seconds a stop waits for a round to end
+PRUNE_SECONDS: Final = 3600.0  # the store's stale vector rows pruned at start, then this often
 
 REFUSED: Final = Counter(
     "kbgraph_vectors_refused_total",
@@ -58,6 +64,18 @@ REFUSED: Final = Counter(
 )
 
 Settled = list[tuple[int, bytes, np.ndarray | None]]
+
+
+class VectorShare(Protocol):
+    """One embedder for several stores (``kbgraph.jetstream.embedder.ClusterEmbedder``)."""
+
+    def may_embed(self) -> bool:
+        """Whether this process is the one that calls the provider now."""
+        ...
+
+    def publish(self, kb: str, model: str, rows: list[VectorRow]) -> None:
+        """Hand computed rows to every store (this one included); raises if not taken."""
+        ...
 
 
 class Filler:
@@ -79,6 +97,8 @@ class Filler:
         self._kick = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._share: VectorShare | None = None
+        self._pruned_at: float | None = None  # time.monotonic() of the last prune
         # rows the follower computed (an in-process model), for this thread to store
         self._unwritten: queue.SimpleQueue[tuple[str, str, list[VectorRow]]] = queue.SimpleQueue()
 
@@ -98,6 +118,10 @@ class Filler:
             self._thread = None
         with contextlib.suppress(Exception):  # best effort: a row not stored is computed again
             self._write_computed()
+
+    def share_with(self, share: VectorShare) -> None:
+        """Embed only while ``share`` says so, and publish the rows through it."""
+        self._share = share
 
     def kick(self) -> None:
         """Rows may be waiting (events were applied): a round now, not at the next poll."""
@@ -123,9 +147,25 @@ class Filler:
 
     def round(self) -> int:
         """Store what the follower computed, then one pass over every KB's waiting rows;
-        returns how many were settled."""
+        returns how many were settled. The store's stale rows are pruned when due."""
         self._write_computed()
-        return sum(self.settle(kb) for kb in self._kbs())
+        settled = sum(self.settle(kb) for kb in self._kbs())
+        now = time.monotonic()
+        if self._pruned_at is None or now - self._pruned_at >= PRUNE_SECONDS:
+            self._pruned_at = now
+            self.prune()
+        return settled
+
+    def prune(self) -> int:
+        """Delete the store's vector rows of deleted concepts and of other models than this
+        one (``Store.prune_vectors``); returns how many. Every process of a store has the
+        same ``[embeddings]``, so another model is one no longer configured."""
+        if self.store.read_only:
+            return 0
+        pruned = self.store.prune_vectors(self.embedder.name)
+        if pruned:
+            log.info("pruned %d stale vector rows (deleted concepts, other models)", pruned)
+        return pruned
 
     def settle(self, kb: KBProjection, *, here: bool = False) -> int:
         """One pass over ``kb``'s waiting rows; returns how many were settled.
@@ -168,7 +208,7 @@ class Filler:
                 self._kick.set()
         elif missing and not self.pausing() and self.store.read_only:
             settled += self._embed(kb.name, model, missing, digests)  # for itself alone
-        elif missing and not self.pausing():
+        elif missing and not self.pausing() and self._may_embed():
             with self._embedder_lock() as held:
                 if held:
                     found, missing = self._stored(kb.name, model, missing, digests)
@@ -196,9 +236,24 @@ class Filler:
     ) -> Settled:
         """Embed each distinct text once, store the vectors and refusals, return them."""
         settled, rows = self._compute(kb, work, digests)
-        if rows and not self.store.read_only:
+        if rows and self._share is not None:
+            try:  # every node's store gets them from the stream, this one too
+                self._share.publish(kb, model, rows)
+            except Exception as exc:  # not published: computed again after a pause
+                self._pause(f"publishing vectors failed: {exc!r}")
+                return []
+        elif rows and not self.store.read_only:
             self.store.write_vectors(kb, model, rows)
         return settled
+
+    def _may_embed(self) -> bool:
+        return self._share is None or self._share.may_embed()
+
+    def _pause(self, why: str) -> None:
+        """Leave the provider alone for a growing pause."""
+        self._backoff = min(BACKOFF_MAX, max(BACKOFF_START, 2 * self._backoff))
+        self._retry_at = time.monotonic() + self._backoff
+        log.warning("%s (next try in %.1f s)", why, self._backoff)
 
     def _compute(
         self, kb: str, work: list[tuple[int, str, str]], digests: dict[int, bytes]
@@ -211,9 +266,7 @@ class Filler:
         try:
             answers = dict(zip(texts, embed_each(self.embedder, texts), strict=True))
         except EmbeddingUnavailable as exc:
-            self._backoff = min(BACKOFF_MAX, max(BACKOFF_START, 2 * self._backoff))
-            self._retry_at = time.monotonic() + self._backoff
-            log.warning("embeddings unavailable (next try in %.1f s): %s", self._backoff, exc)
+            self._pause(f"embeddings unavailable: {exc}")
             return [], []
         self._backoff = 0.0
         rows = []

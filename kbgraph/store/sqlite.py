@@ -507,6 +507,24 @@ class Store:
         finally:
             conn.close()
 
+    def prune_vectors(self, model: str | None, chunk: int = 1000) -> int:
+        """Delete the vector rows of deleted concepts and of models other than ``model``
+        (None: every model); found by a reader, deleted in short transactions of ``chunk``
+        rows, so the writer is never held up for long. Returns the rows deleted."""
+        with self._reader() as reader:
+            keys = vectorrows.stale(reader, model)
+        if not keys or self.read_only:
+            return 0
+        conn = self._connect()
+        deleted = 0
+        try:
+            for start in range(0, len(keys), chunk):
+                work = functools.partial(vectorrows.prune, conn, model, keys[start : start + chunk])
+                deleted += self._immediately(conn, work)
+        finally:
+            conn.close()
+        return deleted
+
     def _immediately(self, conn: sqlite3.Connection, work: Callable[[], _T]) -> _T:
         """``work`` in one IMMEDIATE transaction of ``conn`` outside the writer thread:
         committed (retried while busy), or rolled back when it raises."""

@@ -202,6 +202,18 @@ VECTORS_GET: Final = (
     "SELECT v.concept, v.text_hash, v.vec, v.problem FROM json_each(?3) j"
     " JOIN vector v ON v.kb = ?1 AND v.model = ?2 AND v.concept = j.value"
 )
+# rows of another model, or of a concept the store no longer holds (deleted; or a KB unknown)
+VECTORS_STALE: Final = (
+    "SELECT v.kb, v.model, v.concept FROM vector v WHERE v.model IS NOT ?1 OR NOT EXISTS"
+    " (SELECT 1 FROM kb k JOIN concept c ON c.kid = k.kid AND c.id = v.concept"
+    " WHERE k.name = v.kb)"
+)
+# the same test again, per row, inside the deleting transaction (a concept re-created since)
+VECTOR_PRUNE: Final = (
+    "DELETE FROM vector WHERE kb = ?1 AND model = ?2 AND concept = ?3 AND (model IS NOT ?4"
+    " OR NOT EXISTS (SELECT 1 FROM kb k JOIN concept c ON c.kid = k.kid AND c.id = ?3"
+    " WHERE k.name = ?1))"
+)
 VECTOR_PUT: Final = (
     "INSERT OR REPLACE INTO vector (kb, concept, model, text_hash, vec, problem)"
     " VALUES (?, ?, ?, ?, ?, ?)"

@@ -3,7 +3,8 @@ text whose hash it names, or the provider's refusal of that text.
 
 A row answers a look-up only when its hash is the hash of the concept's text now, so a changed
 text (or another model) is embedded again while an unchanged one never is, whichever process
-asks, after a restart with or without a checkpoint.
+asks, after a restart with or without a checkpoint. Rows of a deleted concept or of a model no
+longer configured are pruned (``stale`` then ``prune``).
 """
 
 from __future__ import annotations
@@ -58,3 +59,16 @@ def write(conn: sqlite3.Connection, kb: str, model: str, rows: list[VectorRow]) 
             for r in rows
         ],
     )
+
+
+def stale(conn: sqlite3.Connection, model: str | None) -> list[tuple[str, str, str]]:
+    """(kb, model, concept) of the rows of another model than ``model`` (every row when
+    None) or of a concept the store no longer holds."""
+    return [tuple(row) for row in conn.execute(sql.VECTORS_STALE, (model,))]
+
+
+def prune(conn: sqlite3.Connection, model: str | None, keys: list[tuple[str, str, str]]) -> int:
+    """Delete the rows of ``keys`` that are still stale (call inside a write transaction)."""
+    before = conn.total_changes
+    conn.executemany(sql.VECTOR_PRUNE, [(*key, model) for key in keys])
+    return conn.total_changes - before

@@ -78,8 +78,9 @@ def open_sink(args: argparse.Namespace) -> Sink | str:
             " send with --url to a node instead"
         )
     from kbgraph.http.health import store_folder_problem
+    from kbgraph.service import open_store  # the store as the service opens it
 
-    return store_folder_problem(config.store.path) or LocalSink(config.store.path)
+    return store_folder_problem(config.store.path) or LocalSink(open_store(config))
 
 
 def run_command(args: argparse.Namespace, stop_event: threading.Event | None = None) -> int:

@@ -21,7 +21,7 @@ import msgspec
 from standardwebhooks.webhooks import Webhook
 
 from kbgraph.events import Event
-from kbgraph.store import DeliveryResult, Store
+from kbgraph.store import DeliveryResult, KBLimitReached, Store
 
 SECRET_ENV: Final = "KBGRAPH_WEBHOOK_SECRET"
 
@@ -43,12 +43,19 @@ class Sink(Protocol):
 
 
 class LocalSink:
-    def __init__(self, store_path: str | Path) -> None:
-        self.dest = f"store:{Path(store_path).resolve()}"
-        self.store = Store(store_path)
+    """A store of this machine: ``kbgraph import --config`` hands it the store as the service
+    opens it (``kbgraph.service.open_store``: the same KB limit, names and key retention);
+    a bare path opens one with the store's defaults (tests, the demo)."""
+
+    def __init__(self, store: Store | str | Path) -> None:
+        self.store = store if isinstance(store, Store) else Store(store)
+        self.dest = f"store:{Path(self.store.path).resolve()}"
 
     def send(self, kb: str, events: list[Event]) -> DeliveryResult:
-        return self.store.append(kb, events)
+        try:
+            return self.store.append(kb, events)
+        except KBLimitReached as exc:  # as the webhook answers it (403): nothing stored
+            raise SyncError(f"{self.dest}: {exc}") from None
 
     def kb_seq(self, kb: str) -> int | None:
         return self.store.kb_seq(kb)
