@@ -345,7 +345,11 @@ def test_link_suggest_skips_retired_candidates(service: Service) -> None:
     assert answer["count"] == 5
     first = answer["candidates"][0]
     assert first["common"] == ["l/z1", "l/z2"]
-    assert first["score"] == round(1 / 9 + 1 / 9, 4)  # each z has x and 8 c's
+    assert first["score"] > round(1 / 9 + 1 / 9, 4)  # hybrid: the walk's share on top
+    body = {"id": "l/x", "method": "structure"}
+    structure = service.tool(ADMIN, KB, "link_suggest", body, seq).json()["candidates"]
+    assert [c["id"] for c in structure] == ["l/c1", "l/c3", "l/c4", "l/c5", "l/c6"]
+    assert structure[0]["score"] == round(1 / 9 + 1 / 9, 4)  # each z has x and 8 c's
     wide = service.tool(ADMIN, KB, "link_suggest", {"id": "l/x", "limit": 50}, seq).json()
     assert wide["count"] == 6
 

@@ -63,7 +63,10 @@ METHODS: Final = ("hybrid", "structure")
 # link_suggest hybrid: structure's resource allocation plus weighted text evidence.
 MENTION_WEIGHT: Final = 2.0
 TERMS_WEIGHT: Final = 4.0
-TAGS_WEIGHT: Final = 0.5
+TAGS_WEIGHT: Final = 1.0
+# ... + SUGGEST_WALK_WEIGHT * the walk's mass from x (PPR, restart PPR_ALPHA) over its best:
+# several hops of structure where resource allocation sees two (issue 36, tune links).
+SUGGEST_WALK_WEIGHT: Final = 2.0
 Req = TypeVar("Req")
 
 
@@ -291,8 +294,10 @@ def _hybrid(snap: Snapshot, view: View, node: int, limit: int) -> list[Candidate
     """Resource allocation (one common neighbour is enough) plus the text's evidence.
 
     score = RA + MENTION_WEIGHT * mention + TERMS_WEIGHT * terms + TAGS_WEIGHT * tags
-    (``kbgraph.agent.evidence``), over the visible concepts not linked with ``node`` either way;
-    a candidate needs some evidence of one kind or another.
+            + SUGGEST_WALK_WEIGHT * walk
+    (``kbgraph.agent.evidence``; ``walk``: the PPR mass from ``node`` over the best of it,
+    ``node`` left out), over the visible concepts not linked with ``node`` either way; a
+    candidate needs some evidence of one kind or another.
     """
     g, mask = view.graph, view.mask
     start, length = int(g.out_off[node]), int(g.out_len[node])
@@ -307,6 +312,10 @@ def _hybrid(snap: Snapshot, view: View, node: int, limit: int) -> list[Candidate
         total[list(found.mention)] += MENTION_WEIGHT
     total += TERMS_WEIGHT * found.terms
     total += TAGS_WEIGHT * found.tags
+    reached, mass = graphalgo.personalized_pagerank(view, [(node, 1.0)], PPR_ALPHA, ordered=False)
+    mass[reached == node] = 0.0
+    if mass.size and mass.max() > 0.0:
+        total[reached] += SUGGEST_WALK_WEIGHT * mass / mass.max()
     start, length = int(g.und_off[node]), int(g.und_len[node])
     total[g.und[start : start + length]] = 0.0  # linked either way: never a candidate
     total[node] = 0.0
