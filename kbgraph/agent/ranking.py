@@ -63,30 +63,34 @@ def ranked(
     normalised weight; ``mass``: the PPR estimate of each seed and result; ``results``:
     (node, hops, via) of each result; ``alpha``: the walk's restart.
     """
-    nodes = sorted(seeds, key=view.graph.ids.__getitem__)
-    nodes += [node for node, _, _ in results]
+    nodes = [*seeds, *(node for node, _, _ in results)]
     if not nodes:
         return []
     best = max(search.values(), default=0.0) or 1.0
-    deg = np.maximum(view.deg[np.array(nodes, np.int64)].astype(np.float64), 1.0)
-    received = np.array(
-        [max(mass.get(v, 0.0) - alpha * seeds.get(v, 0.0), 0.0) for v in nodes], np.float64
-    )
-    walk = received / deg**WALK_DEGREE_POWER
-    hops_of = {v: (0, None) for v in seeds} | {v: (h, b) for v, h, b in results}
+    deg = view.deg
+    walk = [
+        max(mass.get(v, 0.0) - alpha * seeds.get(v, 0.0), 0.0)
+        / max(int(deg[v]), 1) ** WALK_DEGREE_POWER
+        for v in nodes
+    ]
     hits = np.fromiter(search.keys(), np.int64, len(search))
     scores = np.fromiter(search.values(), np.float64, len(search))
-    near = neighbour_evidence(view, hits, scores, nodes, NEIGHBOUR_DEGREE_POWER)
-    own = np.array([search.get(v, 0.0) / best for v in nodes], np.float64)
-    score = own + WALK_WEIGHT * _scaled(walk) + NEIGHBOUR_WEIGHT * _scaled(near)
+    near = neighbour_evidence(view, hits, scores, nodes, NEIGHBOUR_DEGREE_POWER).tolist()
+    top_walk, top_near = max(walk) or 1.0, max(near) or 1.0
+    hops_of = {v: (h, b) for v, h, b in results}
     rows = [
-        Row(v, round(float(s), 4), hops_of[v][0], hops_of[v][1])
-        for v, s in zip(nodes, score.tolist(), strict=True)
+        Row(
+            v,
+            round(
+                search.get(v, 0.0) / best
+                + WALK_WEIGHT * w / top_walk
+                + NEIGHBOUR_WEIGHT * h / top_near,
+                4,
+            ),
+            *hops_of.get(v, (0, None)),
+        )
+        for v, w, h in zip(nodes, walk, near, strict=True)
     ]
-    rows.sort(key=lambda row: (-row.score, row.hops, view.graph.ids[row.node]))
+    ids = view.graph.ids
+    rows.sort(key=lambda row: (-row.score, row.hops, ids[row.node]))
     return rows[:limit]
-
-
-def _scaled(values: np.ndarray) -> np.ndarray:
-    top = float(values.max()) if values.size else 0.0
-    return values / top if top > 0.0 else values

@@ -409,3 +409,49 @@ def bidir_path(off, length, blk, mask, source, target, max_hops, ds, dt1, qs, qt
     for i in range(t_end):
         dt1[qt[i]] = 0
     return res
+
+
+@njit(cache=True, nogil=True)
+def neighbour_sum(und_off, und_len, und, mask, deg, src, x, targets, gamma, pos, out):
+    """``out[i] = sum of x[j] * (deg(src[j]) deg(targets[i])) ** -gamma`` over the visible
+    sources src[j] (x[j] > 0) that are visible neighbours of targets[i]; each target's terms
+    are added smallest first, so the bits depend on the terms alone, not on the sources' order
+    or the ints. A repeated target is filled at its first place only. Scratch: ``pos`` int32
+    all -1 (restored)."""
+    m = targets.shape[0]
+    for i in range(m):
+        v = targets[i]
+        if mask[v] != 0 and pos[v] < 0:
+            pos[v] = i
+    count = np.zeros(m + 1, np.int64)
+    for j in range(src.shape[0]):
+        u = src[j]
+        if mask[u] == 0 or not x[j] > 0.0:
+            continue
+        start = und_off[u]
+        for k in range(start, start + und_len[u]):
+            v = und[k]
+            if mask[v] != 0 and pos[v] >= 0:
+                count[pos[v] + 1] += 1
+    for i in range(m):
+        count[i + 1] += count[i]
+    terms = np.empty(count[m], np.float64)
+    fill = count[:m].copy()
+    for j in range(src.shape[0]):
+        u = src[j]
+        if mask[u] == 0 or not x[j] > 0.0:
+            continue
+        start = und_off[u]
+        for k in range(start, start + und_len[u]):
+            v = und[k]
+            if mask[v] != 0 and pos[v] >= 0:
+                terms[fill[pos[v]]] = x[j] * (float(deg[u]) * float(deg[v])) ** -gamma
+                fill[pos[v]] += 1
+    for i in range(m):
+        block = np.sort(terms[count[i] : count[i + 1]])
+        total = 0.0
+        for t in block:
+            total += t
+        out[i] = total
+    for i in range(m):
+        pos[targets[i]] = -1

@@ -12,10 +12,10 @@ counted within it. With ``γ = 1/2`` the edge weight is the symmetric normalisat
 filters; a larger ``γ`` discounts hubs on either end more (a tag stub or an index page linked
 from everywhere passes little). A source is not its own neighbour.
 
-Determinism: each target's terms are added smallest first, so the bits do not depend on the
-ints the ids were interned as, and a narrowed view equals a graph where the
-hidden nodes were never written (hidden nodes are neither sources, targets, nor counted in
-``deg``).
+Determinism: each target's terms are added smallest first, so the bits depend on the terms
+alone, not on the sources' order or the ints the ids were interned as; and a narrowed view
+equals a graph where the hidden nodes were never written (hidden nodes are neither sources,
+targets, nor counted in ``deg``). The sum runs in ``kbgraph.graphalgo._kernels``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kbgraph.graphalgo._common import Scratch, und_arrays, with_scratch
+from kbgraph.graphalgo._kernels import neighbour_sum
 from kbgraph.graphalgo.graph import View
 
 __all__ = ["neighbour_evidence"]
@@ -39,40 +41,27 @@ def neighbour_evidence(
     """``h`` of each target (float64, in ``targets``' order), as the module docstring defines.
 
     The sources are ``nodes`` with their ``values`` (parallel arrays). Sources that are
-    hidden or out of range, or whose value is not > 0, add nothing; a source listed twice adds
-    its values; a hidden target gets 0.
+    hidden, or whose value is not > 0, add nothing; a source listed twice adds its values; a
+    hidden target gets 0. Raises ValueError for a node out of range.
     """
-    out = np.zeros(len(targets), np.float64)
-    if not len(targets) or not len(nodes):
-        return out
-    g, mask, deg = view.graph, view.mask, view.deg
+    g = view.graph
     src = np.asarray(nodes, np.int64)
-    x = np.asarray(values, np.float64)
-    keep = (src >= 0) & (src < g.n)
-    src, x = src[keep], x[keep]
-    keep = (mask[src] != 0) & (x > 0.0)
-    src, again = np.unique(src[keep], return_inverse=True)
-    value = np.bincount(again, weights=x[keep], minlength=len(src))  # a repeated source adds
-    lens = g.und_len[src].astype(np.int64)
-    total = int(lens.sum())
-    if total == 0:
-        return out
-    starts = g.und_off[src].astype(np.int64)
-    # every source's block of neighbours, one after another
-    shift = np.repeat(starts - (np.cumsum(lens) - lens), lens)
-    neigh = g.und[shift + np.arange(total)].astype(np.int64)
-    owner = np.repeat(np.arange(len(src)), lens)
     wanted = np.asarray(targets, np.int64)
-    by_node = np.unique(wanted)
-    at = np.minimum(np.searchsorted(by_node, neigh), len(by_node) - 1)
-    hit = (by_node[at] == neigh) & (mask[neigh] != 0)
-    if not hit.any():
+    for array in (src, wanted):
+        if array.size and (int(array.min()) < 0 or int(array.max()) >= g.n):
+            raise ValueError("a node is out of range")
+    out = np.zeros(wanted.shape[0], np.float64)
+    if not wanted.size or not src.size:
         return out
-    neigh, owner, at = neigh[hit], owner[hit], at[hit]
-    weight = (deg[src[owner]].astype(np.float64) * deg[neigh].astype(np.float64)) ** -gamma
-    terms = value[owner] * weight
-    # each target's terms added smallest first: the same multiset gives the same bits, whatever
-    # ints the ids were interned as (bincount adds in input order)
-    order = np.lexsort((terms, at))
-    summed = np.bincount(at[order], weights=terms[order], minlength=len(by_node))
-    return summed[np.searchsorted(by_node, wanted)]
+    x = np.asarray(values, np.float64)
+    arrays = und_arrays(view)
+
+    def run(s: Scratch) -> None:
+        neighbour_sum(*arrays, src, x, wanted, float(gamma), s.dist, out)
+
+    with_scratch(g.n, run)
+    first: dict[int, int] = {}  # a repeated target: the sum at its first place
+    for i, v in enumerate(wanted.tolist()):
+        if first.setdefault(v, i) != i:
+            out[i] = out[first[v]]
+    return out
