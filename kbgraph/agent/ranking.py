@@ -83,8 +83,8 @@ def ranked(
             v,
             round(
                 search.get(v, 0.0) / best
-                + WALK_WEIGHT * w / top_walk
-                + NEIGHBOUR_WEIGHT * h / top_near,
+                + WALK_WEIGHT * (w / top_walk)
+                + NEIGHBOUR_WEIGHT * (h / top_near),
                 4,
             ),
             *hops_of.get(v, (0, None)),
