@@ -42,6 +42,10 @@ def test_hand_case_hub_passes_less() -> None:
     assert x == pytest.approx((1.0 + 0.5) / 3**0.5 + 1.0 / (4 * 3) ** 0.5)
     assert y1 == pytest.approx(1.0 / 4**0.5)  # only the hub, split four ways
     assert a == 0.0  # a source is not its own neighbour; a's one neighbour x is no source
+    # every node as a target: more adjacency to walk than from the sources, so the edges are
+    # found from the sources' side; the same sums
+    every = neighbour_evidence(view, *sources, list(range(7)), 0.5)
+    assert every[node["x"]] == x and every[node["y1"]] == y1 and every[node["a"]] == a
     # a larger gamma discounts the hub's share more than the leaves'
     x1, y11 = neighbour_evidence(view, *sources, [node["x"], node["y1"]], 1.0)
     assert x1 == pytest.approx(1.5 / 3 + 1.0 / 12) and y11 == pytest.approx(0.25)

@@ -54,10 +54,13 @@ def neighbour_evidence(
     if not wanted.size or not src.size:
         return out
     x = np.asarray(values, np.float64)
+    if np.unique(src).shape[0] < src.shape[0]:  # a repeated source adds its values, in order
+        src, again = np.unique(src, return_inverse=True)
+        x = np.bincount(again, weights=x, minlength=src.shape[0]).astype(np.float64)
     arrays = und_arrays(view)
 
     def run(s: Scratch) -> None:
-        neighbour_sum(*arrays, src, x, wanted, float(gamma), s.dist, out)
+        neighbour_sum(*arrays, src, x, wanted, float(gamma), s.dist, s.c0, out)
 
     with_scratch(g.n, run)
     first: dict[int, int] = {}  # a repeated target: the sum at its first place
