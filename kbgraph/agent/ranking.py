@@ -19,8 +19,9 @@ in the list:
 rounded to 4 decimals, then hops ascending (a seed's are 0), then id; cut to the limit. Search's
 own strong hits keep their place unless the graph's evidence for another is strong: a full
 graph share is worth less than the best hit's search score. Every figure is computed on the
-visible subgraph in an order fixed by the ids, so the list is deterministic and a narrowed
-caller gets exactly what an admin gets where the hidden concepts were never written. The
+visible subgraph, its sums in an order fixed by the figures themselves (never by how ids were
+interned), so the list is deterministic and a narrowed caller gets exactly what an admin gets
+where the hidden concepts were never written. The
 weights were chosen on the tune questions of several corpora with two embedding models
 (docs/retrieval-quality.md).
 """
