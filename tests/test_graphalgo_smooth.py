@@ -57,8 +57,13 @@ def test_nothing_in_nothing_out() -> None:
     assert neighbour_evidence(view, none, np.array([]), [0, 1]).tolist() == [0.0, 0.0]
     assert neighbour_evidence(view, one, np.array([1.0]), []).tolist() == []
     assert neighbour_evidence(view, one, np.array([0.0]), [1]).tolist() == [0.0]  # no value
-    # a source listed twice adds its values
-    assert neighbour_evidence(view, np.array([0, 0]), np.array([1.0, 2.0]), [1]).tolist() == [3.0]
+    with pytest.raises(ValueError):  # a source listed twice
+        neighbour_evidence(view, np.array([0, 0]), np.array([1.0, 2.0]), [1])
+    with pytest.raises(ValueError):  # out of range
+        neighbour_evidence(view, one, np.array([1.0]), [2])
+    # a target listed twice gets its sum twice; the scratch is left clean after a refusal
+    twice = neighbour_evidence(view, one, np.array([1.0]), [1, 1])
+    assert twice.tolist() == [1.0, 1.0]
 
 
 @settings(max_examples=40, deadline=None)

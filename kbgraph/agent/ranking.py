@@ -68,11 +68,10 @@ def ranked(
     if not nodes:
         return []
     best = max(search.values(), default=0.0) or 1.0
-    deg = view.deg
+    degrees = view.deg[np.array(nodes, np.int64)].tolist()
     walk = [
-        max(mass.get(v, 0.0) - alpha * seeds.get(v, 0.0), 0.0)
-        / max(int(deg[v]), 1) ** WALK_DEGREE_POWER
-        for v in nodes
+        max(mass.get(v, 0.0) - alpha * seeds.get(v, 0.0), 0.0) / max(d, 1) ** WALK_DEGREE_POWER
+        for v, d in zip(nodes, degrees, strict=True)
     ]
     hits = np.fromiter(search.keys(), np.int64, len(search))
     scores = np.fromiter(search.values(), np.float64, len(search))

@@ -419,16 +419,30 @@ def neighbour_sum(und_off, und_len, und, mask, deg, src, x, targets, gamma, pos,
     way: the adjacency is undirected), and each target's terms are added smallest first, so the
     bits depend on the terms alone, not on the order of the lists or the ints. A repeated target
     is filled at its first place only. Scratch: ``pos`` int32 all -1 and ``slot`` int32 zeros
-    (both restored)."""
+    (both restored). Returns 0, or 1 (nothing done) when a node is out of range or a source is
+    repeated."""
+    n = mask.shape[0]
     m = targets.shape[0]
+    for i in range(m):
+        if targets[i] < 0 or targets[i] >= n:
+            return 1
+    for j in range(src.shape[0]):
+        if src[j] < 0 or src[j] >= n:
+            return 1
+    for j in range(src.shape[0]):
+        u = src[j]
+        if slot[u] != 0:
+            for k in range(j):
+                slot[src[k]] = 0
+            return 1
+        slot[u] = j + 1
+    for j in range(src.shape[0]):
+        if mask[src[j]] == 0 or not x[j] > 0.0:
+            slot[src[j]] = 0
     for i in range(m):
         v = targets[i]
         if mask[v] != 0 and pos[v] < 0:
             pos[v] = i
-    for j in range(src.shape[0]):
-        u = src[j]
-        if mask[u] != 0 and x[j] > 0.0:
-            slot[u] = j + 1
     walk_sources = 0
     walk_targets = 0
     for j in range(src.shape[0]):
@@ -481,6 +495,11 @@ def neighbour_sum(und_off, und_len, und, mask, deg, src, x, targets, gamma, pos,
             total += t
         out[i] = total
     for i in range(m):
+        first = pos[targets[i]]
+        if first >= 0 and first != i:  # a repeated target: its first place's sum
+            out[i] = out[first]
+    for i in range(m):
         pos[targets[i]] = -1
     for j in range(src.shape[0]):
         slot[src[j]] = 0
+    return 0

@@ -40,31 +40,22 @@ def neighbour_evidence(
 ) -> np.ndarray:
     """``h`` of each target (float64, in ``targets``' order), as the module docstring defines.
 
-    The sources are ``nodes`` with their ``values`` (parallel arrays). Sources that are
-    hidden, or whose value is not > 0, add nothing; a source listed twice adds its values; a
-    hidden target gets 0. Raises ValueError for a node out of range.
+    The sources are ``nodes`` (distinct) with their ``values`` (parallel arrays). Sources that
+    are hidden, or whose value is not > 0, add nothing; a hidden target gets 0; a target listed
+    twice gets the same sum twice. Raises ValueError for a node out of range or a source listed
+    twice.
     """
-    g = view.graph
     src = np.asarray(nodes, np.int64)
     wanted = np.asarray(targets, np.int64)
-    for array in (src, wanted):
-        if array.size and (int(array.min()) < 0 or int(array.max()) >= g.n):
-            raise ValueError("a node is out of range")
     out = np.zeros(wanted.shape[0], np.float64)
     if not wanted.size or not src.size:
         return out
     x = np.asarray(values, np.float64)
-    if np.unique(src).shape[0] < src.shape[0]:  # a repeated source adds its values, in order
-        src, again = np.unique(src, return_inverse=True)
-        x = np.bincount(again, weights=x, minlength=src.shape[0]).astype(np.float64)
     arrays = und_arrays(view)
 
-    def run(s: Scratch) -> None:
-        neighbour_sum(*arrays, src, x, wanted, float(gamma), s.dist, s.c0, out)
+    def run(s: Scratch) -> int:
+        return int(neighbour_sum(*arrays, src, x, wanted, float(gamma), s.dist, s.c0, out))
 
-    with_scratch(g.n, run)
-    first: dict[int, int] = {}  # a repeated target: the sum at its first place
-    for i, v in enumerate(wanted.tolist()):
-        if first.setdefault(v, i) != i:
-            out[i] = out[first[v]]
+    if with_scratch(view.graph.n, run):
+        raise ValueError("a node is out of range, or a source is listed twice")
     return out
