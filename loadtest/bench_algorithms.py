@@ -17,7 +17,7 @@ algorithmic cores as the API layer calls them:
 - ``graph_context_5_seeds`` and ``graph_context_fused_seeds`` (issue 36): the same from 5 seeds
   (the count before issue 36) and from ``FUSED_SEEDS`` (the count now), spread over the KB and
   weighted as fused search ranks are (``(score / best) ** SEED_POWER``), with ``ranked``
-  built from both lists; their ratio is the seeding's price;
+  built from both lists and the search lists' other hits; their ratio is the seeding's price;
 
 and, side by side on the same graph, networkx (exact PageRank power iteration, resource
 allocation index over the two-hop candidates, bidirectional shortest path) and igraph
@@ -43,8 +43,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from kbgraph.agent.ranking import ranked
 from kbgraph.agent.retrieval import RRF_K
-from kbgraph.agent.shapes import ContextResult, Seed
-from kbgraph.agent.tools import FUSED_SEEDS, SEED_POWER
+from kbgraph.agent.tools import FUSED_SEEDS, PPR_ALPHA, SEED_DEPTH, SEED_POWER
 from kbgraph.graphalgo import (
     Graph,
     View,
@@ -179,21 +178,23 @@ def bench_ours(view: View, s0: int, s1: int, target: int, budget: float, reps: i
         graph_context()
 
     def many(count: int) -> Callable[[], None]:
-        """graph_context from ``count`` seeds spread over the KB, weighted as fused ranks."""
+        """graph_context from ``count`` seeds spread over the KB, weighted as fused ranks, with
+        ``ranked`` over them and the search lists' other hits (2 * SEED_DEPTH in all)."""
         picks = np.linspace(0, n - 1, count).astype(np.int64).tolist()
         weighted = [(v, ((RRF_K + 1) / (RRF_K + 1 + i)) ** SEED_POWER) for i, v in enumerate(picks)]
+        deeper = np.linspace(1, n - 2, 2 * SEED_DEPTH).astype(np.int64).tolist()
+        search = {v: 1.0 / (1 + i / 10) for i, v in enumerate(deeper)}
+        search |= {v: w for v, w in weighted}
+        total = sum(w for _, w in weighted)
+        share = {v: w / total for v, w in weighted}
 
         def run() -> None:
             nodes, p = personalized_pagerank(view, weighted)
             targets = top_results(picks, nodes, p, 10)
             hops, via = hops_and_via(view, picks, targets)
-            at = dict(zip(nodes.tolist(), p.tolist(), strict=True))
-            seed_rows = [Seed(str(v), "", w, round(at.get(v, 0.0), 4), "") for v, w in weighted]
-            rows = [
-                ContextResult(str(v), "", round(at[v], 4), h, str(b), "")
-                for v, h, b in zip(targets, hops, via, strict=True)
-            ]
-            ranked(seed_rows, rows, 10)
+            mass = dict(zip(nodes.tolist(), p.tolist(), strict=True))
+            rows = list(zip(targets, hops, via, strict=True))
+            ranked(view, search, share, mass, rows, 10, PPR_ALPHA)
 
         return run
 

@@ -199,7 +199,10 @@ class Vault:
         return SEARCH_MODES if self.vectors else ("lexical",)
 
     def graph_context(self, query: str) -> dict:
-        return self.call("POST", "tools/graph_context", json={"query": query, "limit": 10})
+        body = self.call("POST", "tools/graph_context", json={"query": query, "limit": 10})
+        if self.vectors and body.get("mode") == "lexical":  # its vector did not come in time
+            raise RuntimeError(f"graph_context answered by words alone: {query!r}")
+        return body
 
     def parts(self, query: str) -> list[str]:
         """graph_context as agents read it before ``ranked``: the seeds, then the results."""
@@ -256,6 +259,8 @@ def vault_app(
         if url:  # a small model in numpy is slow: small batches, a long timeout
             section += f'url = "{url}"\nmodel = "all-MiniLM-L6-v2"\nbatch = 16\n'
             section += "timeout_seconds = 600.0\n"
+            # a question's vector is waited for: a busy server must not turn hybrid lexical
+            section += "query_timeout_seconds = 600.0\n"
         section += "\n" if section else ""
         config.write_text(
             f'[store]\npath = "kbgraph.db"\n\n{section}[[tokens]]\nname = "admin"\n'

@@ -7,7 +7,14 @@ import json
 import pytest
 from starlette.testclient import TestClient
 
-from kbgraph.agent.ranking import GRAPH_SHARE as SHARE
+from kbgraph.agent.ranking import (
+    NEIGHBOUR_DEGREE_POWER,
+    NEIGHBOUR_WEIGHT,
+    WALK_DEGREE_POWER,
+    WALK_WEIGHT,
+)
+from kbgraph.agent.tools import PPR_ALPHA as ALPHA
+from kbgraph.agent.tools import SEED_VECTOR_WEIGHT
 from kbgraph.config import parse_config
 from tests.conftest import ADMIN, INFRA, OTHER, RUNBOOKS, Service
 from tests.kb_events import delete, upsert
@@ -173,8 +180,32 @@ def test_graph_context_shape_and_determinism(service: Service) -> None:
         assert row["snippet"] == texts[row["id"]]
 
 
+def search_evidence(service: Service, seq: int, query: str, mode: str) -> dict[str, float]:
+    """The seeds' fused search scores, recomputed from search's own lists (limit 50)."""
+
+    def listed(how: str) -> list[tuple[str, float]]:
+        path = f"/v1/kbs/{KB}/search?q={query}&limit=50&mode={how}"
+        return [(h["id"], h["score"]) for h in service.call(ADMIN, "GET", path, seq).json()["hits"]]
+
+    words = listed("lexical")
+    scores = {cid: x / words[0][1] for cid, x in words}
+    if mode == "hybrid":
+        near = listed("vector")
+        high, low = near[0][1], near[-1][1]
+        for cid, x in near:
+            scores[cid] = scores.get(cid, 0.0) + SEED_VECTOR_WEIGHT * (x - low) / (high - low or 1)
+    return {cid: x for cid, x in scores.items() if x > 0}
+
+
 def test_ranked_blends_seeds_and_results_once_each(service: Service) -> None:
+    """``ranked`` against the documented rule recomputed from other routes: search's lists,
+    the concepts' links (degrees, neighbours) and the answer's PPR figures (rounded, hence the
+    tolerance)."""
     seq = homelab(service)
+    neighbours: dict[str, set[str]] = {}
+    for cid in ("infra/dns", "infra/router", "network/vlan", "ops/restart-dns", "journal/2026-01"):
+        got = service.call(ADMIN, "GET", f"/v1/kbs/{KB}/concepts/{cid}", seq).json()
+        neighbours[cid] = set(got["links"]) | set(got["backlinks"])
     for body in (
         {"query": "restart DNS", "ids": ["network/vlan"]},
         {"query": "restart DNS", "limit": 3},
@@ -185,20 +216,40 @@ def test_ranked_blends_seeds_and_results_once_each(service: Service) -> None:
         limit = body.get("limit", 10)
         ids = [row["id"] for row in ranked]
         assert len(ids) == len(set(ids)) == min(limit, len(seeds) + len(results)) > 0
+        assert [(-row["score"], row["hops"], row["id"]) for row in ranked] == sorted(
+            (-row["score"], row["hops"], row["id"]) for row in ranked
+        )
         seed_by_id = {s["id"]: s for s in seeds}
         result_by_id = {r["id"]: r for r in results}
-        best_weight = max(s["weight"] for s in seeds)
-        best_mass = max(row["score"] for row in seeds + results)
-        expected = []  # the documented rule, from the figures the answer shows
-        for s in seeds:
-            score = (1 - SHARE) * s["weight"] / best_weight + SHARE * s["score"] / best_mass
-            expected.append((-round(score, 4), 0, s["id"]))
-        for r in results:
-            expected.append((-round(SHARE * r["score"] / best_mass, 4), r["hops"], r["id"]))
-        assert [(-row["score"], row["hops"], row["id"]) for row in ranked] == sorted(expected)[
-            :limit
-        ]
+        found = {}
+        if "query" in body:
+            found = search_evidence(service, seq, body["query"], answer["mode"])
+        best = max(found.values(), default=1.0)
+        search = found | {cid: best for cid in body.get("ids", [])}
+        every = list(seed_by_id) + list(result_by_id)
+        deg = {cid: len(neighbours[cid]) for cid in every}
+        walk = {
+            cid: max((seed_by_id.get(cid) or result_by_id[cid])["score"]
+                     - ALPHA * seed_by_id.get(cid, {"weight": 0.0})["weight"], 0.0)
+            / max(deg[cid], 1) ** WALK_DEGREE_POWER
+            for cid in every
+        }  # fmt: skip
+        near = {
+            cid: sum(
+                search[u] / best * (len(neighbours[u]) * deg[cid]) ** -NEIGHBOUR_DEGREE_POWER
+                for u in neighbours[cid]
+                if u in search
+            )
+            for cid in every
+        }
+        top_walk, top_near = max(walk.values()) or 1.0, max(near.values()) or 1.0
         for row in ranked:
+            want = (
+                search.get(row["id"], 0.0) / best
+                + WALK_WEIGHT * walk[row["id"]] / top_walk
+                + NEIGHBOUR_WEIGHT * near[row["id"]] / top_near
+            )
+            assert row["score"] == pytest.approx(want, abs=2e-3), (body, row)
             if row["id"] in seed_by_id:
                 assert row["hops"] == 0 and "via" not in row
                 assert list(row) == ["id", "title", "score", "hops", "snippet"]
@@ -294,7 +345,11 @@ def test_link_suggest_skips_retired_candidates(service: Service) -> None:
     assert answer["count"] == 5
     first = answer["candidates"][0]
     assert first["common"] == ["l/z1", "l/z2"]
-    assert first["score"] == round(1 / 9 + 1 / 9, 4)  # each z has x and 8 c's
+    assert first["score"] > round(1 / 9 + 1 / 9, 4)  # hybrid: the walk's share on top
+    body = {"id": "l/x", "method": "structure"}
+    structure = service.tool(ADMIN, KB, "link_suggest", body, seq).json()["candidates"]
+    assert [c["id"] for c in structure] == ["l/c1", "l/c3", "l/c4", "l/c5", "l/c6"]
+    assert structure[0]["score"] == round(1 / 9 + 1 / 9, 4)  # each z has x and 8 c's
     wide = service.tool(ADMIN, KB, "link_suggest", {"id": "l/x", "limit": 50}, seq).json()
     assert wide["count"] == 6
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbgraph.agent.evidence import _shares, _tokens_with_offsets, mentions
-from kbgraph.agent.tools import MENTION_WEIGHT
+from kbgraph.agent.tools import MENTION_WEIGHT, PPR_ALPHA, SUGGEST_WALK_WEIGHT
 from kbgraph.search import SearchIndex
 from tests.conftest import ADMIN, INFRA, Service
 from tests.kb_events import upsert
@@ -95,6 +95,37 @@ def test_hybrid_finds_unlinked_mentions_outside_links(service: Service) -> None:
     # "vaultwarden" is a rare term the two share: more evidence than the mention alone
     assert [c["id"] for c in got["candidates"]] == ["ops/vault", "ops/restic"]
     assert suggest(service, seq, "ops/x", method="structure")["candidates"] == []
+
+
+def test_hybrid_adds_the_walk_beyond_two_hops(service: Service) -> None:
+    """A chain x - a - b - c and a spur a - d: b and d share a with x (resource allocation
+    1/3 plus the walk), c is three hops away and has the walk alone; each walk share is the
+    PPR mass from x over the best of it (x left out), checked against a dense solve."""
+    names = ["x", "a", "b", "c", "d"]
+    edges = [("x", "a"), ("a", "b"), ("b", "c"), ("a", "d")]
+    words = {"x": "alpha", "a": "bravo", "b": "charlie", "c": "delta", "d": "echo"}
+    seq = service.write(
+        KB,
+        [
+            upsert(f"w/{n}", title=words[n], text=words[n],
+                   links=[f"w/{t}" for s, t in edges if s == n])
+            for n in names
+        ],
+    )  # fmt: skip
+    at = {n: i for i, n in enumerate(names)}
+    adj = np.zeros((5, 5))
+    for s, t in edges:
+        adj[at[s], at[t]] = adj[at[t], at[s]] = 1.0
+    walk = adj / adj.sum(axis=1, keepdims=True)
+    start = np.zeros(5)
+    start[at["x"]] = 1.0
+    ppr = np.linalg.solve((np.eye(5) - (1 - PPR_ALPHA) * walk).T, PPR_ALPHA * start)
+    best = max(ppr[at[n]] for n in names if n != "x")
+    got = {c["id"]: c["score"] for c in suggest(service, seq, "w/x", limit=20)["candidates"]}
+    assert set(got) == {"w/b", "w/c", "w/d"}  # a is linked
+    for n, ra in (("b", 1 / 3), ("d", 1 / 3), ("c", 0.0)):
+        want = ra + SUGGEST_WALK_WEIGHT * ppr[at[n]] / best
+        assert got[f"w/{n}"] == pytest.approx(want, abs=2e-3)  # push's eps, then rounding
 
 
 def test_mentions_names_and_aliases_as_whole_words() -> None:

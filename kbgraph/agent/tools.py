@@ -32,6 +32,7 @@ from kbgraph.agent.shapes import (
     LinkSuggestRequest,
     LinkSuggestResponse,
     PathStep,
+    RankedResult,
     SearchHit,
     SearchResponse,
     Seed,
@@ -43,6 +44,7 @@ from kbgraph.projection import Snapshot
 from kbgraph.search import query_terms, snippet, snippet_at, top
 
 SEARCH_SEEDS: Final = 5
+PPR_ALPHA: Final = 0.25  # the walk's restart (docs/api.md)
 # With vectors (docs/retrieval-quality.md, issue 36): the seeds are the top FUSED_SEEDS of the
 # lexical and vector lists (each SEED_DEPTH long) fused by their scores
 # (kbgraph.agent.retrieval.by_score, the vector list weighted SEED_VECTOR_WEIGHT), each weighing
@@ -61,7 +63,10 @@ METHODS: Final = ("hybrid", "structure")
 # link_suggest hybrid: structure's resource allocation plus weighted text evidence.
 MENTION_WEIGHT: Final = 2.0
 TERMS_WEIGHT: Final = 4.0
-TAGS_WEIGHT: Final = 0.5
+TAGS_WEIGHT: Final = 1.0
+# ... + SUGGEST_WALK_WEIGHT * the walk's mass from x (PPR, restart PPR_ALPHA) over its best:
+# several hops of structure where resource allocation sees two (issue 36, tune links).
+SUGGEST_WALK_WEIGHT: Final = 2.0
 Req = TypeVar("Req")
 
 
@@ -120,16 +125,18 @@ def seed_weights(
 
 def query_seeds(
     snap: Snapshot, view: View, query: str, meaning: retrieval.Meaning
-) -> tuple[list[tuple[int, float]], str]:
-    """The query's weighted seeds and the mode used: from lexical hits alone (the KB has no
+) -> tuple[list[tuple[int, float]], str, dict[int, float]]:
+    """The query's weighted seeds, the mode used, and the search score of every hit (the
+    seeds' and the deeper ones', for ``ranked``): from lexical hits alone (the KB has no
     vectors, or the question's vector did not come in time), or from lexical and vector hits
     fused by score."""
     if snap.vectors is None or meaning.vector is None:
-        return seed_weights(retrieval.lexical(snap, view, query, SEARCH_SEEDS)), "lexical"
+        words = retrieval.lexical(snap, view, query, SEED_DEPTH)
+        return seed_weights(words[:SEARCH_SEEDS]), "lexical", dict(words)
     fused = retrieval.by_score(
-        snap, view, query, meaning, FUSED_SEEDS, SEED_VECTOR_WEIGHT, SEED_DEPTH
+        snap, view, query, meaning, 2 * SEED_DEPTH, SEED_VECTOR_WEIGHT, SEED_DEPTH
     )
-    return seed_weights(fused, 0.0, FUSED_SEED_POWER), "hybrid"
+    return seed_weights(fused[:FUSED_SEEDS], 0.0, FUSED_SEED_POWER), "hybrid", dict(fused)
 
 
 def graph_context(
@@ -145,16 +152,19 @@ def graph_context(
     limit = clamp(req.limit, 10, 1, 30)
 
     weights: dict[int, float] = {}
+    ids_nodes: list[int] = []
     for concept_id in ids:
         node = visible_node(snap, view, concept_id)
         weights[node] = weights.get(node, 0.0) + 1.0
+        ids_nodes.append(node)
     terms: list[str] = []
     mode: str | UnsetType = UNSET
+    found_by: dict[int, float] = {}  # every search hit's score, for ranked
     if req.query is not None:
         terms = query_terms(req.query)
         if meaning is None:
             meaning = retrieval.embed_now(snap.vectors, req.query)
-        found, mode = query_seeds(snap, view, req.query, meaning)
+        found, mode, found_by = query_seeds(snap, view, req.query, meaning)
         for node, weight in found:
             weights[node] = weights.get(node, 0.0) + weight
 
@@ -171,12 +181,16 @@ def graph_context(
         response.note = "no seed matched the query"
         return response
 
-    nodes, p = graphalgo.personalized_pagerank(view, list(weights.items()), ordered=False)
+    nodes, p = graphalgo.personalized_pagerank(
+        view, list(weights.items()), PPR_ALPHA, ordered=False
+    )
     rounded = np.round(p, 4)
     own: dict[int, float] = {}
+    mass: dict[int, float] = {}  # unrounded, of the seeds and the results: for ranked
     for seed in weights:  # seeds carry their own score and never come back as results
         at = nodes == seed
         own[seed] = float(rounded[at][0]) if at.any() else 0.0
+        mass[seed] = float(p[at][0]) if at.any() else 0.0
         rounded[at] = 0.0
 
     total = sum(weights.values())
@@ -193,13 +207,14 @@ def graph_context(
         for node, weight in seeds
     ]
     keep = rounded > 0
-    cand_nodes, cand_scores = nodes[keep], rounded[keep]
+    cand_nodes, cand_scores, cand_mass = nodes[keep], rounded[keep], p[keep]
     if len(cand_nodes) > limit:
         # Only the limit-th best rounded score and above can make the cut; hops break its ties.
         cut = np.partition(cand_scores, len(cand_scores) - limit)[len(cand_scores) - limit]
         keep = cand_scores >= cut
-        cand_nodes, cand_scores = cand_nodes[keep], cand_scores[keep]
+        cand_nodes, cand_scores, cand_mass = cand_nodes[keep], cand_scores[keep], cand_mass[keep]
     targets = cand_nodes.tolist()
+    mass |= zip(targets, cand_mass.tolist(), strict=True)
     seed_nodes = sorted(weights, key=snap.ids.__getitem__)
     hops, via = graphalgo.hops_and_via(view, seed_nodes, targets)
     rows = sorted(
@@ -218,7 +233,23 @@ def graph_context(
         for node, score, hop, before in rows
     ]
     response.count = len(response.results)
-    response.ranked = ranking.ranked(response.seeds, response.results, limit)
+    best = max(found_by.values(), default=1.0)
+    search = found_by | {node: best for node in ids_nodes}  # an id asked for: the best match
+    share = {node: weight / total for node, weight in weights.items()}
+    shown = {row.id: row.snippet for row in response.seeds + response.results}
+    response.ranked = [
+        RankedResult(
+            id=snap.ids[row.node],
+            title=snap.titles[row.node],
+            score=row.score,
+            hops=row.hops,
+            via=UNSET if row.via is None else snap.ids[row.via],
+            snippet=shown[snap.ids[row.node]],
+        )
+        for row in ranking.ranked(
+            view, search, share, mass, [(v, h, b) for v, _, h, b in rows], limit, PPR_ALPHA
+        )
+    ]
     return response
 
 
@@ -263,8 +294,10 @@ def _hybrid(snap: Snapshot, view: View, node: int, limit: int) -> list[Candidate
     """Resource allocation (one common neighbour is enough) plus the text's evidence.
 
     score = RA + MENTION_WEIGHT * mention + TERMS_WEIGHT * terms + TAGS_WEIGHT * tags
-    (``kbgraph.agent.evidence``), over the visible concepts not linked with ``node`` either way;
-    a candidate needs some evidence of one kind or another.
+            + SUGGEST_WALK_WEIGHT * walk
+    (``kbgraph.agent.evidence``; ``walk``: the PPR mass from ``node`` over the best of it,
+    ``node`` left out), over the visible concepts not linked with ``node`` either way; a
+    candidate needs some evidence of one kind or another.
     """
     g, mask = view.graph, view.mask
     start, length = int(g.out_off[node]), int(g.out_len[node])
@@ -279,6 +312,10 @@ def _hybrid(snap: Snapshot, view: View, node: int, limit: int) -> list[Candidate
         total[list(found.mention)] += MENTION_WEIGHT
     total += TERMS_WEIGHT * found.terms
     total += TAGS_WEIGHT * found.tags
+    reached, mass = graphalgo.personalized_pagerank(view, [(node, 1.0)], PPR_ALPHA, ordered=False)
+    mass[reached == node] = 0.0
+    if mass.size and mass.max() > 0.0:
+        total[reached] += SUGGEST_WALK_WEIGHT * mass / mass.max()
     start, length = int(g.und_off[node]), int(g.und_len[node])
     total[g.und[start : start + length]] = 0.0  # linked either way: never a candidate
     total[node] = 0.0

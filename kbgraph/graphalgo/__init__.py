@@ -8,6 +8,7 @@ deterministic and independent of how ids were interned as ints.
 - ``hops_and_via``, ``shortest_path``: lexicographically smallest shortest paths, see ``paths``.
 - ``resource_allocation`` (and its unranked scores, ``common_neighbours``): link suggestion
   (Zhou, Lü, Zhang 2009), see ``suggest``.
+- ``neighbour_evidence``: one hop of score propagation, hubs discounted, see ``smooth``.
 - ``warm_up``: compile every kernel once at start-up so that no request compiles.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 from kbgraph.graphalgo.graph import Graph, View
 from kbgraph.graphalgo.paths import hops_and_via, shortest_path
 from kbgraph.graphalgo.ppr import personalized_pagerank
+from kbgraph.graphalgo.smooth import neighbour_evidence
 from kbgraph.graphalgo.suggest import (
     Suggestion,
     common_neighbours,
@@ -31,6 +33,7 @@ __all__ = [
     "View",
     "common_neighbours",
     "hops_and_via",
+    "neighbour_evidence",
     "personalized_pagerank",
     "resource_allocation",
     "resource_allocation_scores",
@@ -74,3 +77,4 @@ def warm_up() -> None:
             shortest_path(view, 0, 2, "both")
             shortest_path(view, 0, 2, "out")
             resource_allocation(view, 0, limit=5, min_common=1)
+            neighbour_evidence(view, np.array([0, 3]), np.array([1.0, 0.5]), [1, 2])

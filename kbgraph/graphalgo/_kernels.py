@@ -479,3 +479,97 @@ def bidir_path(
     for i in range(t_end):
         dt1[qt[i]] = 0
     return res
+
+
+@njit(cache=True, nogil=True)
+def neighbour_sum(und_off, und_len, und, mask, deg, src, x, targets, gamma, pos, slot, out):
+    """``out[i] = sum of x[j] * (deg(src[j]) deg(targets[i])) ** -gamma`` over the visible
+    sources src[j] (distinct, x[j] > 0) that are visible neighbours of targets[i]. The edges
+    are found from whichever side has fewer adjacency entries to walk (the same edges either
+    way: the adjacency is undirected), and each target's terms are added smallest first, so the
+    bits depend on the terms alone, not on the order of the lists or the ints. A repeated target
+    is filled at its first place only. Scratch: ``pos`` int32 all -1 and ``slot`` int32 zeros
+    (both restored). Returns 0, or 1 (nothing done) when a node is out of range or a source is
+    repeated."""
+    n = mask.shape[0]
+    m = targets.shape[0]
+    for i in range(m):
+        if targets[i] < 0 or targets[i] >= n:
+            return 1
+    for j in range(src.shape[0]):
+        if src[j] < 0 or src[j] >= n:
+            return 1
+    for j in range(src.shape[0]):
+        u = src[j]
+        if slot[u] != 0:
+            for k in range(j):
+                slot[src[k]] = 0
+            return 1
+        slot[u] = j + 1
+    for j in range(src.shape[0]):
+        if mask[src[j]] == 0 or not x[j] > 0.0:
+            slot[src[j]] = 0
+    for i in range(m):
+        v = targets[i]
+        if mask[v] != 0 and pos[v] < 0:
+            pos[v] = i
+    walk_sources = 0
+    walk_targets = 0
+    for j in range(src.shape[0]):
+        walk_sources += und_len[src[j]]
+    for i in range(m):
+        walk_targets += und_len[targets[i]]
+    from_targets = walk_targets < walk_sources
+    count = np.zeros(m + 1, np.int64)
+    for phase in range(2):
+        if phase == 1:
+            for i in range(m):
+                count[i + 1] += count[i]
+            terms = np.empty(count[m], np.float64)
+            fill = count[:m].copy()
+        if from_targets:
+            for i in range(m):
+                v = targets[i]
+                if pos[v] != i:
+                    continue
+                start = und_off[v]
+                for k in range(start, start + und_len[v]):
+                    u = und[k]
+                    if mask[u] == 0 or slot[u] == 0:
+                        continue
+                    if phase == 0:
+                        count[i + 1] += 1
+                    else:
+                        j = slot[u] - 1
+                        terms[fill[i]] = x[j] * (float(deg[u]) * float(deg[v])) ** -gamma
+                        fill[i] += 1
+        else:
+            for j in range(src.shape[0]):
+                u = src[j]
+                if slot[u] != j + 1:
+                    continue
+                start = und_off[u]
+                for k in range(start, start + und_len[u]):
+                    v = und[k]
+                    if mask[v] == 0 or pos[v] < 0:
+                        continue
+                    if phase == 0:
+                        count[pos[v] + 1] += 1
+                    else:
+                        terms[fill[pos[v]]] = x[j] * (float(deg[u]) * float(deg[v])) ** -gamma
+                        fill[pos[v]] += 1
+    for i in range(m):
+        block = np.sort(terms[count[i] : count[i + 1]])
+        total = 0.0
+        for t in block:
+            total += t
+        out[i] = total
+    for i in range(m):
+        first = pos[targets[i]]
+        if first >= 0 and first != i:  # a repeated target: its first place's sum
+            out[i] = out[first]
+    for i in range(m):
+        pos[targets[i]] = -1
+    for j in range(src.shape[0]):
+        slot[src[j]] = 0
+    return 0
