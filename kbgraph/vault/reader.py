@@ -69,6 +69,7 @@ class VaultRead:
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (path, what), still sent
     attachments: int = 0
     content_keys: set[str] = field(default_factory=set)  # the parse cache keys of this read
+    resolved_by: dict[str, int] = field(default_factory=dict)  # a Logseq graph's: rule -> refs
 
     @property
     def links(self) -> int:
