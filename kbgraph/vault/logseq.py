@@ -58,7 +58,7 @@ from kbgraph.vault.reader import MAX_NOTE_BYTES, NoteState, VaultRead, VaultScan
 
 CONFIG_PATH: Final = "logseq/config.edn"
 PAGE_FOLDERS: Final = ("pages", "journals")
-MAX_CONFIG_BYTES: Final = 1 << 20
+MAX_CONFIG_BYTES: Final = 256 << 10  # Logseq's own is ~20 KB; EDN soup this size parses in ~5 s
 NAME_FORMATS: Final = ("legacy", "triple-lowbar")
 DEFAULT_TITLE_FORMAT: Final = "MMM do, yyyy"  # Logseq's :journal/page-title-format
 DEFAULT_FILE_FORMAT: Final = "yyyy_MM_dd"  # Logseq's :journal/file-name-format
@@ -209,7 +209,7 @@ def journal_date(stem: str, file_format: str) -> datetime.date | None:
 _PROPERTY: Final = re.compile(r"[ \t]*(?:-[ \t]+)?([^\s:][^\s]*?)::(?:[ \t]+(.*?))?[ \t]*")
 _FENCE: Final = re.compile(r"[ \t]*(?:-[ \t]+)?(```|~~~)")
 # a property value's items: ``[[a, b]]``, ``#[[c]]``, ``#d`` or text between commas
-_VALUE_ITEM: Final = re.compile(r"#?\[\[(.*?)\]\]|([^,]+)")
+_VALUE_ITEM: Final = re.compile(r"\s*(?:#?\[\[(.*?)\]\]|([^,]+))")
 _UUID: Final = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 
 
