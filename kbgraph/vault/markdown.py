@@ -24,6 +24,8 @@ from mdit_py_plugins.front_matter import front_matter_plugin
 
 # Obsidian's inline tag: after a line start or whitespace, letters, digits, _ - /, not all digits.
 _TAG = re.compile(r"(?:(?<=\s)|^)#([\w/-]+)")
+# Dendron's target of a note in a named vault: dendron://<vault>/<note>
+DENDRON_SCHEME: Final = "dendron://"
 # A Logseq block reference, ``((uuid))``: the uuid of a block that carries ``id:: uuid``
 _BLOCK_REF: Final = re.compile(
     r"\(\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})\)\)"
@@ -83,8 +85,11 @@ def _wikilink_rule(state: StateInline, silent: bool) -> bool:
     inner = src[start:end]
     if not silent:
         token = state.push("wikilink", "", 0)
-        # in a table cell the label's pipe is escaped: [[target\|label]]
-        target = inner.replace("\\|", "|").split("|", 1)[0]
+        # in a table cell the label's pipe is escaped: [[target\|label]]; Dendron writes
+        # [[label|target]], known by its target's dendron:// scheme
+        target, _, after = inner.replace("\\|", "|").partition("|")
+        if after.lstrip().startswith(DENDRON_SCHEME):
+            target = after
         token.meta = {"target": target.split("#", 1)[0], "embed": embed}
         token.content = inner
     state.pos = end + 2

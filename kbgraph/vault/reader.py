@@ -44,7 +44,7 @@ from kbgraph.vault.resolve import Resolver
 
 STATUSES: Final = frozenset(get_args(Status))
 PROGRESS_EVERY: Final = 250
-PARSER_VERSION: Final = b"2\0"  # part of the parse cache key: raise it when parsing changes
+PARSER_VERSION: Final = b"3\0"  # part of the parse cache key: raise it when parsing changes
 # a note's file may be larger than its text (CRLF line ends, a BOM, front matter), not more so
 MAX_NOTE_BYTES: Final = 2 * MAX_TEXT_BYTES + 4096
 _hash_encoder = msgspec.msgpack.Encoder()
