@@ -337,3 +337,22 @@ def test_a_config_past_its_bound_is_not_parsed(tmp_path: Path) -> None:
     read = read_graph(root)
     assert sorted(read.notes) == ["a/b"]  # legacy: the default
     assert read.warnings == [(CONFIG_PATH, "over 262144 bytes: not read: Logseq's defaults used")]
+
+
+def test_an_unreadable_journal_is_left_as_sent(tmp_path: Path) -> None:
+    """A page that cannot be read right now (not UTF-8) is not a deletion: what was sent for
+    it stays, a journal under its dated id too."""
+    root = write_vault(tmp_path / "graph", {CONFIG_PATH: TRI_LB, "journals/2024_01_31.md": "- x"})
+    sink = LocalSink(tmp_path / "kb.db")
+    try:
+        with Manifest.for_vault(root) as manifest:
+            sync_once(root, "kb", sink, manifest)
+            assert list(state(sink.store)) == ["journals/2024-01-31"]
+            write_vault(root, {"journals/2024_01_31.md": b"- \xff"})
+            report = sync_once(root, "kb", sink, manifest)
+            assert report.deleted == 0 and list(state(sink.store)) == ["journals/2024-01-31"]
+            assert report.read.skipped == [
+                ("journals/2024_01_31.md", "unreadable: UnicodeDecodeError")
+            ]
+    finally:
+        sink.close()

@@ -239,6 +239,16 @@ class Page:
     warnings: list[str]
 
 
+def file_id(path: str, config: GraphConfig) -> tuple[str, datetime.date | None]:
+    """The id a page file's path gives (a ``title::`` may change a page's), and a journal's
+    date: ``journals/YYYY-MM-DD`` for a journal, else the name its file name decodes to."""
+    folder, stem = path.partition("/")[0], path.rpartition("/")[2].removesuffix(".md")
+    date = journal_date(stem, config.journal_file) if folder == "journals" else None
+    if date is not None:
+        return f"journals/{date.isoformat()}", date
+    return page_name(stem, config.name_format), None
+
+
 def read_page(source: str, path: str, config: GraphConfig) -> Page:
     """Parse one page file's text (``path`` relative to the graph, ``pages/`` or
     ``journals/``) into its name, properties, text and references."""
@@ -262,22 +272,17 @@ def read_page(source: str, path: str, config: GraphConfig) -> Page:
         if key == "id" and _UUID.fullmatch(value):
             block_ids.append(value.lower())
     front = parsed.front_matter
-    folder, stem = path.partition("/")[0], path.rpartition("/")[2].removesuffix(".md")
-    date = journal_date(stem, config.journal_file) if folder == "journals" else None
+    nid, date = file_id(path, config)
     title = sane(props.get("title", "")) or _text(front.get("title"))
     if date is not None:
-        nid, name, rule = (
-            f"journals/{date.isoformat()}",
-            format_date(config.journal_title, date),
-            BY_JOURNAL,
-        )
+        name, rule = format_date(config.journal_title, date), BY_JOURNAL
     elif title:
         nid, name, rule = title, title, BY_TITLE
     else:
-        name = page_name(stem, config.name_format)
-        nid, rule = (
-            name,
-            BY_FILE_NAME if name == unicodedata.normalize("NFC", stem) else BY_NAMESPACE,
+        stem = path.rpartition("/")[2].removesuffix(".md")
+        name, rule = (
+            nid,
+            BY_FILE_NAME if nid == unicodedata.normalize("NFC", stem) else BY_NAMESPACE,
         )
     aliases = values(props.get("alias", "")) + _list(front.get("alias", front.get("aliases")))
     aliases = [a for a in dict.fromkeys(aliases) if folded(a) != folded(name)]
@@ -422,16 +427,15 @@ class LogseqScan:
         real_root = os.path.realpath(root)
         taken: dict[str, str] = {}  # folded id -> path
         for path in _page_paths(root, out.skipped):
-            stem = path.rpartition("/")[2].removesuffix(".md")
             try:
                 text = _read_text(root, real_root, path, MAX_NOTE_BYTES, allow_hardlinks)
-            except ValueError as exc:
-                scan._claim(page_name(stem, config.name_format), path, taken, str(exc))
-                continue
-            except (OSError, UnicodeDecodeError) as exc:
-                nid = page_name(stem, config.name_format)
+            except (OSError, UnicodeDecodeError) as exc:  # before ValueError: a subclass
+                nid = file_id(path, config)[0]
                 if scan._claim(nid, path, taken, f"unreadable: {type(exc).__name__}"):
                     out.unreadable.add(nid)
+                continue
+            except ValueError as exc:
+                scan._claim(file_id(path, config)[0], path, taken, str(exc))
                 continue
             page = read_page(text, path, config)
             problem = concept_id_problem(page.id)
