@@ -25,6 +25,7 @@ EXTRAS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
         ("yaml", "PyYAML"),
         ("watchfiles", "watchfiles"),
         ("httpx", "httpx"),
+        ("edn_format", "edn_format"),
     ),
     "local": (("wordllama", "wordllama"),),
     "openai": (("httpx", "httpx"),),

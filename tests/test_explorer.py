@@ -378,3 +378,30 @@ def test_dot_segments_in_an_id_never_leave_the_kb(browser: webdriver.Chrome, ser
             alone,
         )
         assert refused == f'concept id "{alone}" cannot be opened here'
+
+
+def test_an_imported_logseq_graph_is_shown(browser: webdriver.Chrome, served: tuple) -> None:
+    """Issue 39: the example Logseq graph imported beside the vault, as KB ``lab``; its
+    namespaced pages (``Network/Router``) are listed, drawn and opened by their names."""
+    base, db = served
+    subprocess.run(
+        [sys.executable, "-m", "kbgraph", "import", str(ROOT / "examples" / "logseq"),
+         "--kb", "lab", "--config", str(db.parent / "kbgraph.toml"),
+         "--manifest", str(db.parent / "lab.sqlite"), "--quiet"],
+        check=True, cwd=ROOT, capture_output=True, timeout=120,
+    )  # fmt: skip
+    open_page(browser, base, ADMIN)
+    wait(browser, lambda d: "lab (" in d.find_element(By.ID, "kb").text, seconds=30)
+    Select(browser.find_element(By.ID, "kb")).select_by_value("lab")
+    wait(browser, lambda d: d.execute_script("return window.kbgraphExplorer.state.kb") == "lab")
+    listed = ask(browser, "DHCP firewall")
+    first = [(row["id"], row["title"]) for row in listed][:1]
+    assert first == [("Network/Router", "Network/Router")]
+    browser.find_element(By.CSS_SELECTOR, "#answer li[data-id='Network/Router'] button").click()
+    shown_in_full(browser, "Network/Router")
+    concept = api(base, ADMIN, "GET", "/v1/kbs/lab/concepts/Network%2FRouter")
+    assert browser.find_element(By.ID, "detail-title").text == "Network/Router"
+    backlinks = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#detail-backlinks button")]
+    assert backlinks == concept["backlinks"] and "Home Lab" in backlinks
+    drawn = browser.execute_script("return window.kbgraphExplorer.cy.nodes().map((n) => n.id())")
+    assert "Network/Router" in drawn

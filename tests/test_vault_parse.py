@@ -215,3 +215,25 @@ def test_inline_runs_skipped_hold_no_link_and_no_tag(source: str) -> None:
     those of markdown-it parsing every inline run."""
     full = _parser(every_inline=True)
     assert parse(source) == parse(source, full)
+
+
+def test_dendron_cross_vault_links_resolve(tmp_path: Path) -> None:
+    """Dendron's ``dendron://<vault>/<note>`` target, alone or after a label (Dendron writes
+    ``[[label|target]]``), names the note; the vault name carries nothing here."""
+    root = write_vault(
+        tmp_path / "v",
+        {
+            "dendron.topic.pods.md": "pods",
+            "dendron.topic.vaults.md": "vaults",
+            "root.md": (
+                "[[Create New Vault|dendron://dendron.dendron-site/dendron.topic.vaults#create]]"
+                " [[dendron://dendron.dendron-site/dendron.topic.pods#hovers,1]]"
+                " [[dendron://other.vault/Dendron.Topic.Pods]] [[x|dendron://v/missing.note]]"
+            ),
+        },
+    )
+    read = read_vault(root)
+    assert read.notes["root"].data.links == [
+        "dendron.topic.vaults", "dendron.topic.pods", "missing.note",
+    ]  # fmt: skip
+    assert read.unresolved == 1 and read.warnings == []

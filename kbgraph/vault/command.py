@@ -28,11 +28,11 @@ PROGRESS_MIN: Final = 200  # show progress when a run sends at least this many n
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for name, text in (
-        ("import", "load a folder of markdown notes (an Obsidian vault) into a KB"),
+        ("import", "load a folder of markdown notes (an Obsidian vault, a Logseq graph) into a KB"),
         ("sync", "send a folder's changes since the last run; --watch keeps it current"),
     ):
         command = sub.add_parser(name, help=text, description=text)
-        command.add_argument("dir", metavar="DIR", help="the vault folder")
+        command.add_argument("dir", metavar="DIR", help="the vault folder (or Logseq graph)")
         command.add_argument("--kb", required=True, help="the KB to write into")
         where = command.add_mutually_exclusive_group(required=True)
         where.add_argument("--config", help="the TOML config of the local store to write into")

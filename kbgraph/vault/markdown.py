@@ -24,6 +24,12 @@ from mdit_py_plugins.front_matter import front_matter_plugin
 
 # Obsidian's inline tag: after a line start or whitespace, letters, digits, _ - /, not all digits.
 _TAG = re.compile(r"(?:(?<=\s)|^)#([\w/-]+)")
+# Dendron's target of a note in a named vault: dendron://<vault>/<note>
+DENDRON_SCHEME: Final = "dendron://"
+# A Logseq block reference, ``((uuid))``: the uuid of a block that carries ``id:: uuid``
+_BLOCK_REF: Final = re.compile(
+    r"\(\(([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})\)\)"
+)
 
 
 class LinkRef(msgspec.Struct, frozen=True, array_like=True):
@@ -40,6 +46,7 @@ class ParsedNote:
     body_start: int  # the body (the note without its front matter) is source[body_start:]
     links: list[LinkRef] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
+    block_refs: list[str] = field(default_factory=list)  # ((uuid)), found by OUTLINE_PARSER
     problems: list[str] = field(default_factory=list)
 
 
@@ -78,8 +85,11 @@ def _wikilink_rule(state: StateInline, silent: bool) -> bool:
     inner = src[start:end]
     if not silent:
         token = state.push("wikilink", "", 0)
-        # in a table cell the label's pipe is escaped: [[target\|label]]
-        target = inner.replace("\\|", "|").split("|", 1)[0]
+        # in a table cell the label's pipe is escaped: [[target\|label]]; Dendron writes
+        # [[label|target]], known by its target's dendron:// scheme
+        target, _, after = inner.replace("\\|", "|").partition("|")
+        if after.lstrip().startswith(DENDRON_SCHEME):
+            target = after
         token.meta = {"target": target.split("#", 1)[0], "embed": embed}
         token.content = inner
     state.pos = end + 2
@@ -117,6 +127,9 @@ def _parser(*, every_inline: bool = False) -> MarkdownIt:
 
 
 _MD = _parser()
+# Logseq pages: every inline run read, since a block reference ``((uuid))`` holds none of the
+# characters the vault's fast path looks for
+OUTLINE_PARSER: Final = _parser(every_inline=True)
 # ``yaml.safe_load``'s loader, in C when PyYAML was built with libyaml (~10x faster)
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # YAML aliases (``*name``) a front matter may use: a few share a value; many build an "alias
@@ -166,13 +179,19 @@ def _read_inline(children: list[Token], note: ParsedNote) -> None:
         elif child.type == "link_open":
             href = child.attrGet("href")
             if isinstance(href, str):
-                note.links.append(LinkRef(href, markdown=True))
+                if ref := _BLOCK_REF.fullmatch(href):  # [label](((uuid))), Logseq's
+                    note.block_refs.append(ref[1])
+                else:
+                    note.links.append(LinkRef(href, markdown=True))
         elif child.type == "image":
             src = child.attrGet("src")
             if isinstance(src, str):
                 note.links.append(LinkRef(src, markdown=True, embed=True))
-        elif child.type == "text" and "#" in child.content:
-            note.tags.extend(tag for tag in _TAG.findall(child.content) if not tag.isdigit())
+        elif child.type == "text":
+            if "#" in child.content:
+                note.tags.extend(tag for tag in _TAG.findall(child.content) if not tag.isdigit())
+            if "((" in child.content:
+                note.block_refs.extend(_BLOCK_REF.findall(child.content))
 
 
 def _line_start(source: str, line: int) -> int:

@@ -51,7 +51,7 @@ def _is_status(value: str) -> TypeGuard[Status]:
 
 
 PROGRESS_EVERY: Final = 250
-PARSER_VERSION: Final = b"2\0"  # part of the parse cache key: raise it when parsing changes
+PARSER_VERSION: Final = b"3\0"  # part of the parse cache key: raise it when parsing changes
 # a note's file may be larger than its text (CRLF line ends, a BOM, front matter), not more so
 MAX_NOTE_BYTES: Final = 2 * MAX_TEXT_BYTES + 4096
 _hash_encoder = msgspec.msgpack.Encoder()
@@ -76,6 +76,7 @@ class VaultRead:
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (path, what), still sent
     attachments: int = 0
     content_keys: set[str] = field(default_factory=set)  # the parse cache keys of this read
+    resolved_by: dict[str, int] = field(default_factory=dict)  # a Logseq graph's: rule -> refs
 
     @property
     def links(self) -> int:

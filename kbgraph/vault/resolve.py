@@ -7,6 +7,7 @@ A wikilink target (or a markdown link's decoded path) names, in this order:
    matches ``a/note`` and ``b/c/note``; ``c/note`` only the second), case-insensitively;
 3. else, of several, the one with the shortest path: the fewest folders deep, then the
    smallest path by code point.
+A Dendron target ``dendron://<vault>/<note>`` names ``<note>``.
 Aliases are not link targets. A target naming a file that is not a note (an image, a pdf, a
 canvas: any non-``.md`` file of the vault, or a target with an attachment's extension) is an
 attachment, not a concept. Anything else is unresolved and kept as written, normalised like
@@ -24,7 +25,7 @@ from typing import Final
 from urllib.parse import unquote, urlsplit
 
 from kbgraph.names import concept_id_problem
-from kbgraph.vault.markdown import LinkRef
+from kbgraph.vault.markdown import DENDRON_SCHEME, LinkRef
 
 # Extensions Obsidian opens as attachments (images, audio, video, pdf, canvas, bases).
 ATTACHMENT_EXTENSIONS: Final = frozenset({
@@ -72,6 +73,8 @@ class Resolver:
 
     def _wikilink(self, written: str) -> Resolved:
         target = unicodedata.normalize("NFC", written.strip())
+        if target.startswith(DENDRON_SCHEME):  # dendron://<vault>/<note>: the vault's name
+            target = target.removeprefix(DENDRON_SCHEME).partition("/")[2]  # carries nothing
         if not target:
             return Resolved(None)  # [[#heading]]: a link into the note itself
         if self._is_attachment(target):

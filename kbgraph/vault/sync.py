@@ -30,8 +30,9 @@ import msgspec
 
 from kbgraph.events import ConceptDeleted, ConceptUpserted, DeleteData, Event
 from kbgraph.store import DeliveryResult
+from kbgraph.vault.logseq import open_scan
 from kbgraph.vault.manifest import Manifest
-from kbgraph.vault.reader import NoteState, VaultRead, VaultScan, is_ignored
+from kbgraph.vault.reader import NoteState, VaultRead, is_ignored
 from kbgraph.vault.sinks import Sink
 
 SOURCE: Final = "kbgraph-vault"
@@ -58,6 +59,9 @@ class SyncReport:
             f" sent {self.upserted} upserts and "
             f"{self.deleted} deletes, {self.unchanged} notes unchanged"
         ]
+        if r.resolved_by:
+            counts = ", ".join(f"{rule} {n}" for rule, n in r.resolved_by.items())
+            lines.append(f"references resolved by {counts}")
         if self.reset:
             lines.append("the KB was behind this vault's manifest (a new store?): sent every note")
         lines += [f"skipped {printable(path)}: {printable(why)}" for path, why in r.skipped]
@@ -131,7 +135,7 @@ def _sync_once(
 ) -> SyncReport:
     cache = manifest.parse_cache()
     cached = set(cache)
-    scan = VaultScan.of(root, allow_hardlinks)
+    scan = open_scan(root, allow_hardlinks)  # a Logseq graph, else an Obsidian vault
     report = SyncReport(scan.out)
     seq = sink.kb_seq(kb)
     report.reset = seq is not None and manifest.forget_if_behind(sink.dest, kb, seq)
