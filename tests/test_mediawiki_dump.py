@@ -16,6 +16,7 @@ from kbgraph.mediawiki.titles import Namespace, Namespaces, Title
 from kbgraph.mediawiki.wikitext import parse
 from kbgraph.store import Store
 from loadtest.bench_mediawiki_dump import generate
+from tests.test_extras import cli as extras_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACES = Namespaces(
@@ -129,3 +130,18 @@ def test_a_file_that_is_not_a_dump_is_refused_and_changes_nothing(tmp_path: Path
     both = cli("import", "x", "--mediawiki-dump", "notes.xml", "--kb", "wiki", "--config",
                "c.toml", cwd=tmp_path)  # fmt: skip
     assert both.returncode == 2 and "not both" in both.stderr
+
+
+def test_without_the_extra_the_commands_say_which_to_install(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").write_text('[store]\npath = "kb.db"\n')
+    (tmp_path / "w.xml").write_text("<mediawiki/>")
+    blocked = ["mwxml", "mwparserfromhell"]
+    for args in (
+        ["import", "--mediawiki-dump", "w.xml", "--kb", "wiki", "--config", "c.toml"],
+        ["sync", "--mediawiki", "http://127.0.0.1:9", "--kb", "wiki", "--config", "c.toml"],
+    ):
+        done = extras_cli(args, blocked, tmp_path)
+        assert done.returncode == 2, done.stderr
+        assert "pip install 'kbgraph[mediawiki]'" in done.stderr
+        assert "Traceback" not in done.stderr
+    assert not (tmp_path / "kb.db").exists() and not (tmp_path / ".kbgraph").exists()
