@@ -135,6 +135,16 @@ def test_edits_moves_deletions_restorations_and_read_protection(wiki: Wiki, kit:
     wiki.write("protect", title="Germany", protections="read=all")
     kit.follower.poll()
     assert "Main/Germany" in kit.concepts()
+    # a redirect hidden from readers gives no alias (its title is not shown through another)
+    wiki.edit("Deutschland", "#REDIRECT [[Germany]]")
+    kit.follower.poll()
+    assert kit.concepts()["Main/Germany"]["aliases"] == ["Deutschland"]
+    wiki.write("protect", title="Deutschland", protections="read=sysop", expiry="infinite")
+    kit.follower.poll()
+    assert kit.concepts()["Main/Germany"]["aliases"] == []
+    wiki.write("protect", title="Deutschland", protections="read=all")
+    kit.follower.poll()
+    assert kit.concepts()["Main/Germany"]["aliases"] == ["Deutschland"]
 
     # the same wiki as a dump, imported: the same state
     dump = wiki.dump(kit.folder / "dump.xml")

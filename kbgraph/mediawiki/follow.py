@@ -253,10 +253,12 @@ class Follower:
                 for linking in self.api.backlinks(shown):
                     again.setdefault(linking, None)
         more = [t for t in again if t not in states]
-        for state in self.api.pages(more).values():
+        read_too = self.api.pages(more)
+        for state in read_too.values():
             self._read(state, pages, redirects)
         report.pages += len(titles) + len(more)
-        concepts = self._concepts(pages, report.warnings)
+        seen = {state.title: state for state in [*states.values(), *read_too.values()]}
+        concepts = self._concepts(pages, seen, report.warnings)
         gone = [
             spaces.concept_id(title)
             for title in (spaces.parse(t) for t in [*titles, *more])
@@ -265,9 +267,12 @@ class Follower:
         report.sent.add(deliver(self.kb, self.sink, self.manifest, concepts, gone))
         self.state.save(self.key, stamp, changed)
 
-    def _concepts(self, pages: dict[Title, PageFields], warnings: list[str]) -> list[WikiConcept]:
-        """The concepts of ``pages``: their aliases (the readable redirects to each, by the
-        wiki's redirect table) and links through redirects (one hop) asked of the API."""
+    def _concepts(
+        self, pages: dict[Title, PageFields], seen: dict[str, PageState], warnings: list[str]
+    ) -> list[WikiConcept]:
+        """The concepts of ``pages`` (read as ``seen``, by the wiki's title): their aliases
+        (the readable redirects to each, by the wiki's redirect table) and links through
+        redirects (one hop) asked of the API."""
         spaces = self.namespaces
         targets = sorted({spaces.display(t) for fields in pages.values() for t in fields.links})
         hops = self.api.redirect_hops(targets)
@@ -276,12 +281,12 @@ class Follower:
             s, t = spaces.parse(source), spaces.parse(target)
             if s is not None and t is not None:
                 resolved[s] = t
-        here = self.api.pages([spaces.display(t) for t in sorted(pages)])
-        sources = sorted({r for state in here.values() for r in state.redirects_here})
+        here = {title: seen.get(spaces.display(title)) for title in pages}
+        sources = sorted({r for state in here.values() if state for r in state.redirects_here})
         readable = self.api.readable(sources)
         out: list[WikiConcept] = []
         for title in sorted(pages):
-            state = here.get(spaces.display(title))
+            state = here[title]
             aliases = _titles(spaces, [] if state is None else state.redirects_here, readable)
             concept = concept_of(
                 title, pages[title], aliases, lambda t: resolved.get(t, t), spaces, warnings
