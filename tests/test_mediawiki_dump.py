@@ -145,3 +145,15 @@ def test_without_the_extra_the_commands_say_which_to_install(tmp_path: Path) -> 
         assert "pip install 'kbgraph[mediawiki]'" in done.stderr
         assert "Traceback" not in done.stderr
     assert not (tmp_path / "kb.db").exists() and not (tmp_path / ".kbgraph").exists()
+
+
+def test_an_unreachable_wiki_or_a_bad_url_is_named(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").write_text('[store]\npath = "kb.db"\n')
+    done = cli("sync", "--mediawiki", "http://127.0.0.1:9", "--kb", "wiki", "--config", "c.toml",
+               "--retries", "0", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "cannot reach http://127.0.0.1:9/api.php" in done.stderr
+    assert "Traceback" not in done.stderr
+    bad = cli("sync", "--mediawiki", "ftp://x", "--kb", "wiki", "--config", "c.toml",
+              cwd=tmp_path)  # fmt: skip
+    assert bad.returncode == 2 and "expected an http:// or https:// URL" in bad.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kbgraph.cli import build_parser
 from kbgraph.events import Event
 from kbgraph.mediawiki.api import WikiApi
 from kbgraph.mediawiki.deliver import deliver
@@ -237,3 +239,30 @@ def test_the_cli_follows_with_signed_deliveries(wiki: Wiki, tmp_path: Path) -> N
             env={k: v for k, v in os.environ.items() if k != SECRET_ENV},
         )  # fmt: skip
         assert unsigned.returncode == 0  # nothing changed, so nothing was sent unsigned
+
+
+def test_watch_polls_until_stopped(wiki: Wiki, tmp_path: Path) -> None:
+    """``sync --mediawiki --watch --interval``: an edit made while it runs reaches the KB
+    without a restart, and a stop ends it within one interval."""
+    (tmp_path / "c.toml").write_text('[store]\npath = "kb.db"\n')
+    args = build_parser().parse_args([
+        "sync", "--mediawiki", wiki.url, "--kb", KB, "--config", str(tmp_path / "c.toml"),
+        "--manifest", str(tmp_path / "m.sqlite"), "--watch", "--interval", "0.3", "--quiet",
+    ])  # fmt: skip
+    stop = threading.Event()
+    codes: list[int] = []
+    watcher = threading.Thread(target=lambda: codes.append(args.func(args, stop)))
+    watcher.start()
+    try:
+        wiki.edit("Watched page", "Written while the follower watches.")
+        deadline = time.monotonic() + 120
+        while True:
+            with Store(tmp_path / "kb.db") as store:
+                if "Main/Watched page" in kb_state(store):
+                    break
+            assert time.monotonic() < deadline, "the watcher never sent the edit"
+            time.sleep(0.3)
+    finally:
+        stop.set()
+        watcher.join(60)
+    assert not watcher.is_alive() and codes == [0]
