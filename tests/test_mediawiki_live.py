@@ -7,6 +7,7 @@ deliveries reach a real ``kbgraph serve``."""
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -22,7 +23,7 @@ from kbgraph.events import Event
 from kbgraph.mediawiki.api import WikiApi
 from kbgraph.mediawiki.deliver import deliver
 from kbgraph.mediawiki.dump import read_dump
-from kbgraph.mediawiki.follow import Follower, FollowState
+from kbgraph.mediawiki.follow import OVERLAP_SECONDS, Follower, FollowState
 from kbgraph.store import DeliveryResult, Store
 from kbgraph.vault.manifest import Manifest
 from kbgraph.vault.sinks import SECRET_ENV, LocalSink
@@ -48,14 +49,14 @@ class Kit:
     """A follower of the wiki into a local store, its files under ``folder`` (a restart is a
     new Kit on the same folder)."""
 
-    def __init__(self, wiki: Wiki, folder: Path) -> None:
+    def __init__(self, wiki: Wiki, folder: Path, overlap: int = OVERLAP_SECONDS) -> None:
         folder.mkdir(exist_ok=True)
         self.folder = folder
         self.sink = LocalSink(folder / "kb.db")
         self.manifest = Manifest(folder / "manifest.sqlite")
         self.state = FollowState(folder / "manifest.sqlite")
         self.api = WikiApi(wiki.url)
-        self.follower = Follower(self.api, KB, self.sink, self.manifest, self.state)
+        self.follower = Follower(self.api, KB, self.sink, self.manifest, self.state, overlap)
 
     def close(self) -> None:
         self.state.close()
@@ -158,6 +159,39 @@ def test_edits_moves_deletions_restorations_and_read_protection(wiki: Wiki, kit:
         assert kb_state(other.store) == kit.concepts()
     finally:
         other.close()
+
+
+def test_a_redirect_made_or_removed_resends_the_pages_linking_to_it(
+    wiki: Wiki, tmp_path: Path
+) -> None:
+    """No overlap, and a change a second later between: a poll re-reads only the second of its
+    cursor, so only the follower's own reading (the redirect's old and new targets, its
+    backlinks) can send the page linking to the redirect."""
+    kit = Kit(wiki, tmp_path / "follower", overlap=0)
+
+    def later(title: str) -> None:  # a change in a later second: the cursor moves past
+        time.sleep(1.1)
+        wiki.edit(title, "Another page.")
+        kit.follower.poll()
+
+    try:
+        wiki.edit("Old name", "The page before its move.")
+        wiki.edit("Link source", "Points at [[Old name]].")
+        later("Filler one")
+        assert kit.concepts()["Main/Link source"]["links"] == ["Main/Old name"]
+        wiki.write("move", **{"from": "Old name", "to": "New name", "reason": "test"})
+        kit.follower.poll()
+        held = kit.concepts()
+        assert held["Main/Link source"]["links"] == ["Main/New name"]
+        assert held["Main/New name"]["aliases"] == ["Old name"]
+        later("Filler two")
+        wiki.write("delete", title="Old name", reason="the redirect goes")
+        kit.follower.poll()
+        held = kit.concepts()
+        assert held["Main/Link source"]["links"] == ["Main/Old name"]
+        assert held["Main/New name"]["aliases"] == []
+    finally:
+        kit.close()
 
 
 class Killed(BaseException):
@@ -266,3 +300,59 @@ def test_watch_polls_until_stopped(wiki: Wiki, tmp_path: Path) -> None:
         stop.set()
         watcher.join(60)
     assert not watcher.is_alive() and codes == [0]
+
+
+def exists(wiki: Wiki, title: str) -> bool:
+    pages = wiki.call("GET", action="query", titles=title)["query"]["pages"]
+    return "missing" not in pages[0]
+
+
+def test_any_sequence_of_changes_ends_where_a_dump_import_does(wiki: Wiki, kit: Kit) -> None:
+    """Random (seeded, so the same every run) edits, redirects made and undone, moves with and
+    without a redirect, deletions and restorations of a few pages, the follower polling after
+    every few: its KB ends equal to a fresh import of the wiki's dump."""
+    rng = random.Random(39)
+    pool = [f"Seq {name}" for name in ("Alpha", "Beta", "Gamma", "Delta", "Epsilon", "Zeta")]
+    deleted: set[str] = set()
+    done: list[str] = []
+    kit.follower.poll()
+    for step in range(24):
+        present = [t for t in pool if exists(wiki, t)]
+        absent = [t for t in pool if t not in present]
+        kind = rng.choice(["edit", "edit", "redirect", "move", "delete", "undelete"])
+        if kind == "edit" or not present:
+            links = " ".join(f"[[{rng.choice(pool)}]]" for _ in range(rng.randint(0, 3)))
+            template = f"{{{{Box|see=[[{rng.choice(pool)}]]}}}}" if rng.random() < 0.5 else ""
+            text = f"Step {step}. {links} {template} [[Category:Seq {rng.randint(0, 2)}]]"
+            wiki.edit(rng.choice(pool), text)
+            done.append("edit")
+        elif kind == "redirect":
+            source = rng.choice(pool)
+            wiki.edit(source, f"#REDIRECT [[{rng.choice([t for t in pool if t != source])}]]")
+            done.append("redirect")
+        elif kind == "move" and absent:
+            params = {"from": rng.choice(present), "to": rng.choice(absent), "reason": "seq"}
+            if rng.random() < 0.5:
+                params["noredirect"] = "1"
+            wiki.write("move", **params)
+            done.append("move" + params.get("noredirect", ""))
+        elif kind == "delete":
+            title = rng.choice(present)
+            wiki.write("delete", title=title, reason="seq")
+            deleted.add(title)
+            done.append("delete")
+        elif kind == "undelete" and deleted & set(absent):
+            wiki.write("undelete", title=rng.choice(sorted(deleted & set(absent))), reason="seq")
+            done.append("undelete")
+        if rng.random() < 0.4:
+            kit.follower.poll()
+    kit.follower.poll()
+    assert {"edit", "redirect", "move", "move1", "delete", "undelete"} <= set(done), done
+    dump = wiki.dump(kit.folder / "seq-dump.xml")
+    other = LocalSink(kit.folder / "seq-dump.db")
+    try:
+        with Manifest(kit.folder / "seq-manifest.sqlite") as manifest:
+            deliver(KB, other, manifest, read_dump(dump).concepts, everything=True)
+        assert kb_state(other.store) == kit.concepts()
+    finally:
+        other.close()

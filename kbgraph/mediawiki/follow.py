@@ -155,9 +155,16 @@ class Follower:
     """One wiki followed into one KB of one destination."""
 
     def __init__(
-        self, api: WikiApi, kb: str, sink: Sink, manifest: Manifest, state: FollowState
+        self,
+        api: WikiApi,
+        kb: str,
+        sink: Sink,
+        manifest: Manifest,
+        state: FollowState,
+        overlap: int = OVERLAP_SECONDS,
     ) -> None:
         self.api, self.kb, self.sink, self.manifest, self.state = api, kb, sink, manifest, state
+        self.overlap = overlap  # seconds of changes before the cursor read again
         self.key = (sink.dest, kb, api.url)
         self._namespaces: Namespaces | None = None
 
@@ -176,7 +183,7 @@ class Follower:
         if cursor is None:
             return self._load_all()
         report = FollowReport(cursor=cursor)
-        start = _earlier(cursor, OVERLAP_SECONDS)
+        start = _earlier(cursor, self.overlap)
         for part in self.api.recent_changes(start):
             if not part:
                 continue
