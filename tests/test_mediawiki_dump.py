@@ -117,7 +117,15 @@ def test_a_file_that_is_not_a_dump_is_refused_and_changes_nothing(tmp_path: Path
     (tmp_path / "c.toml").write_text('[store]\npath = "kb.db"\n')
     (tmp_path / "notes.xml").write_text("<html><body>not a wiki</body></html>")
     (tmp_path / "broken.xml.bz2").write_bytes(b"BZh9 certainly not bzip2")
-    for name in ("notes.xml", "broken.xml.bz2"):
+    entities = "".join(
+        f'<!ENTITY e{i} "{f"&e{i - 1};" * 10 if i else "x" * 20}">' for i in range(10)
+    )  # a billion laughs: 20 GB once expanded, refused by expat's amplification limit
+    (tmp_path / "bomb.xml").write_text(
+        f"<?xml version='1.0'?><!DOCTYPE m [{entities}]><mediawiki><siteinfo/><page>"
+        "<title>Bomb</title><ns>0</ns><id>1</id><revision><id>1</id><text>&e9;</text>"
+        "</revision></page></mediawiki>"
+    )
+    for name in ("notes.xml", "broken.xml.bz2", "bomb.xml"):
         done = cli("import", "--mediawiki-dump", name, "--kb", "wiki", "--config", "c.toml",
                    cwd=tmp_path)  # fmt: skip
         assert done.returncode == 1, done.stderr
