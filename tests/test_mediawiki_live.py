@@ -49,13 +49,13 @@ class Kit:
     """A follower of the wiki into a local store, its files under ``folder`` (a restart is a
     new Kit on the same folder)."""
 
-    def __init__(self, wiki: Wiki, folder: Path, overlap: int = OVERLAP_SECONDS) -> None:
+    def __init__(self, url: str, folder: Path, overlap: int = OVERLAP_SECONDS) -> None:
         folder.mkdir(exist_ok=True)
         self.folder = folder
         self.sink = LocalSink(folder / "kb.db")
         self.manifest = Manifest(folder / "manifest.sqlite")
         self.state = FollowState(folder / "manifest.sqlite")
-        self.api = WikiApi(wiki.url)
+        self.api = WikiApi(url)
         self.follower = Follower(self.api, KB, self.sink, self.manifest, self.state, overlap)
 
     def close(self) -> None:
@@ -82,7 +82,7 @@ def kb_state(store: Store) -> dict[str, dict[str, object]]:
 
 @pytest.fixture
 def kit(wiki: Wiki, tmp_path: Path) -> Iterator[Kit]:
-    made = Kit(wiki, tmp_path / "follower")
+    made = Kit(wiki.url, tmp_path / "follower")
     yield made
     made.close()
 
@@ -167,7 +167,7 @@ def test_a_redirect_made_or_removed_resends_the_pages_linking_to_it(
     """No overlap, and a change a second later between: a poll re-reads only the second of its
     cursor, so only the follower's own reading (the redirect's old and new targets, its
     backlinks) can send the page linking to the redirect."""
-    kit = Kit(wiki, tmp_path / "follower", overlap=0)
+    kit = Kit(wiki.url, tmp_path / "follower", overlap=0)
 
     def later(title: str) -> None:  # a change in a later second: the cursor moves past
         time.sleep(1.1)
@@ -224,7 +224,7 @@ def test_a_stop_between_delivery_and_cursor_loses_no_edit(
     folder = tmp_path / "follower"
     page = f"Durable {acknowledged}"
     wiki.edit(page, "First words.")
-    kit = Kit(wiki, folder)
+    kit = Kit(wiki.url, folder)
     kit.follower.poll()
     cursor = kit.state.cursor(kit.follower.key)
     assert cursor is not None and "First words." in str(kit.concepts()[f"Main/{page}"]["text"])
@@ -235,7 +235,7 @@ def test_a_stop_between_delivery_and_cursor_loses_no_edit(
         kit.follower.poll()
     assert kit.state.cursor(kit.follower.key) == cursor  # never written past the delivery
     kit.close()
-    again = Kit(wiki, folder)  # the restart: the same files
+    again = Kit(wiki.url, folder)  # the restart: the same files
     try:
         report = again.follower.poll()
         assert "Second words." in str(again.concepts()[f"Main/{page}"]["text"])
@@ -356,3 +356,47 @@ def test_any_sequence_of_changes_ends_where_a_dump_import_does(wiki: Wiki, kit: 
         assert kb_state(other.store) == kit.concepts()
     finally:
         other.close()
+
+
+KILLED_CHILD = """
+import os, sys
+from pathlib import Path
+from tests.test_mediawiki_live import Kit, KilledAfterSend
+
+class Dies(KilledAfterSend):
+    def send(self, kb, events):
+        self.inner.send(kb, events)  # acknowledged by the store...
+        os._exit(137)  # ...and the process dies at once: no finally, no cleanup
+
+kit = Kit(sys.argv[1], Path(sys.argv[2]))
+kit.follower.sink = Dies(kit.sink, deliver_first=True)
+kit.follower.poll()
+"""
+
+
+def test_a_process_killed_after_an_acknowledged_delivery_loses_nothing(
+    wiki: Wiki, tmp_path: Path
+) -> None:
+    """The follower's process dies (``os._exit``: nothing runs after it, as after SIGKILL)
+    right after the store acknowledged a delivery, before the cursor is written."""
+    folder = tmp_path / "follower"
+    kit = Kit(wiki.url, folder)
+    kit.follower.poll()
+    cursor = kit.state.cursor(kit.follower.key)
+    kit.close()
+    time.sleep(1.1)
+    wiki.edit("Killed page", "Written before the kill.")
+    child = subprocess.run(
+        [sys.executable, "-c", KILLED_CHILD, wiki.url, str(folder)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert child.returncode == 137, child.stderr
+    again = Kit(wiki.url, folder)
+    try:
+        assert again.state.cursor(again.follower.key) == cursor
+        assert "Written before the kill." in str(again.concepts()["Main/Killed page"]["text"])
+        report = again.follower.poll()
+        assert report.cursor > str(cursor)
+        assert "Written before the kill." in str(again.concepts()["Main/Killed page"]["text"])
+    finally:
+        again.close()
