@@ -248,7 +248,8 @@ def test_a_stop_between_delivery_and_cursor_loses_no_edit(
 
 
 def test_the_cli_follows_with_signed_deliveries(wiki: Wiki, tmp_path: Path) -> None:
-    wiki.edit("Signed page", "Sent by the follower, signed. See [[Berlin (city)]].")
+    wiki.edit("Signed target", "Linked to.")
+    wiki.edit("Signed page", "Sent by the follower, signed. See [[signed_target]].")
     with running(write_config(tmp_path)) as url:
         env = {**os.environ, SECRET_ENV: SECRET}
         command = [
@@ -264,7 +265,7 @@ def test_the_cli_follows_with_signed_deliveries(wiki: Wiki, tmp_path: Path) -> N
             timeout=10,
         )
         assert got.status_code == 200, got.text
-        assert got.json()["links"] == ["Main/Berlin (city)"]
+        assert got.json()["links"] == ["Main/Signed target"]
         again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
         assert again.returncode == 0, again.stderr
         assert "sent 0 upserts and 0 deletes" in again.stdout

@@ -10,6 +10,7 @@ when a command runs, so the CLI starts without them and names the extra when one
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sqlite3
 import sys
 import threading
@@ -139,11 +140,19 @@ def _follow(
     state = FollowState(path)
     follower = Follower(api, args.kb, sink, manifest, state)
 
-    def poll() -> int:
+    polls = 0
+
+    def poll() -> None:
+        """One pass, reported; under ``--watch``, a later pass that sent nothing is not."""
+        nonlocal polls
         report = follower.poll()
-        lines = [report.summary()] + [f"warning {printable(w)}" for w in report.warnings]
-        _print(lines, args.quiet)
-        return 0
+        polls += 1
+        idle = polls > 1 and not (report.sent.upserted or report.sent.deleted)
+        if not args.quiet and not idle:
+            print(report.summary())
+        if report.warnings:
+            warnings = "\n".join(f"warning {printable(w)}" for w in report.warnings)
+            print(warnings, file=sys.stderr if args.quiet else sys.stdout)
 
     try:
         try:
@@ -152,12 +161,13 @@ def _follow(
             return _fail(str(exc), EXIT_FAILED)
         if args.watch:
             print(f"following {api.url} (Ctrl-C stops)", file=sys.stderr)
-            follow(
-                poll,
-                args.interval,
-                lambda exc: print(f"kbgraph: {exc}", file=sys.stderr),
-                stop_event or threading.Event(),
-            )
+            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the cursor is as sent
+                follow(
+                    poll,
+                    args.interval,
+                    lambda exc: print(f"kbgraph: {exc}", file=sys.stderr),
+                    stop_event or threading.Event(),
+                )
         return 0
     finally:
         state.close()
