@@ -62,8 +62,9 @@ installed=$(chroot "$ROOT" dpkg-query -W -f='${db:Status-Status}\n' $CHROOT_PACK
 if [ "$installed" != "$(echo $CHROOT_PACKAGES | wc -w)" ]; then
     printf '#!/bin/sh\nexit 101\n' >"$ROOT/usr/sbin/policy-rc.d"
     chmod 755 "$ROOT/usr/sbin/policy-rc.d"
-    chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
-        sh -c "apt-get update -qq && apt-get install -y -qq --no-install-recommends $CHROOT_PACKAGES" \
+    chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+        DEBIAN_FRONTEND=noninteractive sh -c "apt-get update -qq \
+            && apt-get install -y -qq --no-install-recommends $CHROOT_PACKAGES" \
         >"$ROOT.apt.log" 2>&1 || { tail -20 "$ROOT.apt.log" >&2; exit 1; }
     echo "test-debian13: installed $CHROOT_PACKAGES in the chroot" >&2
 fi
