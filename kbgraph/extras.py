@@ -27,6 +27,16 @@ EXTRAS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
         ("httpx", "httpx"),
         ("edn_format", "edn_format"),
     ),
+    # the wiki connector rides on the vault's manifest and sinks: the vault's packages too
+    "mediawiki": (
+        ("markdown_it", "markdown-it-py"),
+        ("mdit_py_plugins", "mdit-py-plugins"),
+        ("yaml", "PyYAML"),
+        ("watchfiles", "watchfiles"),
+        ("httpx", "httpx"),
+        ("mwxml", "mwxml"),
+        ("mwparserfromhell", "mwparserfromhell"),
+    ),
     "local": (("wordllama", "wordllama"),),
     "openai": (("httpx", "httpx"),),
 }

@@ -53,6 +53,21 @@ for fs in proc sys dev dev/pts dev/shm; do
         mounted+=("$ROOT/$fs")
     fi
 done
+# Debian packages the suite needs beyond debootstrap's, installed into a kept chroot too: a real
+# MediaWiki served by php -S (tests/mediawiki_server.py). policy-rc.d keeps apt from starting
+# the web server they bring (apache2) in the chroot.
+CHROOT_PACKAGES="mediawiki php-cli php-sqlite3"
+installed=$(chroot "$ROOT" dpkg-query -W -f='${db:Status-Status}\n' $CHROOT_PACKAGES 2>/dev/null \
+    | grep -c '^installed$' || true)
+if [ "$installed" != "$(echo $CHROOT_PACKAGES | wc -w)" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$ROOT/usr/sbin/policy-rc.d"
+    chmod 755 "$ROOT/usr/sbin/policy-rc.d"
+    chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+        DEBIAN_FRONTEND=noninteractive sh -c "apt-get update -qq \
+            && apt-get install -y -qq --no-install-recommends $CHROOT_PACKAGES" \
+        >"$ROOT.apt.log" 2>&1 || { tail -20 "$ROOT.apt.log" >&2; exit 1; }
+    echo "test-debian13: installed $CHROOT_PACKAGES in the chroot" >&2
+fi
 # The working tree as it is (committed or not), without this machine's venv, in place of the
 # last run's; the chroot's own .venv, pip cache and numba cache (NUMBA_CACHE_DIR) stay.
 mkdir -p "$ROOT/kbgraph"

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Final
 
+from kbgraph.mediawiki import command as mediawiki
 from kbgraph.names import KB_NAME_PATTERN, is_kb_name
 from kbgraph.vault.manifest import Manifest
 from kbgraph.vault.sinks import SECRET_ENV, LocalSink, Sink, SyncError, WebhookSink
@@ -32,7 +33,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         ("sync", "send a folder's changes since the last run; --watch keeps it current"),
     ):
         command = sub.add_parser(name, help=text, description=text)
-        command.add_argument("dir", metavar="DIR", help="the vault folder (or Logseq graph)")
+        command.add_argument("dir", metavar="DIR", nargs="?", help="the vault folder (or Logseq graph)")
         command.add_argument("--kb", required=True, help="the KB to write into")
         where = command.add_mutually_exclusive_group(required=True)
         where.add_argument("--config", help="the TOML config of the local store to write into")
@@ -52,6 +53,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         )
         if name == "sync":
             command.add_argument("--watch", action="store_true", help="keep syncing on changes")
+        mediawiki.add_arguments(command, name)
         command.set_defaults(func=run_command, watch=False)
 
 
@@ -84,6 +86,10 @@ def open_sink(args: argparse.Namespace) -> Sink | str:
 
 
 def run_command(args: argparse.Namespace, stop_event: threading.Event | None = None) -> int:
+    if mediawiki.wanted(args):  # a wiki in place of the folder (kbgraph.mediawiki)
+        return mediawiki.run(args, open_sink, stop_event)
+    if args.dir is None:
+        return _fail("DIR: expected the vault folder (or a wiki: see --help)")
     root = Path(args.dir)
     if not root.exists():
         return _fail(f"{args.dir}: no such folder")
