@@ -482,7 +482,20 @@ def bidir_path(
 
 
 @njit(cache=True, nogil=True)
-def neighbour_sum(und_off, und_len, und, mask, deg, src, x, targets, gamma, pos, slot, out):
+def neighbour_sum(
+    und_off: np.ndarray,
+    und_len: np.ndarray,
+    und: np.ndarray,
+    mask: np.ndarray,
+    deg: np.ndarray,
+    src: np.ndarray,
+    x: np.ndarray,
+    targets: np.ndarray,
+    gamma: float,
+    pos: np.ndarray,
+    slot: np.ndarray,
+    out: np.ndarray,
+) -> int:
     """``out[i] = sum of x[j] * (deg(src[j]) deg(targets[i])) ** -gamma`` over the visible
     sources src[j] (distinct, x[j] > 0) that are visible neighbours of targets[i]. The edges
     are found from whichever side has fewer adjacency entries to walk (the same edges either

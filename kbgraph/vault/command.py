@@ -33,7 +33,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         ("sync", "send a folder's changes since the last run; --watch keeps it current"),
     ):
         command = sub.add_parser(name, help=text, description=text)
-        command.add_argument("dir", metavar="DIR", nargs="?", help="the vault folder (or Logseq graph)")
+        command.add_argument(
+            "dir", metavar="DIR", nargs="?", help="the vault folder (or Logseq graph)"
+        )
         command.add_argument("--kb", required=True, help="the KB to write into")
         where = command.add_mutually_exclusive_group(required=True)
         where.add_argument("--config", help="the TOML config of the local store to write into")
