@@ -28,7 +28,7 @@ from typing import Any, Final
 
 from kbgraph import __version__
 from kbgraph.config import CONFIG_ENV, Config, ConfigError, load_config
-from kbgraph.extras import add_unavailable, config_problem, missing
+from kbgraph.extras import EXIT_USAGE, add_unavailable, config_problem, missing
 from kbgraph.extras import problem as extra_problem
 from kbgraph.http.health import store_folder_problem, store_problem
 from kbgraph.vault.demokb import demo_concepts, example_vault
@@ -39,7 +39,6 @@ APP_FACTORY: Final = "kbgraph.cli:app_factory"
 # released the GIL) can wait up to 5 ms to run again: with a busy event loop that made the
 # writer about 3x slower per event. 0.5 ms bounds that wait for <1% switching overhead.
 GIL_SWITCH_INTERVAL: Final = 0.0005
-EXIT_USAGE: Final = 2
 DEMO_KB: Final = "demo"
 VAULT_KB: Final = "homelab"
 EXAMPLE_VAULT: Final = example_vault()

@@ -111,6 +111,9 @@ _log_decoder = msgspec.msgpack.Decoder(Event)
 _MSGSPEC_PATH = re.compile(r"^(?P<what>.*) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
 
 
+ECHO_CHARS: Final = 200  # of a value an error repeats (a caller's could be a megabyte)
+
+
 class Refused(Exception):
     """A refusal: the ``status``, ``message`` and ``headers`` of its ``{"error": message}``
     answer. The service's one refusal type (as Starlette has one ``HTTPException``); the

@@ -3,7 +3,8 @@
 The core serves one machine from its SQLite store. A command or a config that needs an extra
 whose packages are not installed stops before it starts anything, with a message naming the
 extra to install (``pip install 'kbgraph[vault]'``), rather than an ImportError from deep
-inside. ``EXTRAS`` names each extra's packages by the module they are imported as.
+inside. ``EXTRAS`` names each extra's packages by the module they are imported as. The exit
+codes every command shares are here too, beside the one for a missing extra's stop.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from kbgraph.config import Config
+
+EXIT_FAILED: Final = 1  # a command ran and failed (a refusal, an unreachable service)
+EXIT_USAGE: Final = 2  # argparse's code: the command line or the config is wrong
 
 # extra -> ((module imported, distribution installed), ...): pyproject.toml's lists, by module
 EXTRAS: Final[dict[str, tuple[tuple[str, str], ...]]] = {

@@ -17,7 +17,7 @@ import pytest
 
 from kbgraph.config import LogConfig
 from kbgraph.jetstream import wire
-from kbgraph.jetstream.consumer import Follower, LogUnavailable
+from kbgraph.jetstream.consumer import LogUnavailable, StreamConsumer
 from kbgraph.jetstream.publisher import PUBLISH_ATTEMPTS, Publisher
 from tests.kb_events import upsert
 
@@ -137,7 +137,7 @@ def test_msg_ids_are_random_and_long() -> None:
     assert all(len(msg_id.rpartition("-")[2]) == 32 for msg_id in ids)
 
 
-class Awaiting(Follower):
+class Awaiting(StreamConsumer):
     """A follower with one delivery awaiting its message (a subclass: its owner sets these)."""
 
     def __init__(self, msg_id: str, mac: str) -> None:

@@ -23,7 +23,7 @@ from kbgraph.events import Event
 from kbgraph.mediawiki.api import WikiApi
 from kbgraph.mediawiki.deliver import deliver
 from kbgraph.mediawiki.dump import read_dump
-from kbgraph.mediawiki.follow import OVERLAP_SECONDS, Follower, FollowState
+from kbgraph.mediawiki.follow import OVERLAP_SECONDS, FollowState, WikiFollower
 from kbgraph.store import DeliveryResult, Store
 from kbgraph.vault.manifest import Manifest
 from kbgraph.vault.sinks import SECRET_ENV, LocalSink
@@ -56,7 +56,7 @@ class Kit:
         self.manifest = Manifest(folder / "manifest.sqlite")
         self.state = FollowState(folder / "manifest.sqlite")
         self.api = WikiApi(url)
-        self.follower = Follower(self.api, KB, self.sink, self.manifest, self.state, overlap)
+        self.follower = WikiFollower(self.api, KB, self.sink, self.manifest, self.state, overlap)
 
     def close(self) -> None:
         self.state.close()

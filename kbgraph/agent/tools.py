@@ -38,7 +38,7 @@ from kbgraph.agent.shapes import (
     Seed,
     StatusResponse,
 )
-from kbgraph.events import Refused
+from kbgraph.events import ECHO_CHARS, Refused
 from kbgraph.graphalgo.graph import View
 from kbgraph.projection import Snapshot
 from kbgraph.search import query_terms, snippet, snippet_at, top
@@ -72,9 +72,6 @@ Req = TypeVar("Req")
 
 class ToolError(Refused):
     """A tool request refused."""
-
-
-ECHO_CHARS: Final = 200  # of a caller's value a refusal repeats (it could be a megabyte)
 
 
 def invalid_choice(field: str, value: str, expected: str) -> ToolError:

@@ -29,6 +29,7 @@ from typing import Final
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from kbgraph.events import ECHO_CHARS
 from kbgraph.http.ingest import error_response
 
 LOOPBACK_NAMES: Final = frozenset({"localhost", "127.0.0.1", "[::1]"})
@@ -52,7 +53,7 @@ def origin_problem(headers: Headers, allowed: frozenset[str]) -> str | None:
     same = {f"http://{host}".lower(), f"https://{host}".lower()} if host else set()
     if origin.lower() in same or origin in allowed:
         return None
-    return f"Origin {origin[:200]!r} is not this service's origin nor an allowed one"
+    return f"Origin {origin[:ECHO_CHARS]!r} is not this service's origin nor an allowed one"
 
 
 class HostOriginCheck:
@@ -86,7 +87,7 @@ class HostOriginCheck:
         if self.reads_open or (events is not None and self.ingest_open(events[1])):
             host = headers.get("host")
             if host is not None and not is_loopback_host(host):
-                shown = host[:200]
+                shown = host[:ECHO_CHARS]
                 return 421, f"Host {shown!r}: authentication is off, so only loopback names"
         elif not MCP_PATH.fullmatch(path):
             return None

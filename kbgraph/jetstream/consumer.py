@@ -31,6 +31,7 @@ from nats.js import api
 from prometheus_client import Counter, Gauge, generate_latest
 
 from kbgraph.deliverylog import DeliverySkipped, LogUnavailable
+from kbgraph.events import ECHO_CHARS
 from kbgraph.jetstream import wire
 from kbgraph.store import DeliveryResult, Store, WebhookMessage
 from kbgraph.store.positions import DECIDED, MessageFailed  # DECIDED: a delivery's own refusal
@@ -109,7 +110,7 @@ class Stuck(msgspec.Struct, frozen=True):
     error: str
 
 
-class Follower:
+class StreamConsumer:
     """The follow-and-apply half of ``JetStreamLog`` (its attributes are set there)."""
 
     stream: str
@@ -354,7 +355,10 @@ class Follower:
         note: tuple[str, str] | None = None
         message = None
         if not self.signer.valid(msg.subject, msg.data or b"", headers):
-            note = ("refused", f"no valid MAC ({wire.MAC}) on {msg.subject[:200]}: not applied")
+            note = (
+                "refused",
+                f"no valid MAC ({wire.MAC}) on {msg.subject[:ECHO_CHARS]}: not applied",
+            )
             log.warning("stream %s: position %s refused: %s", self.stream, seq, note[1])
         elif msg.subject == wire.decision_subject(self.stream):
             note = await self._decision_note(msg.data or b"", seq)

@@ -27,7 +27,7 @@ from kbgraph.jetstream.connect import (
 from kbgraph.jetstream.consumer import (
     ApplyFailed,
     Diverged,
-    Follower,
+    StreamConsumer,
     Stuck,
     count_notes,
 )
@@ -44,7 +44,7 @@ CLOSE_SECONDS: Final = 5.0  # a NATS connection not closed by then is left behin
 SILENT_SECONDS: Final = 4.0  # no answer from it for this long: /readyz says not ready
 
 
-class JetStreamLog(Follower, Publisher):
+class JetStreamLog(StreamConsumer, Publisher):
     """One node's end of the stream, a ``kbgraph.deliverylog.DeliveryLog``: ``append``
     publishes, the follower applies."""
 

@@ -18,6 +18,7 @@ from typing import Any, Final
 
 import httpx
 
+from kbgraph.events import ECHO_CHARS
 from kbgraph.mediawiki.titles import Namespace, Namespaces
 
 TITLES_PER_QUERY: Final = 50  # the API's limit for a client without the apihighlimits right
@@ -90,7 +91,7 @@ class WikiApi:
                     " MediaWiki's api.php?"
                 ) from None
             if not isinstance(answer, dict):
-                raise WikiError(f"{self.url}: unexpected answer {str(answer)[:200]!r}")
+                raise WikiError(f"{self.url}: unexpected answer {str(answer)[:ECHO_CHARS]!r}")
             errors = answer.get("errors")
             if errors:
                 first = errors[0]

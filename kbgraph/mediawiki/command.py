@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from kbgraph.extras import EXIT_FAILED, EXIT_USAGE
 from kbgraph.extras import problem as extra_problem
 from kbgraph.names import KB_NAME_PATTERN, is_kb_name
 
@@ -25,8 +26,6 @@ if TYPE_CHECKING:
     from kbgraph.vault.manifest import Manifest
     from kbgraph.vault.sinks import Sink
 
-EXIT_FAILED: Final = 1
-EXIT_USAGE: Final = 2
 DEFAULT_MANIFEST: Final = Path(".kbgraph") / "mediawiki.sqlite"
 DEFAULT_INTERVAL: Final = 10.0
 
@@ -132,13 +131,13 @@ def _follow(
     stop_event: threading.Event | None,
 ) -> int:
     from kbgraph.mediawiki.api import WikiApi, WikiError
-    from kbgraph.mediawiki.follow import Follower, FollowState, follow
+    from kbgraph.mediawiki.follow import FollowState, WikiFollower, follow
     from kbgraph.vault.sinks import SyncError
     from kbgraph.vault.sync import printable
 
     api = WikiApi(args.mediawiki, attempts=args.retries + 1)
     state = FollowState(path)
-    follower = Follower(api, args.kb, sink, manifest, state)
+    follower = WikiFollower(api, args.kb, sink, manifest, state)
 
     polls = 0
 

@@ -151,7 +151,7 @@ class FollowReport:
         )
 
 
-class Follower:
+class WikiFollower:
     """One wiki followed into one KB of one destination."""
 
     def __init__(

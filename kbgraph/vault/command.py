@@ -16,14 +16,13 @@ import threading
 from pathlib import Path
 from typing import Final
 
+from kbgraph.extras import EXIT_FAILED, EXIT_USAGE
 from kbgraph.mediawiki import command as mediawiki
 from kbgraph.names import KB_NAME_PATTERN, is_kb_name
 from kbgraph.vault.manifest import Manifest
 from kbgraph.vault.sinks import SECRET_ENV, LocalSink, Sink, SyncError, WebhookSink
 from kbgraph.vault.sync import SyncReport, sync_once, watch
 
-EXIT_FAILED: Final = 1
-EXIT_USAGE: Final = 2
 PROGRESS_MIN: Final = 200  # show progress when a run sends at least this many notes
 
 

@@ -44,6 +44,7 @@ import edn_format  # type: ignore[import-untyped]  # ships no type hints
 import msgspec
 
 from kbgraph.events import (
+    ECHO_CHARS,
     MAX_ALIAS_CHARS,
     MAX_ALIASES,
     MAX_TAG_CHARS,
@@ -98,7 +99,11 @@ def parse_config(text: str) -> GraphConfig | str:
     try:
         data = edn_format.loads(text)
     except (edn_format.EDNDecodeError, NotImplementedError, RecursionError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        first = (
+            str(exc).strip().splitlines()[0][:ECHO_CHARS]
+            if str(exc).strip()
+            else type(exc).__name__
+        )
         return f"not valid EDN ({first})"
     if not isinstance(data, edn_format.ImmutableDict):
         return "not an EDN map"

@@ -20,7 +20,7 @@ import httpx
 import msgspec
 from standardwebhooks.webhooks import Webhook
 
-from kbgraph.events import Event
+from kbgraph.events import ECHO_CHARS, Event
 from kbgraph.store import DeliveryResult, KBLimitReached, Store
 
 SECRET_ENV: Final = "KBGRAPH_WEBHOOK_SECRET"
@@ -124,4 +124,4 @@ def _error(response: httpx.Response) -> str:
     try:
         return str(response.json()["error"])
     except Exception:
-        return response.text[:200] or response.reason_phrase
+        return response.text[:ECHO_CHARS] or response.reason_phrase
