@@ -145,7 +145,9 @@ def _cpu() -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_mediawiki_dump", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--pages", type=int, default=10_000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kbgraph-mwdump-") as folder:
