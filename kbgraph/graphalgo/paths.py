@@ -40,7 +40,7 @@ __all__ = ["hops_and_via", "shortest_path"]
 
 def _nodes(view: View, nodes: Sequence[int], what: str) -> np.ndarray:
     arr = np.asarray(nodes, dtype=np.int64).reshape(-1)
-    if arr.size and (arr.min() < 0 or arr.max() >= view.graph.n):
+    if arr.size and (np.min(arr) < 0 or np.max(arr) >= view.graph.n):
         raise ValueError(f"{what}: node out of range")
     return arr.astype(np.int32)
 

@@ -44,7 +44,8 @@ def sort_by_id(view: View, nodes: np.ndarray, *values: np.ndarray) -> tuple[np.n
         return (nodes, *values)
     k = nodes.shape[0]
     keys = list(map(view.graph.ids.__getitem__, nodes.tolist()))
-    perm = np.fromiter(sorted(range(k), key=keys.__getitem__), np.intp, k)
+    order = sorted(zip(keys, range(k), strict=True))  # ties (a repeated node) keep their order
+    perm = np.fromiter((i for _, i in order), np.intp, k)
     return (nodes[perm], *(v[perm] for v in values))
 
 

@@ -193,7 +193,7 @@ class SearchIndex:
         self.name_lengths.update(analyzer.name_lengths)
         if nodes:
             at = np.concatenate(nodes)
-            self._set_lengths(int(at.max()), 0, 0)  # grown to hold the largest node
+            self._set_lengths(int(np.max(at)), 0, 0)  # grown to hold the largest node
             self._title_len[at] = np.concatenate(title_lens)
             self._text_len[at] = np.concatenate(text_lens)
             self._present[at] = 1

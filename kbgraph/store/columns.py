@@ -276,7 +276,7 @@ def _table_of(blob: np.ndarray, off: np.ndarray) -> np.ndarray:  # pragma: no co
         slot = h & mask
         while table[slot] >= 0:
             slot = (slot + np.uint64(1)) & mask
-        table[slot] = (np.int64(h >> np.uint64(33)) << 32) | row
+        table[slot] = (np.int64(h >> np.uint64(33)) << np.int64(32)) | np.int64(row)
     return table
 
 
