@@ -52,8 +52,11 @@ def oracle(view: View, search: dict, share: dict, mass: dict, results: list) -> 
     }
     top_walk = max(walk.values()) or 1.0
     top_near = max(near.values()) or 1.0
+    full = 1.0 + ranking.WALK_WEIGHT + ranking.NEIGHBOUR_WEIGHT  # search's best hit
     return {
-        v: search.get(v, 0.0) / best
+        v: full
+        if search.get(v, 0.0) == best
+        else search.get(v, 0.0) / best
         + ranking.WALK_WEIGHT * walk[v] / top_walk
         + ranking.NEIGHBOUR_WEIGHT * near[v] / top_near
         for v in nodes
@@ -110,3 +113,22 @@ def test_a_page_several_hits_link_rises_and_a_hub_does_not() -> None:
     assert out.index("a") == 0  # search's best stays first
     assert out.index("x") < out.index("d")  # three hits' neighbour beats a weak hit
     assert out.index("x") < out.index("h")  # the hub, linked by as many hits, does not
+
+
+def test_search_best_hit_keeps_the_head_the_graph_reorders_the_rest() -> None:
+    """b, a near second that three other hits link, would pass a (search's best, linked by
+    none) on the sum alone; a single-answer question's best bet stays first, b comes next."""
+    ids = ["a", "b", "c", "d", "e", "z"]
+    links = [("c", "b"), ("d", "b"), ("e", "b"), ("a", "z")]
+    view = view_of(ids, links)
+    node = {cid: i for i, cid in enumerate(ids)}
+    search = {node["a"]: 1.0, node["b"]: 0.95, node["c"]: 0.5, node["d"]: 0.5, node["e"]: 0.5}
+    share = {u: w / sum(search.values()) for u, w in search.items()}
+    nodes, p = personalized_pagerank(view, list(search.items()), ALPHA)
+    mass = dict(zip(nodes.tolist(), p.tolist(), strict=True))
+    out = ranked(view, search, share, mass, [(node["z"], 1, node["a"])], 10, ALPHA)
+    assert [ids[row.node] for row in out[:2]] == ["a", "b"]
+    by_id = {ids[row.node]: row.score for row in out}
+    assert by_id["a"] == 1.0 + ranking.WALK_WEIGHT + ranking.NEIGHBOUR_WEIGHT
+    # on the sum alone b would lead: its own score is above what a would have had
+    assert by_id["b"] > 1.0 + ranking.WALK_WEIGHT * 1.0

@@ -16,9 +16,12 @@ in the list:
 
     score = search + WALK_WEIGHT * walk / best_walk + NEIGHBOUR_WEIGHT * neighbours / best
 
-rounded to 4 decimals, then hops ascending (a seed's are 0), then id; cut to the limit. Search's
-own strong hits keep their place unless the graph's evidence for another is strong: a full
-graph share is worth less than the best hit's search score. Every figure is computed on the
+except that search's best hit (``search`` = 1: the fused list's top, or a concept given by id)
+is credited with a full graph share, ``1 + WALK_WEIGHT + NEIGHBOUR_WEIGHT``: it stays first, as
+a single-answer question's best bet, and the graph reorders the rest. Rounded to 4 decimals,
+then hops ascending (a seed's are 0), then id; cut to the limit. A full graph share is worth
+less than the best hit's search score, so a concept search did not find never comes first
+either. Every figure is computed on the
 visible subgraph, its sums in an order fixed by the figures themselves (never by how ids were
 interned), so the list is deterministic and a narrowed caller gets exactly what an admin gets
 where the hidden concepts were never written. The
@@ -47,6 +50,13 @@ class Row(NamedTuple):
     score: float
     hops: int
     via: int | None
+
+
+def score_of(search: float, walk: float, neighbours: float) -> float:
+    """The rule, each input over its best in the list; search's best hit keeps the head."""
+    if search >= 1.0:
+        return 1.0 + WALK_WEIGHT + NEIGHBOUR_WEIGHT
+    return search + WALK_WEIGHT * walk + NEIGHBOUR_WEIGHT * neighbours
 
 
 def ranked(
@@ -78,19 +88,10 @@ def ranked(
     near = neighbour_evidence(view, hits, scores, nodes, NEIGHBOUR_DEGREE_POWER).tolist()
     top_walk, top_near = max(walk) or 1.0, max(near) or 1.0
     hops_of = {v: (h, b) for v, h, b in results}
-    rows = [
-        Row(
-            v,
-            round(
-                search.get(v, 0.0) / best
-                + WALK_WEIGHT * (w / top_walk)
-                + NEIGHBOUR_WEIGHT * (h / top_near),
-                4,
-            ),
-            *hops_of.get(v, (0, None)),
-        )
-        for v, w, h in zip(nodes, walk, near, strict=True)
-    ]
+    rows = []
+    for v, w, h in zip(nodes, walk, near, strict=True):
+        score = score_of(search.get(v, 0.0) / best, w / top_walk, h / top_near)
+        rows.append(Row(v, round(score, 4), *hops_of.get(v, (0, None))))
     ids = view.graph.ids
     rows.sort(key=lambda row: (-row.score, row.hops, ids[row.node]))
     return rows[:limit]
