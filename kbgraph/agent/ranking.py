@@ -21,11 +21,10 @@ is credited with a full graph share, ``1 + WALK_WEIGHT + NEIGHBOUR_WEIGHT``: it 
 a single-answer question's best bet, and the graph reorders the rest. Rounded to 4 decimals,
 then hops ascending (a seed's are 0), then id; cut to the limit. A full graph share is worth
 less than the best hit's search score, so a concept search did not find never comes first
-either. Every figure is computed on the
-visible subgraph, its sums in an order fixed by the figures themselves (never by how ids were
-interned), so the list is deterministic and a narrowed caller gets exactly what an admin gets
-where the hidden concepts were never written. The
-weights were chosen on the tune questions of several corpora with two embedding models
+either. Every figure is computed on the visible subgraph, its sums in an order fixed by the
+figures themselves (never by how ids were interned), so the list is deterministic and a
+narrowed caller gets exactly what an admin gets where the hidden concepts were never written.
+The weights were chosen on the tune questions of several corpora with two embedding models
 (docs/retrieval-quality.md).
 """
 
