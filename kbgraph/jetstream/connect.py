@@ -116,6 +116,20 @@ def signer(config: LogConfig) -> Signer:
         raise SecretMissing(f"log.mac_secret: {exc}") from None
 
 
+CLOSED_AFTER_HANDSHAKE: Final = (
+    ": the server closed the connection right after the TLS handshake, which is how a TLS 1.3"
+    " server refuses a client certificate it does not trust (log.tls_cert_file); its alert"
+    " ('unknown ca', 'bad certificate') is lost when our first write finds the socket closed"
+)
+
+
+def _closed_after_handshake(config: LogConfig, seen: BaseException | None) -> bool:
+    """Whether a failure looks like a TLS 1.3 server refusing our client certificate: it checks
+    the certificate after the client's side of the handshake is done, so the client may learn
+    of the refusal only as a closed socket on its first write (CONNECT), never as the alert."""
+    return bool(config.tls_cert_file) and isinstance(seen, (BrokenPipeError, ConnectionResetError))
+
+
 async def _quiet(exc: Exception) -> None:
     log.debug("nats: %r", exc)
 
@@ -178,9 +192,11 @@ async def connect(
         cause = opening.exception()
         seen = last[0] if last else cause  # nats-py's NoServersError says no more
         servers = ", ".join(config.servers)
-        raise ConnectFailed(f"no NATS server reachable ({servers}): {seen!r}") from cause
+        hint = CLOSED_AFTER_HANDSHAKE if _closed_after_handshake(config, seen) else ""
+        raise ConnectFailed(f"no NATS server reachable ({servers}): {seen!r}{hint}") from cause
     heard_last = f"{last[0]!r}" if last else "no answer"
-    raise ConnectFailed(f"NATS not connected within {OPEN_SECONDS:.0f} s: {heard_last}")
+    hint = CLOSED_AFTER_HANDSHAKE if last and _closed_after_handshake(config, last[0]) else ""
+    raise ConnectFailed(f"NATS not connected within {OPEN_SECONDS:.0f} s: {heard_last}{hint}")
 
 
 async def ensure_stream(js: Any, config: LogConfig, rules: str) -> int:
