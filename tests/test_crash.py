@@ -249,9 +249,12 @@ def test_checkpoints_and_log_cuts_under_load_lose_nothing(tmp_path: Path) -> Non
     proc = start_server(config, workers=2)
     url = f"{proc.url}/v1/kbs/cut/events"
     acked: list[str] = []
+    refused: list[str] = []  # what a delivery not acknowledged got (for the failure message)
     stop_clients = threading.Event()
 
     def client(n: int) -> None:
+        """Deliveries one after another until told to stop: a slow or failed answer (a busy
+        moment, the kill) is noted and the client goes on, so the load never quietly ends."""
         with httpx.Client(timeout=10) as http:
             for i in itertools.count():
                 if stop_clients.is_set():
@@ -260,10 +263,14 @@ def test_checkpoints_and_log_cuts_under_load_lose_nothing(tmp_path: Path) -> Non
                 body, headers = wc.delivery(SECRET, [wc.upsert(subject, links=[f"c{n}/{i - 1}"])])
                 try:
                     response = http.post(url, content=body, headers=headers)
-                except httpx.HTTPError:
-                    return  # the server is gone
+                except httpx.HTTPError as exc:
+                    refused.append(repr(exc))
+                    time.sleep(0.05)
+                    continue
                 if response.status_code == 200:
                     acked.append(subject)
+                else:
+                    refused.append(f"{response.status_code} {response.text[:200]}")
 
     folder = tmp_path / "kb.db.checkpoints"
     try:
@@ -276,8 +283,16 @@ def test_checkpoints_and_log_cuts_under_load_lose_nothing(tmp_path: Path) -> Non
             with Store(tmp_path / "kb.db", read_only=True) as store:
                 return store.log_start() > 1
 
+        def reached() -> str:
+            checkpoints = sorted(p.name for p in folder.glob("ckpt-*.kbg"))
+            return (
+                f"{len(acked)} acknowledged, checkpoints {checkpoints}, log cut: {log_cut()},"
+                f" {len(refused)} not acknowledged (last: {refused[-3:]});"
+                f" the server said:\n{proc.tail()}"
+            )
+
         while not (len(acked) >= 600 and len(list(folder.glob("ckpt-*.kbg"))) >= 2 and log_cut()):
-            assert time.monotonic() < deadline, "no two checkpoints and a cut in 90 s"
+            assert time.monotonic() < deadline, f"no two checkpoints and a cut in 90 s: {reached()}"
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGKILL)  # mid-stream, maybe mid-checkpoint
         proc.wait(30)
