@@ -16,10 +16,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from numba.core.compiler_lock import global_compiler_lock
 
 from kbgraph.access import Rule, RuleSet, canonical
 from kbgraph.projection import Projections, checkpoint, follower
@@ -396,6 +398,103 @@ def test_the_forked_child_writes_while_other_threads_hold_locks(tmp_path: Path) 
     assert restarted.loaded_from is not None and restarted.gid == 20
     assert everything(restarted, [None]) == everything(p, [None])
     store.close()
+
+
+def test_the_forked_child_compiles_a_kernel_while_another_thread_was_compiling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel the parent never ran is compiled (or loaded from numba's cache) in the child,
+    under numba's compiler lock. Another thread compiling at the instant of the fork (the
+    local model's first batch, a request's first walk) must not leave the child's copy of that
+    lock held: the child hung, and a server wrote no checkpoint and cut no log again. The fork
+    waits for the compile under way, and the child compiles."""
+    store = Store(tmp_path / "kb.db")
+    for i in range(20):
+        store.append(KB, [upsert(f"c{i}")])
+    p = projections(store, tmp_path / "ckpt", checkpoint_every=10)
+    write = checkpoint.write
+
+    def compiling_write(*args: Any) -> Path:
+        @numba.njit
+        def fresh(x: int) -> int:
+            return x + 1
+
+        assert fresh(1) == 2  # compiled here, in the child
+        return write(*args)
+
+    monkeypatch.setattr(checkpoint, "write", compiling_write)
+    compiling, done = threading.Event(), threading.Event()
+
+    def compiler() -> None:
+        with global_compiler_lock:  # as numba holds it while compiling
+            compiling.set()
+            done.wait(1.0)
+
+    thread = threading.Thread(target=compiler)
+    thread.start()
+    try:
+        assert compiling.wait(30)
+        p._maybe_checkpoint()
+        assert p._writer is not None
+        deadline = time.monotonic() + 30
+        while p._reap_checkpoint():
+            assert time.monotonic() < deadline, "the forked writer hung on numba's lock"
+            time.sleep(0.01)
+        assert p.checkpoint_gid == 20 and (tmp_path / "ckpt" / checkpoint.file_name(20)).exists()
+    finally:
+        done.set()
+        thread.join()
+        p.stop()  # kills a writer still hung
+        store.close()
+
+
+def test_a_writer_still_running_after_its_deadline_is_killed_and_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever holds a forked writer, checkpoints and the log's cut must not stop for good:
+    past ``WRITER_SECONDS`` it is killed, its partial file removed, the log left uncut, and
+    another writer starts after as many records."""
+    store = Store(tmp_path / "kb.db")
+    for i in range(20):
+        store.append(KB, [upsert(f"c{i}")])
+    p = projections(store, tmp_path / "ckpt", checkpoint_every=10, log_retain=0)
+    write = checkpoint.write
+
+    def hung_write(folder: Path, *args: Any) -> Path:
+        (folder / f".ckpt-hung.kbg.{os.getpid()}.tmp").write_bytes(b"partial")
+        time.sleep(3600)
+        raise AssertionError("not reached")
+
+    monkeypatch.setattr(checkpoint, "write", hung_write)
+    monkeypatch.setattr(follower, "WRITER_SECONDS", 0.5)
+    try:
+        p._maybe_checkpoint()
+        assert p._writer is not None
+        pid = p._writer[0]
+        deadline = time.monotonic() + 30
+        with caplog.at_level(logging.WARNING, logger="kbgraph.projection.follower"):
+            while p._reap_checkpoint():
+                assert time.monotonic() < deadline, "the hung writer was never killed"
+                time.sleep(0.01)
+        assert p._writer is None and "was still writing after" in caplog.text
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reaped, not a zombie
+        assert not list((tmp_path / "ckpt").glob("*.kbg*")) and store.log_start() <= 1
+        assert p.checkpoint_gid == 20  # the next try after as many records
+        monkeypatch.setattr(checkpoint, "write", write)
+        for i in range(10):
+            store.append(KB, [upsert(f"later{i}")])
+        while p.follow_once():
+            pass
+        p._maybe_checkpoint()
+        deadline = time.monotonic() + 60
+        while p._reap_checkpoint():
+            assert time.monotonic() < deadline, "the next writer did not finish"
+            time.sleep(0.01)
+        assert p.checkpoint_gid == 30 and store.log_start() == 30
+    finally:
+        p.stop()
+        store.close()
 
 
 def test_without_fork_checkpoints_are_written_in_the_follower(

@@ -61,6 +61,7 @@ except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
 import numpy as np
+from numba.core.compiler_lock import global_compiler_lock
 
 from kbgraph.config import EmbeddingsConfig
 from kbgraph.embeddings import Embedder
@@ -77,6 +78,8 @@ from kbgraph.store import LogCut, LogRecord, Store
 log = logging.getLogger(__name__)
 
 READ_LOG_LIMIT: Final = 10_000
+# A forked checkpoint writer still running by then is killed: a million concepts take ~15 s
+WRITER_SECONDS: Final = 600.0
 MAX_FD: Final = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
 
 
@@ -84,7 +87,14 @@ def _fork() -> int:
     """``os.fork()``, deliberately past Python 3.12's DeprecationWarning about forking a
     process that runs threads (the server always does: uvicorn, the store's writer, this
     follower). The warning is about a child that needs a lock another thread held at the fork.
-    The checkpoint child takes none: it reads the projection's arrays (the follower, which
+    One such lock the child may need is numba's compiler lock: a kernel the parent never ran
+    (the postings' fold, on a projection loaded from a checkpoint) is compiled, or loaded from
+    numba's cache, in the child, under that lock; another thread compiling at the instant of
+    the fork (the local model's first batch, a request's first narrowed walk) would leave the
+    child's copy held for good, the child hung, and checkpoints and the log's cut stopped. So
+    the fork happens holding that lock (waiting for a compile under way to end): the child's
+    copy is then its own thread's, released as it returns. Otherwise the child takes no lock:
+    it reads the projection's arrays (the follower, which
     forks, is between batches, so nothing is half-applied; the vector filler's thread may be
     installing vectors at that instant, but a row's ``have`` byte is set after its vector and
     a grown array is swapped in before ``have``, so the child sees a row with its whole vector
@@ -95,7 +105,7 @@ def _fork() -> int:
     instant of every array without stopping the follower for the ~15 s a million concepts
     take, has no thread-safe equivalent short of copying the projection. Only that warning,
     only around this call, is silenced."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), global_compiler_lock:
         warnings.filterwarnings(
             "ignore", r".*multi-threaded, use of fork\(\) may lead to deadlocks", DeprecationWarning
         )
@@ -131,7 +141,8 @@ class Projections:
         self.log_retain = log_retain
         self.loaded_from: Path | None = None  # the checkpoint the last load started from
         self.checkpoint_gid = 0  # the newest checkpoint's gid, as far as this process knows
-        self._writer: tuple[int, int] | None = None  # (pid, gid) of a forked checkpoint writer
+        # (pid, gid, time.monotonic() at its start) of a forked checkpoint writer
+        self._writer: tuple[int, int, float] | None = None
         self.error: BaseException | None = None
         self._index_factory = index_factory
         self._kbs: dict[str, KBProjection] = {}
@@ -307,16 +318,27 @@ class Projections:
             finally:
                 os._exit(code)
         lock.close()  # the child's copy of it holds the lock until the child exits
-        self._writer = (pid, gid)
+        self._writer = (pid, gid, time.monotonic())
 
     def _reap_checkpoint(self) -> bool:
-        """True while a forked writer is still writing; once it exits, cut the log."""
+        """True while a forked writer is still writing; once it exits, cut the log. A writer
+        still running after ``WRITER_SECONDS`` is killed (whatever held it, the checkpoints
+        and the log's cut must not stop for good); another is tried after as many records."""
         if self._writer is None:
             return False
-        pid, gid = self._writer
+        pid, gid, started = self._writer
         done, status = os.waitpid(pid, os.WNOHANG)
         if not done:
-            return True
+            if time.monotonic() - started < WRITER_SECONDS:
+                return True
+            self._kill_writer()
+            log.warning(
+                "the checkpoint writer (pid %d) was still writing after %.0f s: killed",
+                pid,
+                WRITER_SECONDS,
+            )
+            self.checkpoint_gid = gid  # try again after as many records
+            return False
         self._writer = None
         code = os.waitstatus_to_exitcode(status)
         if code == 0:
@@ -351,14 +373,19 @@ class Projections:
             self._thread = None
         if self.filler is not None:
             self.filler.stop()
-        if self._writer is not None:  # a checkpoint being written: not worth the wait
-            pid = self._writer[0]
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            self._writer = None
-            if self.checkpoints is not None:
-                checkpoint.remove_partial(self.checkpoints, pid)
+        self._kill_writer()  # a checkpoint being written: not worth the wait
+
+    def _kill_writer(self) -> None:
+        """Kill the forked checkpoint writer and remove what it left half-written."""
+        if self._writer is None:
+            return
+        pid = self._writer[0]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        self._writer = None
+        if self.checkpoints is not None:
+            checkpoint.remove_partial(self.checkpoints, pid)
 
     def kick(self) -> None:
         """A local commit happened: follow now instead of at the next poll."""
