@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbgraph.agent.evidence import _shares, _tokens_with_offsets, mentions
+from kbgraph.agent.evidence import _shares, mentions
 from kbgraph.agent.tools import MENTION_WEIGHT, PPR_ALPHA, SUGGEST_WALK_WEIGHT
-from kbgraph.search import SearchIndex
+from kbgraph.search import SearchIndex, tokens_with_offsets
 from tests.conftest import ADMIN, INFRA, Service
 from tests.kb_events import upsert
 
@@ -191,7 +191,7 @@ def oracle_mentions(
     index: SearchIndex, text: str, mask: np.ndarray, node: int, linked: set[int]
 ) -> dict[int, int]:
     """The definition before issue 28 (every name length at every token), kept as the oracle."""
-    tokens, starts = _tokens_with_offsets(text)
+    tokens, starts = tokens_with_offsets(text)
     lengths = sorted(index.name_lengths)
     found: list[tuple[int, int, int]] = []
     for i in range(len(tokens)):

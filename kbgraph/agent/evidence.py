@@ -18,7 +18,6 @@ x's own term or tag order, so the floats do not depend on hidden concepts or int
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -26,11 +25,9 @@ from typing import Final
 import numpy as np
 from numba import njit
 
-from kbgraph.search import SearchIndex, tokenize
+from kbgraph.search import SearchIndex, tokens_with_offsets
 
 RARE_SHARE: Final = 0.1
-_ASCII_TOKEN = re.compile(r"[a-z0-9]+")
-_TOKEN = re.compile(r"[^\W_]+")
 
 
 @dataclass(slots=True)
@@ -43,22 +40,6 @@ class Evidence:
     tags: np.ndarray
 
 
-def _tokens_with_offsets(text: str) -> tuple[list[str], list[int]]:
-    """The folded tokens of ``text`` (as ``search.tokenize`` makes them) and where each starts."""
-    tokens: list[str] = []
-    starts: list[int] = []
-    if text.isascii():
-        for match in _ASCII_TOKEN.finditer(text.lower()):
-            tokens.append(match.group())
-            starts.append(match.start())
-        return tokens, starts
-    for match in _TOKEN.finditer(text):
-        for token in tokenize(match.group()):
-            tokens.append(token)
-            starts.append(match.start())
-    return tokens, starts
-
-
 def mentions(
     index: SearchIndex, text: str, mask: np.ndarray, node: int, linked: set[int]
 ) -> dict[int, int]:
@@ -69,7 +50,7 @@ def mentions(
     linked concept's name, the second takes each other concept's first mention that touches
     none of them. A name's holders are looked up once per call, not once per occurrence.
     """
-    tokens, starts = _tokens_with_offsets(text)
+    tokens, starts = tokens_with_offsets(text)
     trie = index.name_trie()
     holders: dict[str, tuple[bool, list[int]]] = {}  # key -> (a linked holder?, candidates)
 

@@ -13,6 +13,7 @@ from kbgraph.search.analysis import (
     query_terms,
     term,
     tokenize,
+    tokens_with_offsets,
 )
 from kbgraph.search.index import B_TEXT, B_TITLE, K1, W_TITLE, SearchIndex, warm_up
 from kbgraph.search.snippets import SNIPPET_WIDTH, first_hit, snippet, snippet_at, top
@@ -34,6 +35,7 @@ __all__ = [
     "snippet_at",
     "term",
     "tokenize",
+    "tokens_with_offsets",
     "top",
     "warm_up",
 ]

@@ -65,6 +65,22 @@ def tokenize(text: str) -> list[str]:
     return TOKEN.findall(folded)
 
 
+def tokens_with_offsets(text: str) -> tuple[list[str], list[int]]:
+    """The folded tokens of ``text`` (as ``tokenize`` makes them) and where each starts."""
+    tokens: list[str] = []
+    starts: list[int] = []
+    if text.isascii():
+        for match in ASCII_TOKEN.finditer(text.lower()):
+            tokens.append(match.group())
+            starts.append(match.start())
+        return tokens, starts
+    for match in TOKEN.finditer(text):
+        for token in tokenize(match.group()):
+            tokens.append(token)
+            starts.append(match.start())
+    return tokens, starts
+
+
 class _Stemmers(threading.local):
     """PyStemmer objects are not thread-safe: one per thread."""
 
