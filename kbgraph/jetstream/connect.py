@@ -4,10 +4,11 @@ with the decision rules its nodes share."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final, Protocol
 
 import nats
@@ -197,6 +198,19 @@ async def connect(
     heard_last = f"{last[0]!r}" if last else "no answer"
     hint = CLOSED_AFTER_HANDSHAKE if last and _closed_after_handshake(config, last[0]) else ""
     raise ConnectFailed(f"NATS not connected within {OPEN_SECONDS:.0f} s: {heard_last}{hint}")
+
+
+async def disconnect(nc: Any, tasks: Iterable[asyncio.Task[Any] | None]) -> None:
+    """Cancel a node's or worker's tasks (each awaited, however it ends), then close its NATS
+    connection (``nc`` may be None: never opened)."""
+    for task in tasks:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    if nc is not None:
+        with contextlib.suppress(Exception):
+            await nc.close()
 
 
 async def ensure_stream(js: Any, config: LogConfig, rules: str) -> int:

@@ -21,6 +21,7 @@ from kbgraph.jetstream.connect import (
     ConnectFailed,
     RulesDiffer,
     decision_rules,
+    disconnect,
     ensure_stream,
     signer,
 )
@@ -96,14 +97,7 @@ class JetStreamLog(StreamConsumer, Publisher):
     async def close(self) -> None:
         if self.share is not None:
             await self.share.close()
-        for task in (self._watch_task, self._upkeep_task, self._task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.close()
+        await disconnect(self._nc, (self._watch_task, self._upkeep_task, self._task))
 
     def problem(self) -> str | None:
         """Why this node is not ready: not connected (yet), failing to follow (a message its

@@ -11,7 +11,6 @@ per ``POLL_SECONDS`` while deliveries wait, shared by all of them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import secrets
@@ -24,7 +23,7 @@ from kbgraph.config import LogConfig
 from kbgraph.deliverylog import DeliverySkipped, LogUnavailable
 from kbgraph.events import Event
 from kbgraph.jetstream.applier import ApplierProbe, serve_applier_metrics
-from kbgraph.jetstream.connect import signer
+from kbgraph.jetstream.connect import disconnect, signer
 from kbgraph.jetstream.node import APPLY_WAIT_SECONDS, NODE_ENV
 from kbgraph.jetstream.publisher import Publisher
 from kbgraph.projection.follower import Projections
@@ -80,14 +79,7 @@ class WorkerLog(Publisher):
     async def close(self) -> None:
         if self.share is not None:
             await self.share.close()
-        for task in (self._poller, self._task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.close()
+        await disconnect(self._nc, (self._poller, self._task))
         self.applier.close()
 
     def problem(self) -> str | None:
