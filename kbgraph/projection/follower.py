@@ -84,27 +84,26 @@ MAX_FD: Final = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
 
 
 def _fork() -> int:
-    """``os.fork()``, deliberately past Python 3.12's DeprecationWarning about forking a
-    process that runs threads (the server always does: uvicorn, the store's writer, this
-    follower). The warning is about a child that needs a lock another thread held at the fork.
-    One such lock the child may need is numba's compiler lock: a kernel the parent never ran
-    (the postings' fold, on a projection loaded from a checkpoint) is compiled, or loaded from
-    numba's cache, in the child, under that lock; another thread compiling at the instant of
-    the fork (the local model's first batch, a request's first narrowed walk) would leave the
+    """``os.fork()``, deliberately past Python 3.12's DeprecationWarning about forking a process
+    that runs threads (the server always does: uvicorn, the store's writer, this follower). The
+    warning is about a child that needs a lock another thread held at the fork. One such lock
+    the child may need is numba's compiler lock: a kernel the parent never ran (the postings'
+    fold, in a process that started empty or from a checkpoint) is compiled, or loaded from
+    numba's cache, in the child, under that lock; another thread compiling at the instant of the
+    fork (the local model's first batch, a request's first narrowed walk) would leave the
     child's copy held for good, the child hung, and checkpoints and the log's cut stopped. So
     the fork happens holding that lock (waiting for a compile under way to end): the child's
-    copy is then its own thread's, released as it returns. Otherwise the child takes no lock:
-    it reads the projection's arrays (the follower, which
-    forks, is between batches, so nothing is half-applied; the vector filler's thread may be
-    installing vectors at that instant, but a row's ``have`` byte is set after its vector and
-    a grown array is swapped in before ``have``, so the child sees a row with its whole vector
-    or without it), writes one new file with its own
-    descriptors, reports a failure with ``os.write`` on fd 2 and leaves with ``os._exit``; it
-    logs nothing and touches no SQLite connection and no KB lock (``tests/test_checkpoint.py``
-    runs it while another thread holds a KB's read lock). What the fork buys, a copy-on-write
-    instant of every array without stopping the follower for the ~15 s a million concepts
-    take, has no thread-safe equivalent short of copying the projection. Only that warning,
-    only around this call, is silenced."""
+    copy is then its own thread's, released as it returns. Otherwise the child takes no lock: it
+    reads the projection's arrays (the follower, which forks, is between batches, so nothing is
+    half-applied; the vector filler's thread may be installing vectors at that instant, but a
+    row's ``have`` byte is set after its vector and a grown array is swapped in before ``have``,
+    so the child sees a row with its whole vector or without it), writes one new file with its
+    own descriptors, reports a failure with ``os.write`` on fd 2 and leaves with ``os._exit``;
+    it logs nothing and touches no SQLite connection and no KB lock
+    (``tests/test_checkpoint.py`` runs it while another thread holds a KB's read lock). What the
+    fork buys, a copy-on-write instant of every array without stopping the follower for the
+    ~15 s a million concepts take, has no thread-safe equivalent short of copying the
+    projection. Only that warning, only around this call, is silenced."""
     with warnings.catch_warnings(), global_compiler_lock:
         warnings.filterwarnings(
             "ignore", r".*multi-threaded, use of fork\(\) may lead to deadlocks", DeprecationWarning
