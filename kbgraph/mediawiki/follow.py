@@ -27,10 +27,8 @@ and a state sent twice is the same state (the deliveries are idempotent).
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -42,7 +40,7 @@ from kbgraph.mediawiki.deliver import Sent, deliver
 from kbgraph.mediawiki.dump import WIKITEXT, build
 from kbgraph.mediawiki.titles import Namespaces, Title
 from kbgraph.mediawiki.wikitext import PageFields, parse
-from kbgraph.vault.manifest import Manifest
+from kbgraph.vault.manifest import Manifest, open_db, write_transaction
 from kbgraph.vault.sinks import Sink
 
 OVERLAP_SECONDS: Final = 60
@@ -64,10 +62,7 @@ class FollowState:
     per destination, KB and wiki: two tables beside the manifest's, in the same file."""
 
     def __init__(self, path: Path) -> None:
-        self._conn = sqlite3.connect(str(path), isolation_level=None, timeout=30)
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        self._conn.execute("PRAGMA synchronous = FULL")
-        self._conn.executescript(_SCHEMA)
+        self._conn = open_db(path, _SCHEMA)
 
     def cursor(self, key: tuple[str, str, str]) -> str | None:
         row = self._conn.execute(
@@ -91,7 +86,7 @@ class FollowState:
     ) -> None:
         """The cursor and the redirects' changes (None: no longer a redirect), durably at once;
         ``replace``: ``redirects`` is every redirect of the wiki."""
-        with self._transaction():
+        with write_transaction(self._conn):
             if replace:
                 self._conn.execute(
                     "DELETE FROM mw_redirect WHERE dest = ? AND kb = ? AND wiki = ?", key
@@ -114,21 +109,11 @@ class FollowState:
                     )
 
     def forget(self, key: tuple[str, str, str]) -> None:
-        with self._transaction():
+        with write_transaction(self._conn):
             for table in ("mw_cursor", "mw_redirect"):
                 self._conn.execute(
                     f"DELETE FROM {table} WHERE dest = ? AND kb = ? AND wiki = ?", key
                 )
-
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
 
     def close(self) -> None:
         self._conn.close()

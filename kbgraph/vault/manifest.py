@@ -55,16 +55,34 @@ CREATE TABLE IF NOT EXISTS clock (
 """
 
 
+def open_db(path: Path, schema: str) -> sqlite3.Connection:
+    """The manifest's file (WAL, every commit synced), with ``schema``'s tables: the manifest's
+    own, or a source's beside them (the MediaWiki follower's). One user at a time: a sync run,
+    maybe on a watcher thread."""
+    conn = sqlite3.connect(str(path), isolation_level=None, timeout=30, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.executescript(schema)
+    return conn
+
+
+@contextlib.contextmanager
+def write_transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction (taken at once, not on the first write), rolled back on any error."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
 class Manifest:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._conn = sqlite3.connect(
-            str(path), isolation_level=None, timeout=30, check_same_thread=False
-        )  # one user at a time: a sync run, maybe on a watcher thread
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        self._conn.execute("PRAGMA synchronous = FULL")
-        self._conn.executescript(_SCHEMA)
+        self._conn = open_db(path, _SCHEMA)
 
     @staticmethod
     def default_path(root: Path) -> Path:
@@ -83,7 +101,7 @@ class Manifest:
     def reserve(self, dest: str, kb: str, count: int) -> int:
         """The first of ``count`` fresh versions, durably handed out before it is used."""
         now = time.time_ns() // 1000
-        with self._transaction():
+        with write_transaction(self._conn):
             row = self._conn.execute(
                 "SELECT version FROM clock WHERE dest = ? AND kb = ?", (dest, kb)
             ).fetchone()
@@ -102,7 +120,7 @@ class Manifest:
 
     def save_parse_cache(self, cache: dict[str, NoteFields], keep: set[str]) -> None:
         """Keep the entries of ``keep`` (the vault's current contents) and nothing else."""
-        with self._transaction():
+        with write_transaction(self._conn):
             self._conn.execute("DELETE FROM parsed")
             self._conn.executemany(
                 "INSERT INTO parsed (key, fields) VALUES (?, ?)",
@@ -111,7 +129,7 @@ class Manifest:
 
     def forget_if_behind(self, dest: str, kb: str, seq: int) -> bool:
         """Drop the record of what was sent when the destination's KB is behind it."""
-        with self._transaction():
+        with write_transaction(self._conn):
             row = self._conn.execute(
                 "SELECT seq FROM clock WHERE dest = ? AND kb = ?", (dest, kb)
             ).fetchone()
@@ -133,7 +151,7 @@ class Manifest:
     ) -> None:
         """Remember an acknowledged delivery: (id, digest, version) upserted, ids deleted, and
         the destination's log position after it."""
-        with self._transaction():
+        with write_transaction(self._conn):
             self._conn.execute(
                 "UPDATE clock SET seq = max(seq, ?) WHERE dest = ? AND kb = ?", (seq, dest, kb)
             )
@@ -146,16 +164,6 @@ class Manifest:
                 "DELETE FROM sent WHERE dest = ? AND kb = ? AND id = ?",
                 [(dest, kb, cid) for cid in deleted],
             )
-
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
 
     def close(self) -> None:
         self._conn.close()
