@@ -20,27 +20,21 @@ if TYPE_CHECKING:
 EXIT_FAILED: Final = 1  # a command ran and failed (a refusal, an unreachable service)
 EXIT_USAGE: Final = 2  # argparse's code: the command line or the config is wrong
 
+VAULT: Final = (
+    ("markdown_it", "markdown-it-py"),
+    ("mdit_py_plugins", "mdit-py-plugins"),
+    ("yaml", "PyYAML"),
+    ("watchfiles", "watchfiles"),
+    ("httpx", "httpx"),
+    ("edn_format", "edn_format"),
+)
 # extra -> ((module imported, distribution installed), ...): pyproject.toml's lists, by module
+# (an extra that names another, kbgraph[vault], holds that one's pairs too)
 EXTRAS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
     "jetstream": (("nats", "nats-py"), ("nkeys", "nkeys")),
-    "vault": (
-        ("markdown_it", "markdown-it-py"),
-        ("mdit_py_plugins", "mdit-py-plugins"),
-        ("yaml", "PyYAML"),
-        ("watchfiles", "watchfiles"),
-        ("httpx", "httpx"),
-        ("edn_format", "edn_format"),
-    ),
-    # the wiki connector rides on the vault's manifest and sinks: the vault's packages too
-    "mediawiki": (
-        ("markdown_it", "markdown-it-py"),
-        ("mdit_py_plugins", "mdit-py-plugins"),
-        ("yaml", "PyYAML"),
-        ("watchfiles", "watchfiles"),
-        ("httpx", "httpx"),
-        ("mwxml", "mwxml"),
-        ("mwparserfromhell", "mwparserfromhell"),
-    ),
+    "vault": VAULT,
+    # the wiki connector rides on the vault's manifest and sinks: kbgraph[vault] too
+    "mediawiki": (*VAULT, ("mwxml", "mwxml"), ("mwparserfromhell", "mwparserfromhell")),
     "local": (("wordllama", "wordllama"),),
     "openai": (("httpx", "httpx"),),
 }
