@@ -66,6 +66,15 @@ def projections(store: Store, folder: Path, **kwargs: Any) -> Projections:
     return p
 
 
+def reap(p: Projections, seconds: float, why: str) -> None:
+    """Wait, within ``seconds``, until the forked checkpoint writer is reaped (``why`` says
+    what missing the deadline means)."""
+    deadline = time.monotonic() + seconds
+    while p._reap_checkpoint():
+        assert time.monotonic() < deadline, why
+        time.sleep(0.01)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(deliveries_st, st.data(), st.lists(rules_st, max_size=2, unique=True))
 def test_restart_from_checkpoint_equals_a_build_from_the_store(deliveries, data, rules) -> None:
@@ -291,10 +300,7 @@ def test_a_forked_writer_checkpoints_while_the_follower_goes_on(tmp_path: Path) 
         store.append(KB, [upsert(f"later{i}", links=["c1"])])
     while p.follow_once():
         pass
-    deadline = time.monotonic() + 60
-    while p._reap_checkpoint():
-        assert time.monotonic() < deadline, "the checkpoint writer did not finish"
-        time.sleep(0.01)
+    reap(p, 60, "the checkpoint writer did not finish")
     assert p.checkpoint_gid == 20 and store.log_start() == 20
     restarted = projections(store, tmp_path / "ckpt")
     assert restarted.loaded_from is not None and restarted.gid == 20  # the forked instant
@@ -329,10 +335,7 @@ def test_the_forked_writer_holds_no_descriptor_of_the_parent(
     client_end.settimeout(2)
     assert client_end.recv(1) == b""  # EOF now: the child holds no copy of it
     client_end.close()
-    deadline = time.monotonic() + 60
-    while p._reap_checkpoint():
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    reap(p, 60, "the checkpoint writer did not finish")
     assert p.checkpoint_gid == 20  # the slowed child still wrote it
     store.close()
 
@@ -386,10 +389,7 @@ def test_the_forked_child_writes_while_other_threads_hold_locks(tmp_path: Path) 
             warnings.simplefilter("error")
             p._maybe_checkpoint()
         assert p._writer is not None
-        deadline = time.monotonic() + 60
-        while p._reap_checkpoint():
-            assert time.monotonic() < deadline, "the forked writer hung"
-            time.sleep(0.01)
+        reap(p, 60, "the forked writer hung")
         assert p.checkpoint_gid == 20
     finally:
         release.set()
@@ -436,10 +436,7 @@ def test_the_forked_child_compiles_a_kernel_while_another_thread_was_compiling(
         assert compiling.wait(30)
         p._maybe_checkpoint()
         assert p._writer is not None
-        deadline = time.monotonic() + 30
-        while p._reap_checkpoint():
-            assert time.monotonic() < deadline, "the forked writer hung on numba's lock"
-            time.sleep(0.01)
+        reap(p, 30, "the forked writer hung on numba's lock")
         assert p.checkpoint_gid == 20 and (tmp_path / "ckpt" / checkpoint.file_name(20)).exists()
     finally:
         done.set()
@@ -471,11 +468,8 @@ def test_a_writer_still_running_after_its_deadline_is_killed_and_tried_again(
         p._maybe_checkpoint()
         assert p._writer is not None
         pid = p._writer[0]
-        deadline = time.monotonic() + 30
         with caplog.at_level(logging.WARNING, logger="kbgraph.projection.follower"):
-            while p._reap_checkpoint():
-                assert time.monotonic() < deadline, "the hung writer was never killed"
-                time.sleep(0.01)
+            reap(p, 30, "the hung writer was never killed")
         assert p._writer is None and "was still writing after" in caplog.text
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # reaped, not a zombie
@@ -487,10 +481,7 @@ def test_a_writer_still_running_after_its_deadline_is_killed_and_tried_again(
         while p.follow_once():
             pass
         p._maybe_checkpoint()
-        deadline = time.monotonic() + 60
-        while p._reap_checkpoint():
-            assert time.monotonic() < deadline, "the next writer did not finish"
-            time.sleep(0.01)
+        reap(p, 60, "the next writer did not finish")
         assert p.checkpoint_gid == 30 and store.log_start() == 30
     finally:
         p.stop()
