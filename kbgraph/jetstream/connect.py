@@ -124,11 +124,13 @@ CLOSED_AFTER_HANDSHAKE: Final = (
 )
 
 
-def _closed_after_handshake(config: LogConfig, seen: BaseException | None) -> bool:
-    """Whether a failure looks like a TLS 1.3 server refusing our client certificate: it checks
-    the certificate after the client's side of the handshake is done, so the client may learn
-    of the refusal only as a closed socket on its first write (CONNECT), never as the alert."""
-    return bool(config.tls_cert_file) and isinstance(seen, (BrokenPipeError, ConnectionResetError))
+def _refusal_hint(config: LogConfig, seen: BaseException | None) -> str:
+    """``CLOSED_AFTER_HANDSHAKE`` when a failure looks like a TLS 1.3 server refusing our client
+    certificate, else "": it checks the certificate after the client's side of the handshake is
+    done, so the client may learn of the refusal only as a closed socket on its first write
+    (CONNECT), never as the alert."""
+    closed = isinstance(seen, (BrokenPipeError, ConnectionResetError))
+    return CLOSED_AFTER_HANDSHAKE if config.tls_cert_file and closed else ""
 
 
 async def _quiet(exc: Exception) -> None:
@@ -193,10 +195,10 @@ async def connect(
         cause = opening.exception()
         seen = last[0] if last else cause  # nats-py's NoServersError says no more
         servers = ", ".join(config.servers)
-        hint = CLOSED_AFTER_HANDSHAKE if _closed_after_handshake(config, seen) else ""
+        hint = _refusal_hint(config, seen)
         raise ConnectFailed(f"no NATS server reachable ({servers}): {seen!r}{hint}") from cause
     heard_last = f"{last[0]!r}" if last else "no answer"
-    hint = CLOSED_AFTER_HANDSHAKE if last and _closed_after_handshake(config, last[0]) else ""
+    hint = _refusal_hint(config, last[0] if last else None)
     raise ConnectFailed(f"NATS not connected within {OPEN_SECONDS:.0f} s: {heard_last}{hint}")
 
 
