@@ -1,7 +1,7 @@
 """The one build step pyproject.toml cannot say: the example vault ships in the package.
 
 ``examples/vault`` stays where the docs and tests name it; building copies it into the wheel
-as ``kbgraph/example_vault``, where ``kbgraph.demokb.example_vault`` finds it once installed
+as ``kbgraph/example_vault``, where ``kbgraph.sources.demokb.example_vault`` finds it once installed
 (MANIFEST.in puts it in the sdist, from which ``python -m build`` builds the wheel).
 """
 
@@ -12,7 +12,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 VAULT = Path("examples") / "vault"
-PACKAGED = Path("kbgraph") / "example_vault"  # kbgraph.demokb.PACKAGED_VAULT
+PACKAGED = Path("kbgraph") / "example_vault"  # kbgraph.sources.demokb.PACKAGED_VAULT
 
 
 class BuildWithVault(build_py):

@@ -1,6 +1,6 @@
 """The command line: ``kbgraph serve``, ``kbgraph mcp`` (stdio) and the one-command ``kbgraph
 demo`` (docs/configuration.md, docs/agents.md); ``kbgraph import`` and ``kbgraph sync`` live in
-``kbgraph.vault.command`` (section 7).
+``kbgraph.sources.command`` (section 7).
 
 ``serve`` checks the config before anything starts (a wrong config exits 2 with a message
 naming the key) and refuses, also with exit 2, to run with authentication off — no webhook
@@ -31,7 +31,7 @@ from kbgraph.config import CONFIG_ENV, Config, ConfigError, load_config
 from kbgraph.extras import EXIT_USAGE, add_unavailable, config_problem, missing
 from kbgraph.extras import problem as extra_problem
 from kbgraph.http.health import store_folder_problem, store_problem
-from kbgraph.vault.demokb import demo_concepts, example_vault
+from kbgraph.sources.demokb import demo_concepts, example_vault
 
 APP_FACTORY: Final = "kbgraph.cli:app_factory"
 # The event loop, the store's writer thread and the projection follower share the GIL. At
@@ -169,12 +169,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers < 1:
         return _fail("--workers: expected at least 1")
     if config.log.kind == "jetstream":
-        from kbgraph.jetstream.connect import secrets_problem
+        from kbgraph.log.jetstream.connect import secrets_problem
 
         problem = secrets_problem(config.log)
         if problem:
             return _fail(problem)
-        from kbgraph.jetstream.admin import restore_before_serving
+        from kbgraph.log.jetstream.admin import restore_before_serving
 
         problem = restore_before_serving(config)
         if problem:
@@ -185,7 +185,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     supervisor = None
     if args.workers > 1 and config.log.kind == "jetstream":
         # one applier process writes the node's store from the stream; the workers follow it
-        from kbgraph.jetstream.applier import Supervisor
+        from kbgraph.log.jetstream.applier import Supervisor
         from kbgraph.service import APPLIER_ENV
 
         supervisor = Supervisor(Path(args.config), args.log_level)
@@ -308,9 +308,9 @@ def seed_demo(store_path: str, size: int) -> int:
 
 def sync_demo_vault(vault: Path, store_path: str, manifest_path: Path) -> str:
     """Sync the example vault into KB ``homelab`` (only what changed since the last start)."""
-    from kbgraph.vault.manifest import Manifest
-    from kbgraph.vault.sinks import LocalSink
-    from kbgraph.vault.sync import sync_once
+    from kbgraph.sources.manifest import Manifest
+    from kbgraph.sources.sinks import LocalSink
+    from kbgraph.sources.sync import sync_once
 
     sink = LocalSink(store_path)
     try:
@@ -441,13 +441,13 @@ def build_parser() -> argparse.ArgumentParser:
     if missing("vault"):
         add_unavailable(sub, ("import", "sync"), "vault", _fail)
     else:
-        from kbgraph.vault.command import add_commands
+        from kbgraph.sources.command import add_commands
 
         add_commands(sub)
     if missing("jetstream"):
         add_unavailable(sub, ("cluster",), "jetstream", _fail)
     else:
-        from kbgraph.jetstream.commands import add_commands as add_cluster_commands
+        from kbgraph.log.jetstream.commands import add_commands as add_cluster_commands
 
         add_cluster_commands(sub)
 

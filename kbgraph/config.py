@@ -147,7 +147,7 @@ class LogConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # (0: never), the bucket keeping the newest snapshots_keep; the stream trimmed below them
     snapshot_every_seconds: Annotated[float, msgspec.Meta(ge=0)] = 600.0
     snapshots_keep: Annotated[int, msgspec.Meta(ge=1)] = 2
-    # jetstream security (kbgraph.jetstream.connect): every secret from a file or a variable
+    # jetstream security (kbgraph.log.jetstream.connect): every secret from a file or a variable
     user: str = ""  # with password_file / password_env
     password_file: str = ""
     password_env: str = ""

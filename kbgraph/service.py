@@ -3,7 +3,7 @@ projections with their embedder, and the tool threads (``kbgraph serve``'s worke
 ``kbgraph.api``, ``kbgraph mcp``, the JetStream applier's store).
 
 The log is chosen here and nowhere else (``make_log``): ``[log] kind = "sqlite"`` is the
-store's own table (``kbgraph.deliverylog.StoreLog``); ``kind = "jetstream"`` is a node's
+store's own table (``kbgraph.log.StoreLog``); ``kind = "jetstream"`` is a node's
 ``JetStreamLog``, or a ``WorkerLog`` in each worker of ``serve --workers N`` (``kbgraph
 serve`` says so to its uvicorn workers in ``APPLIER_ENV``: an environment variable is what
 reaches them). nats-py is imported only on the JetStream branch.
@@ -17,9 +17,9 @@ from typing import Final
 from kbgraph import graphalgo, search
 from kbgraph.agent import evidence
 from kbgraph.config import Config
-from kbgraph.deliverylog import DeliveryLog, StoreLog
 from kbgraph.embeddings import make_embedder
 from kbgraph.graphalgo import nearest as vector_kernels
+from kbgraph.log import DeliveryLog, StoreLog
 from kbgraph.projection import Projections
 from kbgraph.store import Store
 from kbgraph.threads import ToolThreads
@@ -45,10 +45,10 @@ def make_log(config: Config, store: Store, projections: Projections) -> Delivery
     if config.log.kind != "jetstream":
         return StoreLog(store, projections.kick)
     if os.environ.get(APPLIER_ENV):  # one of several workers: the node's applier applies
-        from kbgraph.jetstream.worker import WorkerLog
+        from kbgraph.log.jetstream.worker import WorkerLog
 
         return WorkerLog(config.log, store, projections)
-    from kbgraph.jetstream.node import JetStreamLog
+    from kbgraph.log.jetstream.node import JetStreamLog
 
     return JetStreamLog(
         config.log, store, on_applied=projections.kick, checkpoints=config.store.checkpoint_folder

@@ -21,7 +21,7 @@ from typing import Final
 from kbgraph.embeddings import concept_text
 from kbgraph.embeddings.local import LocalEmbedder
 from kbgraph.graphalgo.nearest import quantize
-from kbgraph.vault.reader import read_vault
+from kbgraph.sources.vault.reader import read_vault
 from loadtest import kbgen
 
 AIM: Final = 5000.0

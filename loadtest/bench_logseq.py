@@ -16,8 +16,8 @@ import json
 import time
 from pathlib import Path
 
-from kbgraph.vault.logseq import read_graph
-from kbgraph.vault.reader import read_vault
+from kbgraph.sources.logseq.reader import read_graph
+from kbgraph.sources.vault.reader import read_vault
 
 
 def main() -> None:

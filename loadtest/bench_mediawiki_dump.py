@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
-from kbgraph.mediawiki.deliver import deliver
-from kbgraph.mediawiki.dump import read_dump
-from kbgraph.vault.manifest import Manifest
-from kbgraph.vault.sinks import LocalSink
+from kbgraph.sources.manifest import Manifest
+from kbgraph.sources.mediawiki.deliver import deliver
+from kbgraph.sources.mediawiki.dump import read_dump
+from kbgraph.sources.sinks import LocalSink
 
 WORDS = ["river", "bridge", "castle", "harbour", "market", "tower", "garden", "church",
          "station", "museum", "square", "forest", "valley", "island", "lake", "road"]  # fmt: skip

@@ -31,11 +31,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from kbgraph.sources.manifest import Manifest  # noqa: E402
+from kbgraph.sources.sinks import LocalSink  # noqa: E402
+from kbgraph.sources.sync import SOURCE, sync_once, upsert_event, watch  # noqa: E402
+from kbgraph.sources.vault.reader import read_vault  # noqa: E402
 from kbgraph.store import Store  # noqa: E402
-from kbgraph.vault.manifest import Manifest  # noqa: E402
-from kbgraph.vault.reader import read_vault  # noqa: E402
-from kbgraph.vault.sinks import LocalSink  # noqa: E402
-from kbgraph.vault.sync import SOURCE, sync_once, upsert_event, watch  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "vault"
 WORDS = ["dns", "backup", "router", "vpn", "disk", "proxy", "mail", "firewall", "cluster",

@@ -31,9 +31,9 @@ import hashlib, json, resource, sys, time
 from pathlib import Path
 import kbgraph
 from kbgraph.store import Store
-from kbgraph.vault.manifest import Manifest
-from kbgraph.vault.sinks import LocalSink
-from kbgraph.vault.sync import sync_once
+from kbgraph.sources.manifest import Manifest
+from kbgraph.sources.sinks import LocalSink
+from kbgraph.sources.sync import sync_once
 vault, work = Path(sys.argv[1]), Path(sys.argv[2])
 sink = LocalSink(work / "kb.db")
 with Manifest(work / "kb.manifest") as manifest:

@@ -60,9 +60,9 @@ from kbgraph.api import create_app
 from kbgraph.cli import main as kbgraph_main
 from kbgraph.config import load_config
 from kbgraph.events import ConceptUpserted, UpsertData
-from kbgraph.vault.markdown import LinkRef
-from kbgraph.vault.reader import read_vault, walk
-from kbgraph.vault.resolve import Resolver
+from kbgraph.sources.vault.markdown import LinkRef
+from kbgraph.sources.vault.reader import read_vault, walk
+from kbgraph.sources.vault.resolve import Resolver
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 VAULT: Final = ROOT / "examples" / "vault"
@@ -74,7 +74,7 @@ METHODS: Final = ("structure", "hybrid")
 SEARCH_MODES: Final = ("lexical", "vector", "hybrid")
 VARIANTS: Final = ("unlinked", "unwritten")
 # In the evaluation only, to take one link out of a note's text: a wikilink or embed, or a
-# markdown link to a .md file. The product never reads markup this way (kbgraph.vault does).
+# markdown link to a .md file. The product never reads markup this way (kbgraph.sources.vault does).
 _WIKILINK: Final = re.compile(r"!?\[\[([^\[\]\n]+)\]\]")
 _MDLINK: Final = re.compile(r"\[([^\[\]\n]*)\]\(([^()\s]+\.md)\)")
 

@@ -1,6 +1,6 @@
 """Synthetic knowledge bases for load tests and benchmarks, and a direct ``Graph`` builder.
 
-- ``seed_kb(n, seed)``: the seed's KB, the one ``kbgraph demo`` serves (``kbgraph.vault.demokb``,
+- ``seed_kb(n, seed)``: the seed's KB, the one ``kbgraph demo`` serves (``kbgraph.sources.demokb``,
   re-exported here with its id scheme and words): concept ``i`` is ``f"{col}/c{i:04d}"``
   (``c%07d`` when n > 10,000) with ``col = COLLECTIONS[i % 9]``, 8 out-links to uniform
   random other concepts, 5% of them to concepts that never exist.
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from kbgraph.graphalgo.graph import Graph, View
-from kbgraph.vault.demokb import (
+from kbgraph.sources.demokb import (
     COLLECTIONS,
     LINKS_PER_CONCEPT,
     MISSING_SHARE,

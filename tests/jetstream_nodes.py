@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import msgspec
 
-from kbgraph.jetstream import snapshots
+from kbgraph.log.jetstream import snapshots
 from kbgraph.store import Store
 from tests import webhook_client as wc
 from tests.nats_cluster import STREAM, NatsCluster

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kbgraph.extras import EXTRAS
-from kbgraph.vault import demokb
+from kbgraph.sources import demokb
 
 ROOT = Path(__file__).resolve().parent.parent
 EVERY_EXTRA = sorted({module for pairs in EXTRAS.values() for module, _ in pairs})

@@ -13,9 +13,9 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from kbgraph.config import Config, parse_config
-from kbgraph.deliverylog import DeliveryLog, StoreLog
 from kbgraph.events import SignatureVerifier
 from kbgraph.http import ingest
+from kbgraph.log import DeliveryLog, StoreLog
 from kbgraph.store import Store, StoreBusy
 from tests import webhook_client as wc
 

@@ -31,7 +31,7 @@ import httpx
 import msgspec
 import pytest
 
-from kbgraph.jetstream import decode_message
+from kbgraph.log.jetstream import decode_message
 from kbgraph.store import Store
 from tests import webhook_client as wc
 from tests.jetstream_nodes import (

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kbgraph.jetstream import encode_message
-from kbgraph.jetstream.wire import Signer
+from kbgraph.log.jetstream import encode_message
+from kbgraph.log.jetstream.wire import Signer
 from tests import webhook_client as wc
 from tests.jetstream_nodes import (
     AUTH,

@@ -217,7 +217,7 @@ def test_a_publish_in_process_is_asked_again_not_refused() -> None:
 
     import nats.js.errors
 
-    from kbgraph.jetstream.node import JetStreamLog
+    from kbgraph.log.jetstream.node import JetStreamLog
 
     answers: list[object] = [
         nats.js.errors.APIError(

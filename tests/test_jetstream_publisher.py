@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from kbgraph.config import LogConfig
-from kbgraph.jetstream import wire
-from kbgraph.jetstream.consumer import LogUnavailable, StreamConsumer
-from kbgraph.jetstream.publisher import PUBLISH_ATTEMPTS, Publisher
+from kbgraph.log.jetstream import wire
+from kbgraph.log.jetstream.consumer import LogUnavailable, StreamConsumer
+from kbgraph.log.jetstream.publisher import PUBLISH_ATTEMPTS, Publisher
 from tests.kb_events import upsert
 
 STREAM = "unit-pub"

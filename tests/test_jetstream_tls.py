@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from kbgraph.config import LogConfig
-from kbgraph.jetstream.connect import OPEN_SECONDS, ConnectFailed, connect
+from kbgraph.log.jetstream.connect import OPEN_SECONDS, ConnectFailed, connect
 from tests.jetstream_nodes import Node, readyz_saying, wait_ready
 from tests.nats_cluster import NatsCluster, free_ports, running_cluster
 from tests.nats_security import Tls

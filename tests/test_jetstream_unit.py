@@ -21,11 +21,11 @@ from prometheus_client import REGISTRY, generate_latest
 
 from kbgraph import cli
 from kbgraph.config import ConfigError, LogConfig, parse_config
-from kbgraph.jetstream import applier, decode_message, encode_message
-from kbgraph.jetstream import consumer as follower
-from kbgraph.jetstream.applier import ApplierProbe
-from kbgraph.jetstream.connect import RULES_KEY, RulesDiffer, ensure_stream
-from kbgraph.jetstream.wire import NotPublishable, pack, unpack
+from kbgraph.log.jetstream import applier, decode_message, encode_message
+from kbgraph.log.jetstream import consumer as follower
+from kbgraph.log.jetstream.applier import ApplierProbe
+from kbgraph.log.jetstream.connect import RULES_KEY, RulesDiffer, ensure_stream
+from kbgraph.log.jetstream.wire import NotPublishable, pack, unpack
 from kbgraph.store import DeliveryResult, ReplayRefused, Store, WebhookMessage, positions
 from kbgraph.store.group import GroupWriter
 from kbgraph.store.positions import LogOutOfOrder, MessageFailed
@@ -234,7 +234,7 @@ def test_readiness_says_why_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     """Not ready while connecting, while behind the stream's last sequence as of the start,
     while disconnected, and while the store fails to apply; ready otherwise."""
     from kbgraph.config import LogConfig
-    from kbgraph.jetstream import JetStreamLog
+    from kbgraph.log.jetstream import JetStreamLog
 
     monkeypatch.setenv("KBGRAPH_TEST_MAC", "a cluster secret of 32 bytes....")
     with Store(tmp_path / "kb.db") as store:
@@ -369,7 +369,12 @@ def test_jetstream_needs_the_cluster_secret_and_one_way_to_log_in() -> None:
 def test_secrets_come_from_files_and_variables_into_nats_py_options(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kbgraph.jetstream.connect import SecretMissing, secrets_problem, security_options, signer
+    from kbgraph.log.jetstream.connect import (
+        SecretMissing,
+        secrets_problem,
+        security_options,
+        signer,
+    )
 
     (tmp_path / "pw").write_text("s3cret\n")
     config = parse_config(

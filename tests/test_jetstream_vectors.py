@@ -1,4 +1,4 @@
-"""One embedder for a JetStream cluster (``kbgraph.jetstream.embedder``): three nodes (one of
+"""One embedder for a JetStream cluster (``kbgraph.log.jetstream.embedder``): three nodes (one of
 them two workers beside an applier) with a remote provider that counts what it is asked; each
 text is asked once for the whole cluster, and every node's store ends with the same vector rows,
 byte for byte, carried in the stream; the lease's holder killed, another process takes over

@@ -1,4 +1,4 @@
-"""The cluster embedder's vectors messages (``kbgraph.jetstream.wire``, ``embedder.payloads``):
+"""The cluster embedder's vectors messages (``kbgraph.log.jetstream.wire``, ``embedder.payloads``):
 every node reads back exactly the rows the holder computed, whatever the split; what is not
 float32 values is refused, never written."""
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbgraph.jetstream.embedder import payloads
-from kbgraph.jetstream.wire import StreamVectors, decode_vectors, encode_vectors
+from kbgraph.log.jetstream.embedder import payloads
+from kbgraph.log.jetstream.wire import StreamVectors, decode_vectors, encode_vectors
 from kbgraph.store.vectorrows import VectorRow
 
 finite = st.floats(-1, 1, width=32, allow_nan=False)

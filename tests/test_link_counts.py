@@ -14,8 +14,8 @@ from starlette.testclient import TestClient
 
 from kbgraph.api import create_app
 from kbgraph.config import load_config
-from kbgraph.vault.manifest import Manifest
-from kbgraph.vault.sync import sync_once
+from kbgraph.sources.manifest import Manifest
+from kbgraph.sources.sync import sync_once
 from tests.conftest import ADMIN, write_config
 from tests.test_vault_example import VAULT, AppSink
 

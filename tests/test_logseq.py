@@ -20,9 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbgraph.store import Store
-from kbgraph.vault.command import run_command
-from kbgraph.vault.logseq import (
+from kbgraph.sources.command import run_command
+from kbgraph.sources.logseq.reader import (
     BY_ALIAS,
     BY_BLOCK,
     BY_CASE,
@@ -41,9 +40,10 @@ from kbgraph.vault.logseq import (
     parse_config,
     read_graph,
 )
-from kbgraph.vault.manifest import Manifest
-from kbgraph.vault.sinks import LocalSink
-from kbgraph.vault.sync import sync_once
+from kbgraph.sources.manifest import Manifest
+from kbgraph.sources.sinks import LocalSink
+from kbgraph.sources.sync import sync_once
+from kbgraph.store import Store
 from tests.test_vault_sync import fresh_import, state, versions
 from tests.vault_files import write_vault
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kbgraph.mediawiki.dump import read_dump
-from kbgraph.mediawiki.titles import Namespace, Namespaces, Title
-from kbgraph.mediawiki.wikitext import parse
+from kbgraph.sources.mediawiki.dump import read_dump
+from kbgraph.sources.mediawiki.titles import Namespace, Namespaces, Title
+from kbgraph.sources.mediawiki.wikitext import parse
 from kbgraph.store import Store
 from loadtest.bench_mediawiki_dump import generate
 from tests.test_extras import cli as extras_cli

@@ -20,13 +20,13 @@ import pytest
 
 from kbgraph.cli import build_parser
 from kbgraph.events import Event
-from kbgraph.mediawiki.api import WikiApi
-from kbgraph.mediawiki.deliver import deliver
-from kbgraph.mediawiki.dump import read_dump
-from kbgraph.mediawiki.follow import OVERLAP_SECONDS, FollowState, WikiFollower
+from kbgraph.sources.manifest import Manifest
+from kbgraph.sources.mediawiki.api import WikiApi
+from kbgraph.sources.mediawiki.deliver import deliver
+from kbgraph.sources.mediawiki.dump import read_dump
+from kbgraph.sources.mediawiki.follow import OVERLAP_SECONDS, FollowState, WikiFollower
+from kbgraph.sources.sinks import SECRET_ENV, LocalSink
 from kbgraph.store import DeliveryResult, Store
-from kbgraph.vault.manifest import Manifest
-from kbgraph.vault.sinks import SECRET_ENV, LocalSink
 from tests.mediawiki_server import Wiki, require, running_wiki
 from tests.test_crash import ADMIN, SECRET, running, write_config
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kbgraph.config import load_config
-from kbgraph.deliverylog import DeliveryLog, StoreLog
+from kbgraph.log import DeliveryLog, StoreLog
 from tests.conftest import write_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,8 +59,8 @@ def test_a_sqlite_service_never_imports_nats(tmp_path: Path) -> None:
 def test_the_log_is_chosen_by_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """sqlite: the store's own log; jetstream: a node's log, or a worker's beside an applier.
     Each is a ``DeliveryLog`` (the protocol's methods, with their signatures)."""
-    from kbgraph.jetstream.node import JetStreamLog
-    from kbgraph.jetstream.worker import WorkerLog
+    from kbgraph.log.jetstream.node import JetStreamLog
+    from kbgraph.log.jetstream.worker import WorkerLog
     from kbgraph.projection import Projections
     from kbgraph.service import APPLIER_ENV, make_log, open_store
 

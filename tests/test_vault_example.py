@@ -7,9 +7,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 from kbgraph.events import Event
+from kbgraph.sources.manifest import Manifest
+from kbgraph.sources.sync import sync_once
 from kbgraph.store import DeliveryResult, Store
-from kbgraph.vault.manifest import Manifest
-from kbgraph.vault.sync import sync_once
 from tests.conftest import ADMIN, Service
 
 VAULT = Path(__file__).resolve().parent.parent / "examples" / "vault"

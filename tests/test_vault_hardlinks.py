@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from kbgraph.sources.command import run_command
+from kbgraph.sources.vault.reader import read_vault
 from kbgraph.store import Store
-from kbgraph.vault.command import run_command
-from kbgraph.vault.reader import read_vault
 
 SECRET = "SECRET-FROM-ANOTHER-USERS-FILE"
 HANG_GUARD = 120.0  # seconds: a hang would otherwise stop the suite; never a speed claim

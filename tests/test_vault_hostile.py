@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from kbgraph.sources.command import run_command
+from kbgraph.sources.vault.markdown import MAX_YAML_ALIASES, parse
+from kbgraph.sources.vault.reader import VaultScan, note_fields, read_vault
 from kbgraph.store import Store
-from kbgraph.vault.command import run_command
-from kbgraph.vault.markdown import MAX_YAML_ALIASES, parse
-from kbgraph.vault.reader import VaultScan, note_fields, read_vault
 
 pytestmark = pytest.mark.slow
 

@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbgraph.events import Event, UpsertData
+from kbgraph.sources import sync as sync_module
+from kbgraph.sources.manifest import Manifest
+from kbgraph.sources.sinks import LocalSink
+from kbgraph.sources.sync import sync_once
+from kbgraph.sources.vault.pool import PARALLEL_MIN_NOTES
+from kbgraph.sources.vault.reader import MAX_NOTE_BYTES, NoteState, read_vault
 from kbgraph.store import DeliveryResult
-from kbgraph.vault import sync as sync_module
-from kbgraph.vault.manifest import Manifest
-from kbgraph.vault.pool import PARALLEL_MIN_NOTES
-from kbgraph.vault.reader import MAX_NOTE_BYTES, NoteState, read_vault
-from kbgraph.vault.sinks import LocalSink
-from kbgraph.vault.sync import sync_once
 
 
 def write_vault(root: Path, n: int) -> None:

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbgraph.vault.markdown import LinkRef, _parser, parse
-from kbgraph.vault.reader import read_vault
-from kbgraph.vault.resolve import Resolver
+from kbgraph.sources.vault.markdown import LinkRef, _parser, parse
+from kbgraph.sources.vault.reader import read_vault
+from kbgraph.sources.vault.resolve import Resolver
 from tests.vault_files import write_vault
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kbgraph.vault.manifest import Manifest
-from kbgraph.vault.reader import read_vault
-from kbgraph.vault.sinks import SECRET_ENV, SyncError, WebhookSink
-from kbgraph.vault.sync import sync_once, upsert_event
+from kbgraph.sources.manifest import Manifest
+from kbgraph.sources.sinks import SECRET_ENV, SyncError, WebhookSink
+from kbgraph.sources.sync import sync_once, upsert_event
+from kbgraph.sources.vault.reader import read_vault
 from tests.test_crash import ADMIN, SECRET, running, write_config
 from tests.vault_files import write_vault
 

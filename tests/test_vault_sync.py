@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbgraph.events import Event
+from kbgraph.sources import sync as sync_module
+from kbgraph.sources.command import run_command
+from kbgraph.sources.manifest import Manifest
+from kbgraph.sources.sinks import LocalSink
+from kbgraph.sources.sync import sync_once
 from kbgraph.store import DeliveryResult, Store
-from kbgraph.vault import sync as sync_module
-from kbgraph.vault.command import run_command
-from kbgraph.vault.manifest import Manifest
-from kbgraph.vault.sinks import LocalSink
-from kbgraph.vault.sync import sync_once
 from tests.vault_files import comparable, write_vault
 
 NAMES = ["Router", "router", "DNS", "net/Router", "net/deep/Switch", "Switch", "Café", "a b"]

@@ -266,7 +266,7 @@ def test_a_full_word_cache_starts_over_without_losing_a_word(monkeypatch) -> Non
 
 
 def test_tokens_by_piece_on_the_example_vault() -> None:
-    from kbgraph.vault.reader import read_vault
+    from kbgraph.sources.vault.reader import read_vault
 
     vault = Path(__file__).resolve().parent.parent / "examples" / "vault"
     for note in read_vault(vault).notes.values():

@@ -10,10 +10,10 @@ the webhook signature with the KB's secrets (401) -> the content mode and its ev
 and body) already accepted for another KB, or re-sent with new events (401), a KB beyond
 ``max_kbs`` (403). A 200 is sent
 only after the store's commit is durable (over JetStream: after a quorum of the stream's
-replicas stored the delivery and this node's follower applied it, ``kbgraph.jetstream``);
+replicas stored the delivery and this node's follower applied it, ``kbgraph.log.jetstream``);
 the log wakes this process's projection follower when the delivery applied at least one event.
 
-Where the delivery goes is the process's one ``kbgraph.deliverylog.DeliveryLog``, given to
+Where the delivery goes is the process's one ``kbgraph.log.DeliveryLog``, given to
 the route (``routes(service)``: anything with a ``log``), whatever ``[log] kind`` says. The
 route reads its settings from ``request.app.state``: ``verifier`` (the default
 SignatureVerifier) and ``kb_verifiers`` (per KB), ``inflight`` (InflightBytes) and ``config``.
@@ -42,9 +42,9 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from kbgraph.config import DEFAULT_MAX_BODY_BYTES
-from kbgraph.deliverylog import DeliveryLog, DeliverySkipped, DeliveryTooLarge, LogUnavailable
 from kbgraph.events import DeliveryError, Event, SignatureVerifier
 from kbgraph.http.binding import decode_events
+from kbgraph.log import DeliveryLog, DeliverySkipped, DeliveryTooLarge, LogUnavailable
 from kbgraph.names import KB_NAME_PATTERN, is_kb_name
 from kbgraph.store import (
     DeliveryResult,

@@ -67,7 +67,7 @@ Settled = list[tuple[int, bytes, np.ndarray | None]]
 
 
 class VectorShare(Protocol):
-    """One embedder for several stores (``kbgraph.jetstream.embedder.ClusterEmbedder``)."""
+    """One embedder for several stores (``kbgraph.log.jetstream.embedder.ClusterEmbedder``)."""
 
     def may_embed(self) -> bool:
         """Whether this process is the one that calls the provider now."""

@@ -3,7 +3,7 @@
 ``LogRecord`` is what a follower reads; ``EventLog`` is the whole interface the projection
 needs from a log (ordered reads of whole deliveries). ``SqliteLog`` is the embedded one: a
 table in the store's SQLite file, appended inside the very transaction that changes the state,
-so one commit makes both durable. Beyond one machine (``kbgraph.jetstream``), a NATS
+so one commit makes both durable. Beyond one machine (``kbgraph.log.jetstream``), a NATS
 JetStream stream orders the deliveries and each node's store applies it, keeping this local
 log too, so the projection follows the store the same way on every node.
 """

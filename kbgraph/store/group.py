@@ -60,7 +60,7 @@ class Pending:
     resolve: Callable[[DeliveryResult | None, BaseException | None], None]
     message: WebhookMessage | None = None
     resent: bool = False  # its message was accepted for its KB before: a retry
-    # From a replicated log (kbgraph.jetstream): the decision's time is the message's, never
+    # From a replicated log (kbgraph.log.jetstream): the decision's time is the message's, never
     # this machine's clock, and (stream, sequence) is recorded in the same transaction.
     at: float | None = None
     position: tuple[str, int] | None = None

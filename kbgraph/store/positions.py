@@ -9,7 +9,7 @@ message the same way, so the notes are part of what nodes hold alike.
 
 What each delivery answered (its ``DeliveryResult``, or its own refusal) is kept with the
 position for the last ``RESULTS_KEPT`` positions (``stream_result``): a node whose workers
-publish deliveries while one applier process applies the stream (``kbgraph.jetstream.worker``)
+publish deliveries while one applier process applies the stream (``kbgraph.log.jetstream.worker``)
 answers each sender from it."""
 
 from __future__ import annotations

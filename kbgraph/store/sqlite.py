@@ -29,7 +29,7 @@ writer wakes the moment the other commits instead of polling.
 
 The log itself is ``kbgraph.store.eventlog`` (append / read of ``LogRecord``), kept apart from the
 state tables; beyond one machine, a NATS JetStream stream orders the deliveries and each node's
-store applies them from it (``kbgraph.jetstream``, ``submit_from_log``).
+store applies them from it (``kbgraph.log.jetstream``, ``submit_from_log``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,151 @@
+"""``kbgraph import DIR --kb KB`` and ``kbgraph sync DIR --kb KB [--watch]`` (docs/sources.md).
+
+Both send only what changed since the last run (the manifest, see ``manifest``); ``import``
+is ``sync`` without ``--watch``. The destination is the local store of ``--config FILE``
+(through ``Store.append``, the webhook's own path) or a remote kbgraph at ``--url URL`` by
+signed webhook, the secret read from ``KBGRAPH_WEBHOOK_SECRET``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import sys
+import threading
+from pathlib import Path
+from typing import Final
+
+from kbgraph.extras import EXIT_FAILED, EXIT_USAGE
+from kbgraph.names import KB_NAME_PATTERN, is_kb_name
+from kbgraph.sources.manifest import Manifest
+from kbgraph.sources.mediawiki import command as mediawiki
+from kbgraph.sources.sinks import SECRET_ENV, LocalSink, Sink, SyncError, WebhookSink
+from kbgraph.sources.sync import SyncReport, sync_once, watch
+
+PROGRESS_MIN: Final = 200  # show progress when a run sends at least this many notes
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    for name, text in (
+        ("import", "load a folder of markdown notes (an Obsidian vault, a Logseq graph) into a KB"),
+        ("sync", "send a folder's changes since the last run; --watch keeps it current"),
+    ):
+        command = sub.add_parser(name, help=text, description=text)
+        command.add_argument(
+            "dir", metavar="DIR", nargs="?", help="the vault folder (or Logseq graph)"
+        )
+        command.add_argument("--kb", required=True, help="the KB to write into")
+        where = command.add_mutually_exclusive_group(required=True)
+        where.add_argument("--config", help="the TOML config of the local store to write into")
+        where.add_argument("--url", help=f"a remote kbgraph's base URL (secret from ${SECRET_ENV})")
+        command.add_argument(
+            "--retries", type=int, default=5, help="retries of a failed delivery (--url)"
+        )
+        command.add_argument(
+            "--manifest",
+            help="what was sent, for re-runs (default DIR/.kbgraph/manifest.sqlite)",
+        )
+        command.add_argument("--quiet", action="store_true", help="print only problems")
+        command.add_argument(
+            "--allow-hardlinks",
+            action="store_true",
+            help="read notes with more than one name (skipped else: the other may be outside)",
+        )
+        if name == "sync":
+            command.add_argument("--watch", action="store_true", help="keep syncing on changes")
+        mediawiki.add_arguments(command, name)
+        command.set_defaults(func=run_command, watch=False)
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> int:
+    print(f"kbgraph: {message}", file=sys.stderr)
+    return code
+
+
+def open_sink(args: argparse.Namespace) -> Sink | str:
+    """The destination of ``args``, or why there is none."""
+    if args.url:
+        if not args.url.startswith(("http://", "https://")):
+            return f"--url {args.url!r}: expected an http:// or https:// URL"
+        return WebhookSink(args.url, os.environ.get(SECRET_ENV), attempts=args.retries + 1)
+    from kbgraph.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        return f"config {args.config}: {exc}"
+    if config.log.kind == "jetstream":  # writing a node's store directly would fork it
+        return (
+            f"config {args.config}: [log] kind = jetstream: a node's store follows the stream;"
+            " send with --url to a node instead"
+        )
+    from kbgraph.http.health import store_folder_problem
+    from kbgraph.service import open_store  # the store as the service opens it
+
+    return store_folder_problem(config.store.path) or LocalSink(open_store(config))
+
+
+def run_command(args: argparse.Namespace, stop_event: threading.Event | None = None) -> int:
+    if mediawiki.wanted(args):  # a wiki in place of the folder (kbgraph.sources.mediawiki)
+        return mediawiki.run(args, open_sink, stop_event)
+    if args.dir is None:
+        return _fail("DIR: expected the vault folder (or a wiki: see --help)")
+    root = Path(args.dir)
+    if not root.exists():
+        return _fail(f"{args.dir}: no such folder")
+    if not root.is_dir():
+        return _fail(f"{args.dir}: not a folder")
+    if not is_kb_name(args.kb):
+        return _fail(f"--kb {args.kb!r}: expected a KB name matching {KB_NAME_PATTERN}")
+    if args.retries < 0:
+        return _fail("--retries: expected at least 0")
+    sink = open_sink(args)
+    if isinstance(sink, str):
+        return _fail(sink)
+    manifest_path = Path(args.manifest) if args.manifest else Manifest.default_path(root)
+    try:
+        manifest = Manifest(manifest_path)
+    except (OSError, sqlite3.Error) as exc:
+        sink.close()
+        return _fail(f"cannot open the manifest {manifest_path} ({exc}): try --manifest FILE")
+    try:
+        with manifest:
+            code = _run(root, args, sink, manifest)
+            if code == 0 and args.watch:
+                print(f"watching {root} (Ctrl-C stops)", file=sys.stderr)
+                watch(
+                    root,
+                    lambda: _run(root, args, sink, manifest),
+                    lambda exc: print(f"kbgraph: {exc}", file=sys.stderr),
+                    stop_event,
+                )
+            return code
+    finally:
+        sink.close()
+
+
+def _run(root: Path, args: argparse.Namespace, sink: Sink, manifest: Manifest) -> int:
+    show = not args.quiet and sys.stderr.isatty()
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if show and total >= PROGRESS_MIN:
+            end = "\n" if done == total else ""
+            print(f"\r  {stage} {done:,} of {total:,}", end=end, file=sys.stderr, flush=True)
+
+    try:
+        report = sync_once(
+            root, args.kb, sink, manifest, progress, allow_hardlinks=args.allow_hardlinks
+        )
+    except SyncError as exc:  # reported; under --watch the next change tries again
+        return _fail(str(exc), EXIT_FAILED)
+    _print(report, args.quiet)
+    return 0
+
+
+def _print(report: SyncReport, quiet: bool) -> None:
+    text = report.summary()
+    if quiet:
+        text = "\n".join(line for line in text.splitlines()[1:])
+    if text:
+        print(text, file=sys.stderr if quiet else sys.stdout)

@@ -1,0 +1,144 @@
+"""An XML dump of a wiki (``dumpBackup.php``, the dumps of Wikimedia) read with mwxml.
+
+The dump may be plain, ``.bz2`` or ``.gz``. Each page's last revision is read (a dump with
+its history gives the same as one with ``--current``); the namespaces and their case come
+from the dump's own ``<siteinfo>``. Redirects are known from each page's ``<redirect>``, so
+the pages are read once, then turned into concepts (``concepts``) with their aliases and
+links through redirects. A page whose content is not wikitext (CSS, JavaScript, JSON) is a
+concept with its text as it is and no links.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Final
+
+import mwxml  # type: ignore[import-untyped]
+
+from kbgraph.sources.mediawiki.concepts import WikiConcept, concept_of
+from kbgraph.sources.mediawiki.titles import Namespace, Namespaces, Title
+from kbgraph.sources.mediawiki.wikitext import PageFields, parse
+
+WIKITEXT: Final = "wikitext"
+PROGRESS_EVERY: Final = 500
+
+
+class DumpError(Exception):
+    """A file that cannot be read as a MediaWiki XML dump: the message says why."""
+
+
+@dataclass(slots=True)
+class WikiRead:
+    """What reading a wiki gave: its concepts and what was left out, and why."""
+
+    concepts: list[WikiConcept] = field(default_factory=list)
+    redirects: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def links(self) -> int:
+        """Pairs of concepts linked either way (the one meaning of a link count)."""
+        ids = {c.id for c in self.concepts}
+        pairs = {
+            (a, b) if a < b else (b, a)
+            for c in self.concepts
+            for a, b in ((c.id, target) for target in c.data.links)
+            if b in ids
+        }
+        return len(pairs)
+
+    def summary(self) -> str:
+        return (
+            f"{len(self.concepts)} pages, {self.redirects} redirects (aliases of their"
+            f" targets), {self.links} links between the pages"
+        )
+
+
+@contextmanager
+def _opened(path: Path) -> Iterator[IO[bytes]]:
+    opener: Callable[..., Any] = open
+    if path.suffix == ".bz2":
+        opener = bz2.open
+    elif path.suffix == ".gz":
+        opener = gzip.open
+    with opener(path, "rb") as file:
+        yield file
+
+
+def read_dump(path: Path, progress: Callable[[int], None] | None = None) -> WikiRead:
+    """Every page of the dump at ``path`` as a concept (redirects as aliases), in title order.
+    Raises ``DumpError`` when the file is not a dump."""
+    pages: dict[Title, PageFields] = {}
+    redirects: dict[Title, Title] = {}
+    warnings: list[str] = []
+    try:
+        with _opened(path) as file:
+            dump = mwxml.Dump.from_file(file)
+            namespaces = Namespaces(
+                Namespace(ns.id, ns.name or "", ns.case or "first-letter")
+                for ns in dump.site_info.namespaces or ()
+            )
+            for count, page in enumerate(dump, 1):
+                _read_page(page, namespaces, pages, redirects, warnings)
+                if progress is not None and count % PROGRESS_EVERY == 0:
+                    progress(count)
+    except Exception as exc:  # OSError, bz2's, the XML parser's and mwxml's own errors
+        kind = exc.__class__.__name__
+        raise DumpError(f"{path}: not a MediaWiki XML dump ({kind}: {exc})") from None
+    return build(pages, redirects, namespaces, warnings)
+
+
+def _read_page(
+    page: Any,
+    namespaces: Namespaces,
+    pages: dict[Title, PageFields],
+    redirects: dict[Title, Title],
+    warnings: list[str],
+) -> None:
+    revision = None
+    for revision in page:  # noqa: B007 (the last one is the page's current state)
+        pass
+    title = namespaces.parse(page.title or "")
+    if title is None or page.namespace is None or page.namespace < 0 or revision is None:
+        warnings.append(f"page {page.title!r}: no title or no revision: not imported")
+        return
+    text = revision.text or ""
+    if page.redirect:
+        target = namespaces.parse(page.redirect)
+        if target is not None:
+            redirects[title] = target
+        return
+    if (revision.model or WIKITEXT) == WIKITEXT:
+        pages[title] = parse(text, namespaces)
+    else:
+        pages[title] = PageFields([], [], text, None)
+
+
+def build(
+    pages: dict[Title, PageFields],
+    redirects: dict[Title, Title],
+    namespaces: Namespaces,
+    warnings: list[str],
+) -> WikiRead:
+    """The concepts of a whole wiki: ``pages`` (not redirects) and ``redirects`` (source ->
+    target). The dump import and the follower's first load both end here."""
+    aliases: dict[Title, list[Title]] = {}
+    for source, target in redirects.items():
+        aliases.setdefault(target, []).append(source)
+
+    def resolve(target: Title) -> Title:
+        return redirects.get(target, target)
+
+    out = WikiRead(redirects=len(redirects), warnings=warnings)
+    for title in sorted(pages):
+        concept = concept_of(
+            title, pages[title], aliases.get(title, ()), resolve, namespaces, warnings
+        )
+        if concept is not None:
+            out.concepts.append(concept)
+    return out
