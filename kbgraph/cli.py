@@ -31,6 +31,7 @@ from kbgraph.config import CONFIG_ENV, Config, ConfigError, load_config
 from kbgraph.extras import EXIT_USAGE, add_unavailable, config_problem, missing
 from kbgraph.extras import problem as extra_problem
 from kbgraph.http.health import store_folder_problem, store_problem
+from kbgraph.http.port import port_problem
 from kbgraph.sources.demokb import demo_concepts, example_vault
 
 APP_FACTORY: Final = "kbgraph.cli:app_factory"
@@ -164,6 +165,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     problem = auth_problem(config, args.host) or unsigned_problem(config)
     problem = problem or store_folder_problem(config.store.path)
+    problem = problem or port_problem(args.host, args.port)
     if problem:
         return _fail(problem)
     if args.workers < 1:
@@ -325,6 +327,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     needs = extra_problem("vault", "kbgraph demo (its example vault)")
     if needs:
         return _fail(needs)
+    if args.size < 1:
+        return _fail("--size: expected at least 1")
+    busy = port_problem("127.0.0.1", args.port)  # before a config, a token or a curl line
+    if busy:
+        return _fail(busy)
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
     config_path = folder / "kbgraph.toml"
@@ -334,8 +341,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     config = _load(str(config_path))
     if config is None:
         return EXIT_USAGE
-    if args.size < 1:
-        return _fail("--size: expected at least 1")
     if config.log.kind == "jetstream":  # the demo seeds its store directly
         return _fail(f"config {config_path}: the demo runs on [log] kind = sqlite")
     problem = unsigned_problem(config) or store_problem(config.store.path)
