@@ -23,6 +23,7 @@ import shlex
 import sqlite3
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,6 +43,7 @@ APP_FACTORY: Final = "kbgraph.cli:app_factory"
 GIL_SWITCH_INTERVAL: Final = 0.0005
 DEMO_KB: Final = "demo"
 VAULT_KB: Final = "homelab"
+BACKUP_PROGRESS_BYTES: Final = 64 << 20  # a smaller store is copied before a bar says much
 EXAMPLE_VAULT: Final = example_vault()
 
 
@@ -376,13 +378,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_backup(args: argparse.Namespace) -> int:
     """A consistent, integrity-checked copy of the store while the service runs."""
+    from kbgraph.sources.progress import Progress
     from kbgraph.store.backup import BackupError, backup
 
     config = _load(args.config)
     if config is None:
         return EXIT_USAGE
     try:
-        done = backup(Path(config.store.path), Path(args.dest))
+        with Progress("B", quiet=False, min_total=BACKUP_PROGRESS_BYTES, scaled=True) as shown:
+            done = backup(Path(config.store.path), Path(args.dest), partial(shown, "copied"))
     except BackupError as exc:
         return _fail(f"backup: {exc}")
     kbs = ", ".join(f"{name} at seq {seq}" for name, seq in done.kbs.items()) or "no KB"

@@ -27,7 +27,6 @@ VAULT: Final = (
     ("watchfiles", "watchfiles"),
     ("httpx", "httpx"),
     ("edn_format", "edn_format"),
-    ("tqdm", "tqdm"),
 )
 # extra -> ((module imported, distribution installed), ...): pyproject.toml's lists, by module
 # (an extra that names another, kbgraph[vault], holds that one's pairs too)

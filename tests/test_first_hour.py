@@ -15,6 +15,7 @@ import os
 import pty
 import shutil
 import socket
+import sqlite3
 import struct
 import subprocess
 import sys
@@ -320,3 +321,46 @@ def test_the_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     said = [[line for line in c.stderr.splitlines() if "kbgraph.service" in line] for c in checked]
     assert checked[0].returncode == 0 and said[0] == [], checked[0].stderr
     assert any("sometimes" in line for line in said[1]), checked[1].stderr  # the check can fail
+
+
+# --- a backup's progress -------------------------------------------------------------------
+
+
+def large_store(folder: Path) -> Path:
+    """A config whose store is a real, checkable store padded past the backup's bar threshold
+    (a table of its own: the copy's checks read only the store's tables)."""
+    from kbgraph.cli import BACKUP_PROGRESS_BYTES
+    from kbgraph.store import Store
+
+    config = write_config(folder)
+    Store(folder / "kb.db").close()
+    conn = sqlite3.connect(folder / "kb.db")
+    with conn:
+        conn.execute("CREATE TABLE padding (b BLOB)")
+        for _ in range(BACKUP_PROGRESS_BYTES // (1 << 20) + 8):
+            conn.execute("INSERT INTO padding VALUES (randomblob(1048576))")
+    conn.close()
+    return config
+
+
+def test_a_large_backup_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
+    config = large_store(tmp_path)
+    code, shown, out = on_a_terminal("backup", "--config", str(config), str(tmp_path / "a.db"))
+    assert code == 0, shown
+    assert "copied: 100%" in shown and "\r" in shown, shown
+    assert "integrity ok" in out
+    piped = kbgraph("backup", "--config", str(config), str(tmp_path / "b.db"))
+    assert piped.returncode == 0, piped.stderr
+    assert "\r" not in piped.stdout + piped.stderr and "%" not in piped.stderr
+
+
+def test_backup_reports_how_far_the_copy_is(tmp_path: Path) -> None:
+    from kbgraph.store.backup import backup
+
+    large_store(tmp_path)
+    calls: list[tuple[int, int]] = []
+    done = backup(tmp_path / "kb.db", tmp_path / "copy.db", lambda *call: calls.append(call))
+    assert calls, "no progress at all"
+    assert all(0 <= copied <= total for copied, total in calls)
+    assert [copied for copied, _ in calls] == sorted(copied for copied, _ in calls)
+    assert calls[-1] == (done.bytes, done.bytes)  # the end: the whole copy

@@ -1,5 +1,5 @@
-"""Progress of a long import on a terminal, shared by every source (a folder, a Logseq graph,
-a MediaWiki dump, a corpus).
+"""Progress of long work on a terminal: an import, shared by every source (a folder, a Logseq
+graph, a MediaWiki dump, a corpus), and ``kbgraph backup`` of a large store.
 
 A source reports ``(stage, done, total)`` as it goes ("read", "sent"; ``total`` None when not
 known yet, as while a dump is read); ``Progress`` draws a tqdm bar per stage on stderr, a line
@@ -23,12 +23,20 @@ class Progress:
     """A callable ``(stage, done, total)`` drawing bars on ``stream`` when it is a terminal."""
 
     def __init__(
-        self, unit: str, *, quiet: bool, stream: TextIO | None = None, min_total: int = MIN_TOTAL
+        self,
+        unit: str,
+        *,
+        quiet: bool,
+        stream: TextIO | None = None,
+        min_total: int = MIN_TOTAL,
+        scaled: bool = False,
     ) -> None:
+        """``scaled``: counts shown as 1.5k, 2.1M (in 1024s: bytes)."""
         self.stream = sys.stderr if stream is None else stream
         self.enabled = not quiet and self.stream.isatty()
         self.unit = unit
         self.min_total = min_total
+        self.scaled = scaled
         self._bars: dict[str, Any] = {}  # stage -> its tqdm bar (tqdm ships no types)
 
     def __call__(self, stage: str, done: int, total: int | None = None) -> None:
@@ -44,7 +52,9 @@ class Progress:
             bar = self._bars[stage] = tqdm(
                 desc=f"  {stage}",
                 total=total,
-                unit=f" {self.unit}",
+                unit=self.unit if self.scaled else f" {self.unit}",
+                unit_scale=self.scaled,
+                unit_divisor=1024 if self.scaled else 1000,
                 file=self.stream,
                 position=len(self._bars),
                 mininterval=0.2,
