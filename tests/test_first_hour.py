@@ -241,6 +241,28 @@ def test_a_terminal_gets_progress_bars(tmp_path: Path) -> None:
     assert quiet[0] == 0 and "%" not in quiet[1] and "\r" not in quiet[1], quiet
 
 
+def test_a_mediawiki_dump_shows_progress_on_a_terminal(tmp_path: Path) -> None:
+    """The example dump's first page copied to 600 pages, each linking the next."""
+    source = (ROOT / "examples" / "wiki" / "homelab.xml").read_text()
+    head, rest = source.split("<page>", 1)
+    first = "<page>" + rest.split("</page>", 1)[0] + "</page>"
+    pages = [
+        first.replace("<title>Main Page</title>", f"<title>Page {i}</title>")
+        .replace("<id>1</id>\n    <revision>", f"<id>{1000 + i}</id>\n    <revision>")
+        .replace("[[Network]]", f"[[Page {(i + 1) % 600}]]")
+        for i in range(600)
+    ]
+    dump = tmp_path / "wiki.xml"
+    dump.write_text(head + "\n".join(pages) + source[source.rindex("</page>") + 7 :])
+    code, shown, out = on_a_terminal(
+        "import", "--mediawiki-dump", str(dump), "--kb", "wiki",
+        "--config", str(write_config(tmp_path)), "--manifest", str(tmp_path / "m.sqlite"),
+    )  # fmt: skip
+    assert code == 0, shown
+    assert out.startswith("600 pages, 0 redirects")
+    assert "read: 500 pages" in shown and "sent: 100%" in shown and "600/600 [" in shown, shown
+
+
 def test_progress_draws_nothing_off_a_terminal_or_below_its_threshold() -> None:
     import io
 
