@@ -23,6 +23,7 @@ import shlex
 import sqlite3
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -31,6 +32,7 @@ from kbgraph.config import CONFIG_ENV, Config, ConfigError, load_config
 from kbgraph.extras import EXIT_USAGE, add_unavailable, config_problem, missing
 from kbgraph.extras import problem as extra_problem
 from kbgraph.http.health import store_folder_problem, store_problem
+from kbgraph.http.port import port_problem
 from kbgraph.sources.demokb import demo_concepts, example_vault
 
 APP_FACTORY: Final = "kbgraph.cli:app_factory"
@@ -41,6 +43,7 @@ APP_FACTORY: Final = "kbgraph.cli:app_factory"
 GIL_SWITCH_INTERVAL: Final = 0.0005
 DEMO_KB: Final = "demo"
 VAULT_KB: Final = "homelab"
+BACKUP_PROGRESS_BYTES: Final = 64 << 20  # a smaller store is copied before a bar says much
 EXAMPLE_VAULT: Final = example_vault()
 
 
@@ -164,6 +167,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     problem = auth_problem(config, args.host) or unsigned_problem(config)
     problem = problem or store_folder_problem(config.store.path)
+    problem = problem or port_problem(args.host, args.port)
     if problem:
         return _fail(problem)
     if args.workers < 1:
@@ -325,6 +329,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     needs = extra_problem("vault", "kbgraph demo (its example vault)")
     if needs:
         return _fail(needs)
+    if args.size < 1:
+        return _fail("--size: expected at least 1")
+    busy = port_problem("127.0.0.1", args.port)  # before a config, a token or a curl line
+    if busy:
+        return _fail(busy)
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
     config_path = folder / "kbgraph.toml"
@@ -334,8 +343,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     config = _load(str(config_path))
     if config is None:
         return EXIT_USAGE
-    if args.size < 1:
-        return _fail("--size: expected at least 1")
     if config.log.kind == "jetstream":  # the demo seeds its store directly
         return _fail(f"config {config_path}: the demo runs on [log] kind = sqlite")
     problem = unsigned_problem(config) or store_problem(config.store.path)
@@ -371,13 +378,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_backup(args: argparse.Namespace) -> int:
     """A consistent, integrity-checked copy of the store while the service runs."""
+    from kbgraph.sources.progress import Progress
     from kbgraph.store.backup import BackupError, backup
 
     config = _load(args.config)
     if config is None:
         return EXIT_USAGE
     try:
-        done = backup(Path(config.store.path), Path(args.dest))
+        with Progress("B", quiet=False, min_total=BACKUP_PROGRESS_BYTES, scaled=True) as shown:
+            done = backup(Path(config.store.path), Path(args.dest), partial(shown, "copied"))
     except BackupError as exc:
         return _fail(f"backup: {exc}")
     kbs = ", ".join(f"{name} at seq {seq}" for name, seq in done.kbs.items()) or "no KB"

@@ -334,17 +334,25 @@ def _join(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
+def secret_problem(secret: str) -> str | None:
+    """What is wrong with a webhook secret in Standard Webhooks' form (``whsec_`` and the
+    key in base64), or None: the config's secrets and a sender's (``kbgraph sync --url``)."""
+    if not secret.startswith("whsec_"):
+        return "expected whsec_<base64>"
+    try:
+        decoded = base64.b64decode(secret[len("whsec_") :], validate=True)
+    except (binascii.Error, ValueError):
+        return "not valid base64 after whsec_"
+    if not decoded:
+        return "empty secret"
+    return None
+
+
 def _check_secrets(secrets: list[str], key: str) -> None:
     for index, secret in enumerate(secrets):
-        where = f"{key}[{index}]"
-        if not secret.startswith("whsec_"):
-            raise ConfigError(f"{where}: expected whsec_<base64>")
-        try:
-            decoded = base64.b64decode(secret[len("whsec_") :], validate=True)
-        except (binascii.Error, ValueError):
-            raise ConfigError(f"{where}: not valid base64 after whsec_") from None
-        if not decoded:
-            raise ConfigError(f"{where}: empty secret")
+        problem = secret_problem(secret)
+        if problem:
+            raise ConfigError(f"{key}[{index}]: {problem}")
 
 
 def _check(config: Config) -> None:

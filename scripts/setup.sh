@@ -2,7 +2,8 @@
 # Creates .venv (once) and installs kbgraph with its test and load-test extras into it; installs
 # Debian's chromium and chromium-driver for the explorer's browser tests when they are missing
 # (root and apt-get needed; without them those tests are skipped with a loud message), and curl
-# and openssl, which the shell examples of the docs use (tests/test_docs.py runs them).
+# and openssl, which the shell examples of the docs use (tests/test_docs.py runs them), and
+# systemd, whose systemd-analyze checks the example unit (tests/test_first_hour.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
@@ -35,5 +36,15 @@ if ! command -v curl >/dev/null || ! command -v openssl >/dev/null; then
             || echo "setup: could not install curl and openssl: tests/test_docs.py will fail" >&2
     else
         echo "setup: curl or openssl missing and no root apt-get: tests/test_docs.py will fail" >&2
+    fi
+fi
+if ! command -v systemd-analyze >/dev/null; then
+    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+        echo "setup: installing systemd (systemd-analyze verify checks examples/systemd/)" >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            --no-install-recommends systemd; } >/dev/null 2>&1 \
+            || echo "setup: could not install systemd: the unit's test will be skipped" >&2
+    else
+        echo "setup: no systemd-analyze and no root apt-get: the unit's test will be skipped" >&2
     fi
 fi

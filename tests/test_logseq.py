@@ -238,7 +238,7 @@ def test_sync_equals_a_fresh_import(actions: list[tuple]) -> None:
 def _args(root: Path, config: Path, watch: bool) -> argparse.Namespace:
     return argparse.Namespace(
         dir=str(root), kb="kb", config=str(config), url=None, retries=0, quiet=not watch,
-        watch=watch, manifest=None, allow_hardlinks=False,
+        watch=watch, manifest=None, allow_hardlinks=False, report=None,
     )  # fmt: skip
 
 

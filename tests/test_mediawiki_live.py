@@ -273,7 +273,8 @@ def test_the_cli_follows_with_signed_deliveries(wiki: Wiki, tmp_path: Path) -> N
             command, capture_output=True, text=True, timeout=300,
             env={k: v for k, v in os.environ.items() if k != SECRET_ENV},
         )  # fmt: skip
-        assert unsigned.returncode == 0  # nothing changed, so nothing was sent unsigned
+        assert unsigned.returncode == 2  # refused before the wiki or the service is asked
+        assert f"the webhook secret {SECRET_ENV}: missing" in unsigned.stderr
 
 
 def test_watch_polls_until_stopped(wiki: Wiki, tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ def _args(vault: Path, config: Path, **more: object) -> argparse.Namespace:
         watch=False,
         manifest=None,
         allow_hardlinks=False,
+        report=None,
     )
     vars(args).update(more)
     return args

@@ -172,7 +172,7 @@ def test_sync_watch_survives_the_hostile_vault_appearing(tmp_path: Path) -> None
     config.write_text('[store]\npath = "kb.db"\n')
     args = argparse.Namespace(dir=str(vault), kb="kb", config=str(config), url=None, retries=0,
                               quiet=True, watch=True, manifest=None,
-                              allow_hardlinks=False)  # fmt: skip
+                              allow_hardlinks=False, report=None)  # fmt: skip
     stop = threading.Event()
     codes: list[int] = []
     thread = threading.Thread(target=lambda: codes.append(run_command(args, stop)))

@@ -171,6 +171,7 @@ def test_watch_picks_up_an_edit(tmp_path: Path) -> None:
         watch=True,
         manifest=None,
         allow_hardlinks=False,
+        report=None,
     )
     stop = threading.Event()
     codes: list[int] = []

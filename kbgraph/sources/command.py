@@ -14,16 +14,16 @@ import sqlite3
 import sys
 import threading
 from pathlib import Path
-from typing import Final
 
+from kbgraph.config import ConfigError, load_config, secret_problem
 from kbgraph.extras import EXIT_FAILED, EXIT_USAGE
 from kbgraph.names import KB_NAME_PATTERN, is_kb_name
 from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.mediawiki import command as mediawiki
+from kbgraph.sources.progress import Progress
 from kbgraph.sources.sinks import SECRET_ENV, LocalSink, Sink, SyncError, WebhookSink
 from kbgraph.sources.sync import SyncReport, sync_once, watch
-
-PROGRESS_MIN: Final = 200  # show progress when a run sends at least this many notes
+from kbgraph.sources.vault.reader import walk
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,7 +46,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
             "--manifest",
             help="what was sent, for re-runs (default DIR/.kbgraph/manifest.sqlite)",
         )
-        command.add_argument("--quiet", action="store_true", help="print only problems")
+        command.add_argument(
+            "--quiet", action="store_true", help="print only problems (no progress either)"
+        )
+        command.add_argument(
+            "--report",
+            metavar="FILE",
+            help="write the unresolved links, skipped files and warnings to FILE (one a line)",
+        )
         command.add_argument(
             "--allow-hardlinks",
             action="store_true",
@@ -68,8 +75,15 @@ def open_sink(args: argparse.Namespace) -> Sink | str:
     if args.url:
         if not args.url.startswith(("http://", "https://")):
             return f"--url {args.url!r}: expected an http:// or https:// URL"
-        return WebhookSink(args.url, os.environ.get(SECRET_ENV), attempts=args.retries + 1)
-    from kbgraph.config import ConfigError, load_config
+        secret = os.environ.get(SECRET_ENV)
+        problem = secret_problem(secret) if secret else "missing"
+        if problem:  # before anything is sent: an unsigned delivery is refused, or worse taken
+            return (
+                f"--url: the webhook secret {SECRET_ENV}: {problem}; set it to a secret the"
+                f" server at {args.url} takes (one of its [webhooks] secrets, whsec_ and"
+                f" base64): export {SECRET_ENV}=whsec_..."
+            )
+        return WebhookSink(args.url, secret, attempts=args.retries + 1)
 
     try:
         config = load_config(args.config)
@@ -87,6 +101,8 @@ def open_sink(args: argparse.Namespace) -> Sink | str:
 
 
 def run_command(args: argparse.Namespace, stop_event: threading.Event | None = None) -> int:
+    if args.report and mediawiki.wanted(args):
+        return _fail("--report: written for a folder's import or sync only")
     if mediawiki.wanted(args):  # a wiki in place of the folder (kbgraph.sources.mediawiki)
         return mediawiki.run(args, open_sink, stop_event)
     if args.dir is None:
@@ -100,10 +116,16 @@ def run_command(args: argparse.Namespace, stop_event: threading.Event | None = N
         return _fail(f"--kb {args.kb!r}: expected a KB name matching {KB_NAME_PATTERN}")
     if args.retries < 0:
         return _fail("--retries: expected at least 0")
+    manifest_path = Path(args.manifest) if args.manifest else Manifest.default_path(root)
+    if not args.watch and not manifest_path.exists() and not walk(root)[0]:
+        # a first run over an empty or mistyped folder: said, and nothing made in it
+        return _fail(
+            f"{args.dir}: no notes found (no .md file in it or its folders): check the path",
+            EXIT_FAILED,
+        )
     sink = open_sink(args)
     if isinstance(sink, str):
         return _fail(sink)
-    manifest_path = Path(args.manifest) if args.manifest else Manifest.default_path(root)
     try:
         manifest = Manifest(manifest_path)
     except (OSError, sqlite3.Error) as exc:
@@ -126,20 +148,19 @@ def run_command(args: argparse.Namespace, stop_event: threading.Event | None = N
 
 
 def _run(root: Path, args: argparse.Namespace, sink: Sink, manifest: Manifest) -> int:
-    show = not args.quiet and sys.stderr.isatty()
-
-    def progress(stage: str, done: int, total: int) -> None:
-        if show and total >= PROGRESS_MIN:
-            end = "\n" if done == total else ""
-            print(f"\r  {stage} {done:,} of {total:,}", end=end, file=sys.stderr, flush=True)
-
     try:
-        report = sync_once(
-            root, args.kb, sink, manifest, progress, allow_hardlinks=args.allow_hardlinks
-        )
+        with Progress("notes", quiet=args.quiet) as progress:
+            report = sync_once(
+                root, args.kb, sink, manifest, progress, allow_hardlinks=args.allow_hardlinks
+            )
     except SyncError as exc:  # reported; under --watch the next change tries again
         return _fail(str(exc), EXIT_FAILED)
     _print(report, args.quiet)
+    if args.report:
+        try:
+            Path(args.report).write_text(report.details())
+        except OSError as exc:
+            return _fail(f"--report {args.report}: {exc.strerror or exc}", EXIT_FAILED)
     return 0
 
 

@@ -68,6 +68,22 @@ class SyncReport:
         lines += [f"warning {printable(path)}: {printable(what)}" for path, what in r.warnings]
         return "\n".join(lines)
 
+    def details(self) -> str:
+        """``--report``'s file: a tab-separated line per link to no note (the note, the link
+        as written), per file skipped and per warning (the path, why), names escaped as in
+        the summary."""
+        notes = self.read.notes
+        rows = [("kind", "where", "what")]
+        rows += [
+            ("unresolved", note.id, target)
+            for note in notes.values()
+            for target in note.data.links
+            if target not in notes
+        ]
+        rows += [("skipped", path, why) for path, why in self.read.skipped]
+        rows += [("warning", path, what) for path, what in self.read.warnings]
+        return "".join("\t".join(printable(cell) for cell in row) + "\n" for row in rows)
+
 
 def printable(text: str) -> str:
     """``text`` on one line of the report as it is: a character that is not printable (a

@@ -24,7 +24,10 @@ import shutil
 import sqlite3
 import stat
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -35,6 +38,7 @@ from kbgraph.store.schema import SCHEMA_VERSION
 OWN_SUFFIXES: Final = ("-journal", "-wal", "-shm", ".writelock")
 # the copy's file, created exclusively (O_EXCL), never through a symlink (O_NOFOLLOW)
 _CREATE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+PROGRESS_SECONDS: Final = 0.25  # how often a backup in progress says how far it is
 
 
 class BackupError(Exception):
@@ -70,8 +74,10 @@ def destination(source: Path, dest: Path) -> Path:
     return target
 
 
-def backup(source: Path, dest: Path) -> Backup:
-    """Copy the store at ``source`` to ``dest`` (see ``destination``) and check the copy."""
+def backup(source: Path, dest: Path, on_copied: Callable[[int, int], None] | None = None) -> Backup:
+    """Copy the store at ``source`` to ``dest`` (see ``destination``) and check the copy.
+    ``on_copied(bytes, total)``: how far the copy is, every ``PROGRESS_SECONDS`` while SQLite
+    writes it (from the copy file's size) and once at the end."""
     start = time.perf_counter()
     if not source.is_file():
         raise BackupError(f"store {source}: no such file")
@@ -89,7 +95,8 @@ def backup(source: Path, dest: Path) -> Backup:
         try:
             copy = sqlite3.connect(temporary, isolation_level=None)
             try:
-                src.backup(copy, pages=-1)  # one step: one read transaction, one instant
+                with _watched(src, temporary, on_copied):
+                    src.backup(copy, pages=-1)  # one step: one read transaction, one instant
                 copy.execute("PRAGMA journal_mode = DELETE")
                 gid, kbs = check(copy)
             finally:
@@ -112,6 +119,34 @@ def backup(source: Path, dest: Path) -> Backup:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
     return Backup(target, target.stat().st_size, gid, kbs, time.perf_counter() - start)
+
+
+@contextmanager
+def _watched(
+    src: sqlite3.Connection, copy: Path, on_copied: Callable[[int, int], None] | None
+) -> Iterator[None]:
+    """Report the copy's growth while the one-step backup runs (SQLite writes it without the
+    GIL): a thread reads its file's size; the copy itself is untouched."""
+    if on_copied is None:
+        yield
+        return
+    page_size = src.execute("PRAGMA page_size").fetchone()[0]
+    total = page_size * src.execute("PRAGMA page_count").fetchone()[0]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(PROGRESS_SECONDS):
+            on_copied(min(copy.stat().st_size, total), total)
+
+    watcher = threading.Thread(target=watch, name="kbgraph-backup-progress", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+    size = copy.stat().st_size
+    on_copied(size, max(size, total))
 
 
 def place(temporary: Path, target: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any, NamedTuple
 
 import msgspec
@@ -36,6 +37,11 @@ class KBState(msgspec.Struct, frozen=True):
 class StoreSnapshot(msgspec.Struct, frozen=True):
     gid: int  # the log position this state reflects; follow the log from here
     kbs: dict[str, KBState]  # every KB with seq >= 1
+
+
+class NewerSchema(sqlite3.DatabaseError):
+    """The store's schema version is above this kbgraph's: a newer kbgraph wrote it. A
+    database error, so every command that reports a store it cannot open reports this too."""
 
 
 class StoreClosed(RuntimeError):

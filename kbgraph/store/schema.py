@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
-from pathlib import Path
 from typing import Final
+
+from kbgraph.store.model import NewerSchema
 
 # 2: concept.aliases; 3: no FTS5 tables (search is answered from memory, kbgraph.search);
 # 4: webhook_id (which KB a signed delivery's webhook-id was accepted for); 5: webhook_message,
@@ -110,13 +111,14 @@ CREATE TABLE IF NOT EXISTS meta (
 """
 
 
-def create_or_migrate(conn: sqlite3.Connection, path: Path) -> None:
+def create_or_migrate(conn: sqlite3.Connection) -> None:
     """Bring the file's schema to ``SCHEMA_VERSION`` (call inside a write transaction)."""
     found = conn.execute("PRAGMA user_version").fetchone()[0]
     if found > SCHEMA_VERSION:
-        raise RuntimeError(
-            f"{path}: store schema version {found} is newer than this kbgraph "
-            f"understands ({SCHEMA_VERSION})"
+        raise NewerSchema(
+            f"store schema version {found} is newer than this kbgraph understands"
+            f" ({SCHEMA_VERSION}): a newer kbgraph wrote it; run that version, or restore the"
+            " copy taken before the upgrade"
         )
     for statement in _TABLES.split(";"):
         if statement.strip():

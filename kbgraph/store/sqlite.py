@@ -178,7 +178,7 @@ class Store:
         with self._write_lock():
             self._begin_immediate(conn)
             try:
-                schema.create_or_migrate(conn, self.path)
+                schema.create_or_migrate(conn)
                 self._retry_busy(lambda: conn.execute("COMMIT"))
             except BaseException:
                 if conn.in_transaction:

@@ -15,6 +15,7 @@ import sqlite3
 import sys
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -106,12 +107,21 @@ def run(
 def _import(path: Path, args: argparse.Namespace, sink: Sink, manifest: Manifest) -> int:
     from kbgraph.sources.mediawiki.deliver import deliver
     from kbgraph.sources.mediawiki.dump import DumpError, read_dump
+    from kbgraph.sources.progress import Progress
     from kbgraph.sources.sinks import SyncError
     from kbgraph.sources.sync import printable
 
     try:
-        read = read_dump(path)
-        sent = deliver(args.kb, sink, manifest, read.concepts, everything=True)
+        with Progress("pages", quiet=args.quiet) as progress:
+            read = read_dump(path, partial(progress, "read"))
+            sent = deliver(
+                args.kb,
+                sink,
+                manifest,
+                read.concepts,
+                everything=True,
+                progress=partial(progress, "sent"),
+            )
     except (DumpError, SyncError) as exc:
         return _fail(str(exc), EXIT_FAILED)
     lines = [

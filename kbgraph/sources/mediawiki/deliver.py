@@ -11,7 +11,7 @@ again, with higher versions: the same state applied once more, nothing lost.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -48,11 +48,12 @@ def deliver(
     gone: Iterable[str] = (),
     *,
     everything: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Sent:
     """Upsert each of ``concepts`` whose state differs from what was sent, and delete each
     id of ``gone`` that was sent. ``everything``: ``concepts`` is the whole wiki, so every id
     sent before and not among them is deleted too. Raises ``SyncError`` on a refusal (what was
-    acknowledged before it is recorded)."""
+    acknowledged before it is recorded). ``progress(done, total)`` after each delivery."""
     sent = manifest.sent(sink.dest, kb)
     out = Sent()
     todo: list[WikiConcept | str] = []
@@ -70,15 +71,24 @@ def deliver(
     todo = deletes + todo
     batch: list[WikiConcept | str] = []
     size = 0
+    done = 0
+
+    def send(batch: list[WikiConcept | str]) -> None:
+        nonlocal done
+        out.add(_send(kb, sink, manifest, batch))
+        done += len(batch)
+        if progress is not None:
+            progress(done, len(todo))
+
     for item in todo:
         weight = 200 if isinstance(item, str) else 400 + 2 * len(item.data.text)
         if batch and (len(batch) >= BATCH_EVENTS or size + weight > BATCH_BYTES):
-            out.add(_send(kb, sink, manifest, batch))
+            send(batch)
             batch, size = [], 0
         batch.append(item)
         size += weight
     if batch:
-        out.add(_send(kb, sink, manifest, batch))
+        send(batch)
     return out
 
 
