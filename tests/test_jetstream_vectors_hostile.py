@@ -1,0 +1,177 @@
+"""The cluster embedder against someone holding a node's NATS credentials (issue 48, cases 1
+and 2), on the secured loopback cluster:
+
+- a ``_vectors`` message captured and published again after the concept's text changed (its
+  MAC valid: it is the embedder's own message) changes no row on any node, and the nodes agree
+  after restarts without asking the provider again;
+- writing the lease bucket (``<stream>-embedder``: its old ``holder`` key, junk over every
+  claim, old claims put back) stalls nothing: every node gets its vectors;
+- a holder that renews its claim but produces no vectors (its provider fails for it alone)
+  is routed around within seconds: the other node embeds, both fill."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+import pytest
+
+from kbgraph.log.jetstream import wire
+from kbgraph.store import Store
+from loadtest.embed_provider import CountingProvider
+from tests import webhook_client as wc
+from tests.jetstream_nodes import AUTH, KB, SECRET, Node, wait_caught_up
+from tests.nats_cluster import NatsCluster
+
+pytestmark = pytest.mark.slow
+
+FILL_SECONDS = 120.0
+HOLDS = "embeds for the cluster"  # the line a process logs when it takes the lease
+
+
+@contextlib.contextmanager
+def provider() -> Iterator[CountingProvider]:
+    counting = CountingProvider()
+    counting.start()
+    try:
+        yield counting
+    finally:
+        counting.stop()
+
+
+def node_with(folder: Path, cluster: NatsCluster, stream: str, url: str, key: str = "") -> Node:
+    """A node embedding with the provider at ``url``; ``key``: the variable holding the API key
+    it sends (its name is not part of the model's: the nodes' rows are alike)."""
+    node = Node(folder, cluster, stream)
+    with node.config.open("a") as out:
+        out.write(
+            f'[embeddings]\nprovider = "openai"\nurl = "{url}"\nbatch = 8\nretries = 0\n'
+            f'timeout_seconds = 5\napi_key_env = "{key}"\n'
+        )
+    return node
+
+
+def status(node: Node) -> dict[str, Any]:
+    answer = httpx.get(f"{node.url}/v1/kbs/{KB}/status", headers=AUTH, timeout=5)
+    assert answer.status_code == 200, answer.text
+    result: dict[str, Any] = answer.json()
+    return result
+
+
+def rows(node: Node) -> list[tuple[object, ...]]:
+    with contextlib.closing(sqlite3.connect(node.folder / "kb.db")) as conn:
+        return conn.execute(
+            "SELECT kb, concept, model, text_hash, vec, problem FROM vector ORDER BY kb, concept"
+        ).fetchall()
+
+
+def filled(nodes: list[Node], count: int, seconds: float = FILL_SECONDS) -> float:
+    """Until every node says complete and holds ``count`` rows; the seconds it took."""
+    began = time.monotonic()
+    while time.monotonic() < began + seconds:
+        if all(status(n).get("vectors") == "complete" and len(rows(n)) == count for n in nodes):
+            return time.monotonic() - began
+        time.sleep(0.2)
+    logs = [n.proc.tail()[-3000:] for n in nodes if n.proc is not None]
+    raise AssertionError(
+        f"not filled in {seconds} s: {[(status(n), len(rows(n))) for n in nodes]} {logs}"
+    )
+
+
+def post(node: Node, events: list[dict[str, Any]]) -> None:
+    body, headers = wc.delivery(SECRET, events)
+    answer = httpx.post(f"{node.url}/v1/kbs/{KB}/events", content=body, headers=headers, timeout=30)
+    assert answer.status_code == 200, answer.text
+
+
+async def as_node(cluster: NatsCluster, stream: str) -> Any:
+    """A connection with the stream's node credentials (no cluster secret)."""
+    return await asyncio.wait_for(
+        nats.connect(
+            servers=cluster.urls,
+            user=cluster.accounts.node_user(stream),
+            password=cluster.accounts.node_password,
+            tls=cluster.tls_context(),
+        ),
+        10,
+    )
+
+
+def vectors_messages(cluster: NatsCluster, stream: str) -> list[tuple[bytes, dict[str, str]]]:
+    """Every ``_vectors`` message of the stream: (payload, headers), in order."""
+
+    async def read() -> list[tuple[bytes, dict[str, str]]]:
+        nc = await cluster.connect()
+        try:
+            js = nc.jetstream(timeout=5)
+            last = int((await js.stream_info(stream)).state.last_seq)
+            found = []
+            for seq in range(1, last + 1):
+                raw = await js.get_msg(stream, seq)
+                if raw.subject == wire.vectors_subject(stream):
+                    found.append((raw.data or b"", dict(raw.headers or {})))
+            return found
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def test_a_replayed_vectors_message_changes_no_row(
+    shared_cluster: NatsCluster, tmp_path: Path
+) -> None:
+    cluster, stream = shared_cluster, "t-vrep"
+    with provider() as counting:
+        nodes = [node_with(tmp_path / f"n{i}", cluster, stream, counting.url) for i in range(2)]
+        try:
+            for node in nodes:
+                node.start()
+            post(nodes[0], [wc.upsert(f"infra/c{i}", 1, text=f"alpha {i}") for i in range(4)])
+            filled(nodes, 4)
+            captured = vectors_messages(cluster, stream)
+            assert captured
+            post(nodes[1], [wc.upsert(f"infra/c{i}", 2, text=f"beta {i}") for i in range(4)])
+            deadline = time.monotonic() + FILL_SECONDS
+            while len(vectors_messages(cluster, stream)) == len(captured):
+                assert time.monotonic() < deadline, "the changed texts got no vectors"
+                time.sleep(0.2)
+            filled(nodes, 4)
+            before, asked = [rows(n) for n in nodes], len(counting.asked)
+            assert before[0] == before[1]
+
+            async def replay() -> None:  # the embedder's own messages, MAC and all
+                nc = await as_node(cluster, stream)
+                try:
+                    js = nc.jetstream(timeout=5)
+                    for payload, headers in captured:
+                        headers[wire.MSG_ID] = secrets.token_hex(16)
+                        await js.publish(wire.vectors_subject(stream), payload, headers=headers)
+                finally:
+                    await nc.close()
+
+            asyncio.run(replay())
+            wait_caught_up(nodes, cluster)
+            assert [rows(n) for n in nodes] == before  # no row changed on any node
+            assert all(status(n)["vectors"] == "complete" for n in nodes)
+            with Store(nodes[0].folder / "kb.db", read_only=True) as store:
+                notes = [d for _, kind, d in store.stream_notes(stream) if kind == "vectors"]
+            assert notes[-1].endswith(": 0 taken, 0 held already, 4 stale"), notes
+
+            for node in nodes:  # restarted, every node agrees, and nothing is asked again
+                node.stop()
+            for node in nodes:
+                node.start()
+            filled(nodes, 4)
+            assert [rows(n) for n in nodes] == before
+            assert len(counting.asked) == asked
+        finally:
+            for node in nodes:
+                node.stop()
