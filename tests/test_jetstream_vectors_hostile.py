@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +24,10 @@ from typing import Any
 
 import httpx
 import nats
+import nats.js.errors
 import pytest
 
-from kbgraph.log.jetstream import wire
+from kbgraph.log.jetstream import lease, wire
 from kbgraph.store import Store
 from loadtest.embed_provider import CountingProvider
 from tests import webhook_client as wc
@@ -38,8 +41,8 @@ HOLDS = "embeds for the cluster"  # the line a process logs when it takes the le
 
 
 @contextlib.contextmanager
-def provider() -> Iterator[CountingProvider]:
-    counting = CountingProvider()
+def provider(unavailable_to: str | None = None) -> Iterator[CountingProvider]:
+    counting = CountingProvider(unavailable_to=unavailable_to)
     counting.start()
     try:
         yield counting
@@ -175,3 +178,100 @@ def test_a_replayed_vectors_message_changes_no_row(
         finally:
             for node in nodes:
                 node.stop()
+
+
+class LeaseWriter:
+    """Someone with a node's credentials writing the lease bucket as fast as it likes: the
+    ``holder`` key (the lease of old), junk over every claim, and each claim's first value put
+    back (an old, validly signed claim replayed)."""
+
+    def __init__(self, cluster: NatsCluster, stream: str) -> None:
+        self.cluster, self.stream = cluster, stream
+        self.writes = 0
+        self.error: BaseException | None = None
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.main, daemon=True)
+
+    def main(self) -> None:
+        try:
+            asyncio.run(self.run())
+        except BaseException as exc:  # the test says it, not a thread's traceback
+            self.error = exc
+
+    async def run(self) -> None:
+        nc = await as_node(self.cluster, self.stream)
+        try:
+            js = nc.jetstream(timeout=5)
+            bucket = f"{self.stream}-embedder"
+            try:
+                kv = await js.key_value(bucket)
+            except nats.js.errors.NotFoundError:
+                kv = await js.create_key_value(bucket=bucket, history=1, ttl=10.0)
+            first: dict[str, bytes] = {}
+            turn = 0
+            while not self.stopping.is_set():
+                await kv.put("holder", b"attacker")
+                for key, value in await lease.entries(js, self.stream):
+                    first.setdefault(key, value)
+                    await kv.put(key, first[key] if turn % 2 else b"junk")
+                    self.writes += 1
+                turn += 1
+                self.writes += 1
+                await asyncio.sleep(0.2)
+        finally:
+            await nc.close()
+
+    def __enter__(self) -> LeaseWriter:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join(30)
+
+
+def test_a_lease_writer_with_node_credentials_stalls_nothing(
+    shared_cluster: NatsCluster, tmp_path: Path
+) -> None:
+    cluster, stream = shared_cluster, "t-vlease"
+    with provider() as counting, LeaseWriter(cluster, stream) as writer:
+        nodes = [node_with(tmp_path / f"n{i}", cluster, stream, counting.url) for i in range(2)]
+        try:
+            for node in nodes:
+                node.start()
+            time.sleep(3)  # the writer has been at it for a while
+            post(nodes[0], [wc.upsert(f"infra/c{i}", 1, text=f"alpha {i}") for i in range(12)])
+            took = filled(nodes, 12)
+            assert writer.error is None and writer.writes > 10, writer.error
+            assert rows(nodes[0]) == rows(nodes[1])
+            assert {f"alpha {i}" in " ".join(counting.asked) for i in range(12)} == {True}
+            print(f"filled in {took:.1f} s under {writer.writes} lease writes")
+        finally:
+            for node in nodes:
+                node.stop()
+
+
+def test_a_holder_that_produces_nothing_is_routed_around(
+    shared_cluster: NatsCluster, tmp_path: Path
+) -> None:
+    cluster, stream = shared_cluster, "t-vstall"
+    home = os.environ["HOME"]  # the stalled node's API key: its requests are answered 503
+    with provider(unavailable_to=home) as counting:
+        stalled = node_with(tmp_path / "a", cluster, stream, counting.url, key="HOME")
+        other = node_with(tmp_path / "b", cluster, stream, counting.url)
+        try:
+            stalled.start()
+            deadline = time.monotonic() + 30
+            while stalled.proc is not None and HOLDS not in stalled.proc.tail():
+                assert time.monotonic() < deadline, stalled.proc.tail()
+                time.sleep(0.1)
+            other.start()
+            post(other, [wc.upsert(f"infra/c{i}", 1, text=f"alpha {i}") for i in range(6)])
+            took = filled([stalled, other], 6, seconds=90)
+            assert other.proc is not None and HOLDS in other.proc.tail()
+            assert len(counting.asked) == len(set(counting.asked)) == 6  # by the other alone
+            assert rows(stalled) == rows(other)
+            print(f"routed around the stalled holder: filled in {took:.1f} s")
+        finally:
+            stalled.stop()
+            other.stop()

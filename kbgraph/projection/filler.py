@@ -82,6 +82,10 @@ class VectorShare(Protocol):
         """Hand computed rows to every store (this one included); raises if not taken."""
         ...
 
+    def progress(self, waiting: int, settled: int) -> None:
+        """After each round: rows still waiting here, and rows settled in the round."""
+        ...
+
 
 class Filler:
     """Every KB's missing vectors, from the store's rows or the provider (one per process)."""
@@ -161,6 +165,7 @@ class Filler:
         settled = sum(self.settle(kb) for kb in kbs)
         now = time.monotonic()
         if self._share is not None:
+            self._share.progress(sum(len(kb.vector_pending()) for kb in kbs), settled)
             self._awaited = {k: v for k, v in self._awaited.items() if now - v[1] < AWAIT_SECONDS}
         if self._pruned_at is None or now - self._pruned_at >= PRUNE_SECONDS:
             self._pruned_at = now
