@@ -81,12 +81,12 @@ class ClusterEmbedder:
         self._publish = publish
         self._max_payload = max_payload
         self._publish_seconds = publish_seconds
-        self._since = time.time()  # when this process began claiming (wall clock, signed)
+        self._since = 0.0  # when this process began claiming (wall clock, signed)
         self._holder: str | None = None  # the holder by the rule at the last renewal
         self._held_until = 0.0  # time.monotonic() until which this process may embed
         self._stuck_since: float | None = None  # rows have waited since, none settling
         self._votes: dict[str, float] = {}  # holders named stalled -> when (time.monotonic)
-        self._claimed = False  # its claim is in the bucket
+        self._claimed_at: float | None = None  # time.monotonic() its claim was last written
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -103,7 +103,7 @@ class ClusterEmbedder:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         js = self._js()
-        if js is not None and self._claimed:
+        if js is not None and self._claimed_at is not None:
             with contextlib.suppress(Exception):
                 kv = await asyncio.wait_for(js.key_value(lease.bucket(self.stream)), CLOSE_SECONDS)
                 await asyncio.wait_for(kv.delete(lease.key(self.name)), CLOSE_SECONDS)
@@ -179,9 +179,15 @@ class ClusterEmbedder:
                 )
             self._votes[self._holder] = began
         self._votes = {n: t for n, t in self._votes.items() if began - t < VOTE_SECONDS}
+        new = self._claimed_at is None or began - self._claimed_at > LEASE_SECONDS
+        if new:  # first, or after its claim lapsed: it counts as the newest
+            self._since = time.time()
         mine = lease.Claim(self.name, self._since, time.time(), tuple(sorted(self._votes)))
         await kv.put(lease.key(self.name), lease.seal(self._signer, self.stream, mine))
-        self._claimed = True
+        self._claimed_at = began
+        if new:  # claims written meanwhile may not show yet: decide from the next renewal on,
+            self._held_until = 0.0  # when every process claiming by now shows
+            return
         others = [c for c in await lease.read(js, self._signer, self.stream) if c.name != self.name]
         holder = lease.holder([mine, *others], time.time())
         if holder != self._holder:

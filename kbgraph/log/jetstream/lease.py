@@ -8,7 +8,9 @@ secret (``Kbgraph-Mac``, over the key and the record), so NATS credentials alone
 one. A claim counts while its MAC is valid and its ``at`` is within ``LEASE_SECONDS`` of the
 reader's clock, so one captured and put back counts only until then. The holder is the
 counted claim with the earliest ``since`` (then the least name) among those that no counted
-claim names stalled (among all of them, should every one be named).
+claim names stalled (among all of them, should every one be named). A process applies the rule
+from its second renewal on (``since`` set at its first, or when its claim had lapsed), so that
+the claims of processes started with it show: two processes started at once agree at once.
 
 Who can write the bucket without the secret cannot take the lease or keep it: junk and old
 claims do not count, and a process always counts its own claim, so overwriting or purging the
