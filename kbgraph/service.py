@@ -51,7 +51,11 @@ def make_log(config: Config, store: Store, projections: Projections) -> Delivery
     from kbgraph.log.jetstream.node import JetStreamLog
 
     return JetStreamLog(
-        config.log, store, on_applied=projections.kick, checkpoints=config.store.checkpoint_folder
+        config.log,
+        store,
+        on_applied=projections.kick,
+        checkpoints=config.store.checkpoint_folder,
+        vector_max_chars=config.embeddings.max_chars,
     )
 
 

@@ -28,9 +28,11 @@ def vector(text: str) -> list[float]:
 
 
 class CountingProvider:
-    """Start it, point ``[embeddings] url`` at ``url``; ``texts`` counts what it was asked."""
+    """Start it, point ``[embeddings] url`` at ``url``; ``texts`` counts what it was asked.
+    ``unavailable_to``: requests bearing this API key are answered 503 and not counted (a
+    provider that fails for one caller alone)."""
 
-    def __init__(self, delay: float = 0.0) -> None:
+    def __init__(self, delay: float = 0.0, unavailable_to: str | None = None) -> None:
         self.delay = delay
         self.requests = 0
         self.texts = 0
@@ -38,6 +40,11 @@ class CountingProvider:
         self._lock = threading.Lock()
 
         async def embeddings(request: Request) -> JSONResponse:
+            if (
+                unavailable_to
+                and request.headers.get("authorization") == f"Bearer {unavailable_to}"
+            ):
+                return JSONResponse({"error": "unavailable to this key"}, status_code=503)
             body = await request.json()
             with self._lock:
                 self.requests += 1

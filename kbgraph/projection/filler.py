@@ -16,7 +16,10 @@ A round goes through every KB's waiting rows (``Vectors.dirty``) in chunks of ``
 When several stores follow one log (a JetStream cluster) and the provider is outside the
 process, a ``VectorShare`` (``share_with``) says who embeds: only the process holding the
 cluster's lease calls the provider, and it publishes its rows for every node's store instead
-of writing them here; every other process settles its rows from the store once they arrive.
+of writing them here; every process, the embedder's too, settles its rows from its store once
+the log delivered them (what the store took for the texts at that position, the same bytes on
+every node), and tells the share each round whether rows wait without any settling
+(``VectorShare.progress``: a holder producing nothing is routed around).
 
 A provider that is down or slow pauses the embedding with a growing pause (``BACKOFF_*``);
 events are applied meanwhile, and text search serves the concepts without a vector.
@@ -57,6 +60,8 @@ POLL_SECONDS: Final = 0.5  # a round at least this often (a pause ending, anothe
 LOCK_WAIT: Final = 0.02  # between tries of the embedder lock (the thread must stay stoppable)
 STOP_WAIT: Final = 5.0  # seconds a stop waits for a round to end
 PRUNE_SECONDS: Final = 3600.0  # the store's stale vector rows pruned at start, then this often
+AWAIT_SECONDS: Final = 30.0  # rows published for the cluster are not embedded again meanwhile
+SHARE_BATCH: Final = 64  # texts embedded and published at a time for the cluster
 
 REFUSED: Final = Counter(
     "kbgraph_vectors_refused_total",
@@ -75,6 +80,10 @@ class VectorShare(Protocol):
 
     def publish(self, kb: str, model: str, rows: list[VectorRow]) -> None:
         """Hand computed rows to every store (this one included); raises if not taken."""
+        ...
+
+    def progress(self, waiting: int, settled: int) -> None:
+        """After each round: rows still waiting here, and rows settled in the round."""
         ...
 
 
@@ -99,6 +108,8 @@ class Filler:
         self._thread: threading.Thread | None = None
         self._share: VectorShare | None = None
         self._pruned_at: float | None = None  # time.monotonic() of the last prune
+        # (kb, concept) -> (text hash, time.monotonic()) of rows published for the cluster
+        self._awaited: dict[tuple[str, str], tuple[bytes, float]] = {}
         # rows the follower computed (an in-process model), for this thread to store
         self._unwritten: queue.SimpleQueue[tuple[str, str, list[VectorRow]]] = queue.SimpleQueue()
 
@@ -133,8 +144,9 @@ class Filler:
             self._kick.clear()
             if self._stopping.is_set():
                 break
-            if not kicked and self.pausing():
-                continue  # nothing new, and the provider is still paused
+            if not kicked and self.pausing() and self._share is None:
+                continue  # nothing new, and the provider is still paused (with a share,
+                # another process's rows may arrive through the log meanwhile)
             try:
                 self.round()
             except Exception:  # the store busy, say: the next round tries again
@@ -149,8 +161,12 @@ class Filler:
         """Store what the follower computed, then one pass over every KB's waiting rows;
         returns how many were settled. The store's stale rows are pruned when due."""
         self._write_computed()
-        settled = sum(self.settle(kb) for kb in self._kbs())
+        kbs = self._kbs()
+        settled = sum(self.settle(kb) for kb in kbs)
         now = time.monotonic()
+        if self._share is not None:
+            self._share.progress(sum(len(kb.vector_pending()) for kb in kbs), settled)
+            self._awaited = {k: v for k, v in self._awaited.items() if now - v[1] < AWAIT_SECONDS}
         if self._pruned_at is None or now - self._pruned_at >= PRUNE_SECONDS:
             self._pruned_at = now
             self.prune()
@@ -200,6 +216,11 @@ class Filler:
         model = self.embedder.name
         digests = {u: text_hash(text) for u, _, text in work}
         settled, missing = self._stored(kb.name, model, work, digests)
+        if self._awaited:  # published for the cluster: they come back through the log
+            awaited = self._awaited
+            missing = [
+                w for w in missing if awaited.get((kb.name, w[1]), (b"",))[0] != digests[w[0]]
+            ]
         if here:  # the follower's call: no lock, no write (this thread stores them)
             computed, stored = self._compute(kb.name, missing, digests)
             settled += computed
@@ -234,17 +255,36 @@ class Filler:
     def _embed(
         self, kb: str, model: str, work: list[tuple[int, str, str]], digests: dict[int, bytes]
     ) -> Settled:
-        """Embed each distinct text once, store the vectors and refusals, return them."""
+        """Embed each distinct text once, store the vectors and refusals, return them; for
+        the cluster (``share_with``), publish them instead, ``SHARE_BATCH`` at a time (each
+        a sign of progress to the processes waiting for them), and return none."""
+        if self._share is not None:
+            for start in range(0, len(work), SHARE_BATCH):
+                part = work[start : start + SHARE_BATCH]
+                if not self._may_embed() or not self._publish(kb, model, part, digests):
+                    break
+            return []
         settled, rows = self._compute(kb, work, digests)
-        if rows and self._share is not None:
-            try:  # every node's store gets them from the stream, this one too
-                self._share.publish(kb, model, rows)
-            except Exception as exc:  # not published: computed again after a pause
-                self._pause(f"publishing vectors failed: {exc!r}")
-                return []
-        elif rows and not self.store.read_only:
+        if rows and not self.store.read_only:
             self.store.write_vectors(kb, model, rows)
         return settled
+
+    def _publish(
+        self, kb: str, model: str, work: list[tuple[int, str, str]], digests: dict[int, bytes]
+    ) -> bool:
+        """Embed and publish ``work`` for every node's store, this one too; whether it was."""
+        assert self._share is not None
+        _, rows = self._compute(kb, work, digests)
+        if not rows:  # the provider unavailable: paused
+            return False
+        try:
+            self._share.publish(kb, model, rows)
+        except Exception as exc:  # not published: computed again after a pause
+            self._pause(f"publishing vectors failed: {exc!r}")
+            return False
+        now = time.monotonic()  # settled once this store took them, as on every node
+        self._awaited.update(((kb, r.concept), (r.text_hash, now)) for r in rows)
+        return True
 
     def _may_embed(self) -> bool:
         return self._share is None or self._share.may_embed()

@@ -17,10 +17,12 @@ from typing import Final, Protocol
 
 from kbgraph.events import Event
 from kbgraph.store import statements as sql
+from kbgraph.store import vectorrows
 from kbgraph.store.decide import AcceptedKeys, Subject, decide
 from kbgraph.store.eventlog import SqliteLog, analysis_of
 from kbgraph.store.model import DeliveryResult, KBLimitReached, ReplayRefused, WebhookMessage
 from kbgraph.store.statements import links_decoder
+from kbgraph.store.vectorrows import VectorRow
 
 REPLAY_WINDOW_SECONDS: Final = 300.0  # Standard Webhooks' timestamp tolerance
 # A signed delivery verifies while its timestamp is within the tolerance of now, and it was
@@ -53,6 +55,16 @@ class KBWork:
             self.seq = self.seq_before
 
 
+@dataclass(frozen=True, slots=True)
+class LoggedVectors:
+    """A replicated log's vectors message (``vectorrows.take``): its model, the cut of the
+    texts embedded, the rows."""
+
+    model: str
+    max_chars: int
+    rows: list[VectorRow]
+
+
 @dataclass(slots=True)
 class Pending:
     kb: str
@@ -65,6 +77,7 @@ class Pending:
     at: float | None = None
     position: tuple[str, int] | None = None
     note: tuple[str, str] | None = None  # (kind, detail): a logged message that applies nothing
+    vectors: LoggedVectors | None = None  # its note is made when its rows are taken
     analyses: dict[int, bytes] = field(default_factory=dict)  # id(event) -> its log analysis
 
     def analyse(self) -> None:
@@ -166,9 +179,41 @@ class GroupWriter:
 
         Every event is decided in memory against what the store knew plus what the earlier
         events of the group did; then the net effect per concept is written with one
-        statement per kind of change (``kbgraph.store.statements.write_subjects``).
+        statement per kind of change (``kbgraph.store.statements.write_subjects``). A
+        vectors message cuts the group: what comes before it is written first, so that its
+        rows are checked against the texts at its position in the log.
         """
         self.bind_messages(conn, group)
+        results: list[DeliveryResult] = []
+        start = 0
+        for index, pending in enumerate(group):
+            if pending.vectors is not None:
+                results += self.apply_deliveries(conn, group[start:index])
+                results.append(self.take_vectors(conn, pending, pending.vectors))
+                start = index + 1
+        return results + self.apply_deliveries(conn, group[start:])
+
+    @staticmethod
+    def take_vectors(
+        conn: sqlite3.Connection, pending: Pending, vectors: LoggedVectors
+    ) -> DeliveryResult:
+        """Take a vectors message's rows (``vectorrows.take``); its note says what was taken."""
+        taken, held, stale = vectorrows.take(
+            conn, pending.kb, vectors.model, vectors.max_chars, vectors.rows
+        )
+        pending.note = (
+            "vectors",
+            f"{len(vectors.rows)} rows of kb {pending.kb}, model {vectors.model[:200]}:"
+            f" {taken} taken, {held} held already, {stale} stale",
+        )
+        return DeliveryResult(0, 0, 0, 0, 0, 0)
+
+    def apply_deliveries(
+        self, conn: sqlite3.Connection, group: list[Pending]
+    ) -> list[DeliveryResult]:
+        """``apply`` for a part of the group without vectors."""
+        if not group:
+            return []
         per_kb: dict[str, list[list[Event]]] = {}
         for pending in group:
             if pending.note is None:

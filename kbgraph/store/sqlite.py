@@ -50,7 +50,7 @@ from kbgraph.events import Event
 from kbgraph.store import logcut, positions, schema, vectorrows
 from kbgraph.store import statements as sql
 from kbgraph.store.eventlog import LogRecord, SqliteLog, read_transaction
-from kbgraph.store.group import GroupWriter, Pending
+from kbgraph.store.group import GroupWriter, LoggedVectors, Pending
 from kbgraph.store.load import load_columns, load_snapshot
 from kbgraph.store.model import (
     ColumnSnapshot,
@@ -281,6 +281,18 @@ class Store:
         ``(kind, detail)`` noted with it (``stream_note``), in order with the deliveries, with
         the signed webhook message of a delivery it skips."""
         self._submit(Pending("", [], resolve, message, position=position, note=(kind, detail)))
+
+    def submit_vectors_from_log(
+        self,
+        position: tuple[str, int],
+        kb: str,
+        vectors: LoggedVectors,
+        resolve: Callable[[DeliveryResult | None, BaseException | None], None],
+    ) -> None:
+        """Queue a replicated log's vectors message: its rows are taken in order with the
+        deliveries, for the concepts' texts at its position (``vectorrows.take``), and noted
+        with the position (kind ``vectors``) in the same transaction."""
+        self._submit(Pending(kb, [], resolve, position=position, vectors=vectors))
 
     def skipped_messages(self, stream: str) -> set[WebhookMessage]:
         """The signed webhook messages of the deliveries skipped in ``stream``."""

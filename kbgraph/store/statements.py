@@ -214,6 +214,12 @@ VECTOR_PRUNE: Final = (
     " OR NOT EXISTS (SELECT 1 FROM kb k JOIN concept c ON c.kid = k.kid AND c.id = ?3"
     " WHERE k.name = ?1))"
 )
+# what a stream's vectors are checked against: each concept's text now, and its stored row
+VECTORS_CURRENT: Final = (
+    "SELECT c.id, c.title, c.aliases, c.tags, c.text, v.text_hash FROM json_each(?3) j"
+    " JOIN kb k ON k.name = ?1 JOIN concept c ON c.kid = k.kid AND c.id = j.value"
+    " LEFT JOIN vector v ON v.kb = ?1 AND v.model = ?2 AND v.concept = c.id"
+)
 VECTOR_PUT: Final = (
     "INSERT OR REPLACE INTO vector (kb, concept, model, text_hash, vec, problem)"
     " VALUES (?, ?, ?, ?, ?, ?)"

@@ -5,6 +5,13 @@ A row answers a look-up only when its hash is the hash of the concept's text now
 text (or another model) is embedded again while an unchanged one never is, whichever process
 asks, after a restart with or without a checkpoint. Rows of a deleted concept or of a model no
 longer configured are pruned (``stale`` then ``prune``).
+
+Rows from a replicated log (the cluster embedder's, ``kbgraph.log.jetstream.embedder``) are
+``take``-n in the log's order, only for the concept's text as the store holds it at that
+position, and only where no row for that text is held yet: a row for an older text (a message
+published again after the text changed) is stale, and a second row for the same text (two
+embedders at once, or a replay) changes nothing. So every store that applied the same log
+holds the same rows, whatever was published again or by whom.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from typing import NamedTuple
 import msgspec
 import numpy as np
 
+from kbgraph.embeddings import concept_text, text_hash
 from kbgraph.store import statements as sql
 
 _ids = msgspec.json.Encoder()
@@ -59,6 +67,37 @@ def write(conn: sqlite3.Connection, kb: str, model: str, rows: list[VectorRow]) 
             for r in rows
         ],
     )
+
+
+def take(
+    conn: sqlite3.Connection, kb: str, model: str, max_chars: int, rows: list[VectorRow]
+) -> tuple[int, int, int]:
+    """Store those of ``rows`` computed from their concept's text now (its first ``max_chars``
+    characters as embedded, ``kbgraph.embeddings.concept_text``) whose concept holds no row
+    for that text yet (call inside the writer's transaction, in the log's order). Returns
+    (taken, held already, stale): a row of another text, or of no concept, is stale."""
+    current: dict[str, tuple[bytes, bytes | None]] = {}
+    names = sql.tags_decoder.decode
+    if max_chars > 0:  # 0: a message without its cut (older code) proves no text
+        ids = _ids.encode(list({r.concept for r in rows})).decode()
+        for cid, title, aliases, tags, text, held in conn.execute(
+            sql.VECTORS_CURRENT, (kb, model, ids)
+        ):
+            embedded = concept_text(title, names(aliases), names(tags), text)
+            current[cid] = (text_hash(embedded[:max_chars]), None if held is None else bytes(held))
+    taken: list[VectorRow] = []
+    held = stale = 0
+    for row in rows:
+        now = current.get(row.concept)
+        if now is None or row.text_hash != now[0]:
+            stale += 1
+        elif now[1] == now[0]:
+            held += 1
+        else:
+            taken.append(row)
+            current[row.concept] = (now[0], now[0])  # a second row for it in this message
+    write(conn, kb, model, taken)
+    return len(taken), held, stale
 
 
 def stale(conn: sqlite3.Connection, model: str | None) -> list[tuple[str, str, str]]:

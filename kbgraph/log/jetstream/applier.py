@@ -87,7 +87,12 @@ async def run(config_path: str, parent: int) -> None:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         store = open_store(config)
-        applier = JetStreamLog(config.log, store, checkpoints=config.store.checkpoint_folder)
+        applier = JetStreamLog(
+            config.log,
+            store,
+            checkpoints=config.store.checkpoint_folder,
+            vector_max_chars=config.embeddings.max_chars,
+        )
         await applier.follow()
         log.info("applier of stream %s started (pid %s)", config.log.stream, os.getpid())
         try:

@@ -34,6 +34,7 @@ from kbgraph.events import ECHO_CHARS
 from kbgraph.log import DeliverySkipped, LogUnavailable
 from kbgraph.log.jetstream import wire
 from kbgraph.store import DeliveryResult, Store, WebhookMessage
+from kbgraph.store.group import LoggedVectors
 from kbgraph.store.positions import DECIDED, MessageFailed  # DECIDED: a delivery's own refusal
 from kbgraph.threads import LoopSettle
 
@@ -119,6 +120,7 @@ class StreamConsumer:
     failure: str | None
     stuck: Stuck | None
     signer: wire.Signer
+    vector_max_chars: int  # [embeddings] max_chars: what a vectors row's hash is checked on
     on_applied: Callable[[], None]
     _nc: Any
     _js: Any
@@ -126,7 +128,6 @@ class StreamConsumer:
     _skips: dict[int, tuple[int, str]]  # position -> (the decision's position, its reason)
     _refusals: dict[int, Exception]  # what the sender of a skipped delivery hears
     skipped_messages: set[WebhookMessage]  # the signed messages of skipped deliveries
-    _vectors_failure: MessageFailed | None = None  # why the store did not take vectors
 
     async def _follow(self) -> None:
         """One consumer from ``applied + 1`` until it must be replaced (``_Restart``)."""
@@ -363,9 +364,13 @@ class StreamConsumer:
         elif msg.subject == wire.decision_subject(self.stream):
             note = await self._decision_note(msg.data or b"", seq)
         elif msg.subject == wire.vectors_subject(self.stream):
-            note = await self._vectors_note(msg.data or b"", seq)
-            if note is None:  # not stored: this message fails here, retried alone
-                resolve(None, self._vectors_failure)
+            try:
+                kb, model, rows = wire.decode_vectors(msg.data or b"")
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                note = ("unreadable", f"not vectors: {exc}"[:500])
+            else:
+                vectors = LoggedVectors(model, self.vector_max_chars, rows)
+                self.store.submit_vectors_from_log(position, kb, vectors, self._counted(resolve))
                 return
         else:
             try:
@@ -390,22 +395,19 @@ class StreamConsumer:
             self._refusals[seq] = DeliverySkipped(f"not applied: skipped {note[1]}")
         self.store.submit_note_from_log(position, *note, resolve, message)
 
-    async def _vectors_note(self, payload: bytes, seq: int) -> tuple[str, str] | None:
-        """Store the cluster's embedder's rows (``kbgraph.log.jetstream.embedder``) in this node's
-        vector table, where every process's filler finds them, and note the position; None
-        when the store did not take them (``_vectors_failure`` says why). Rows are derived
-        data written in their own transaction: a crash before the note applies them again,
-        the same bytes."""
-        try:
-            kb, model, rows = wire.decode_vectors(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return ("unreadable", f"not vectors: {exc}"[:500])
-        try:
-            await asyncio.to_thread(self.store.write_vectors, kb, model, rows)
-        except Exception as exc:
-            self._vectors_failure = MessageFailed(self.stream, seq, kb, exc)
-            return None
-        return ("vectors", f"{len(rows)} rows of kb {kb}, model {model}"[:500])
+    def _counted(
+        self, resolve: Callable[[DeliveryResult | None, BaseException | None], None]
+    ) -> Callable[[DeliveryResult | None, BaseException | None], None]:
+        """``resolve``, counting the note of a vectors message once it is stored: the store
+        takes the cluster embedder's rows for the texts at their position
+        (``kbgraph.store.vectorrows.take``), where every process's filler finds them."""
+
+        def counted(result: DeliveryResult | None, exc: BaseException | None) -> None:
+            if exc is None:
+                NOTED.labels(self.stream, "vectors").inc()
+            resolve(result, exc)
+
+        return counted
 
     async def _decision_note(self, payload: bytes, seq: int) -> tuple[str, str]:
         """Note a decision reached in order; a skip of a message this node applied means it

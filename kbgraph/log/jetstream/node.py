@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from kbgraph.config import LogConfig
+from kbgraph.config import EmbeddingsConfig, LogConfig
 from kbgraph.events import Event
 from kbgraph.log import LogUnavailable
 from kbgraph.log.jetstream import snapshots, wire
@@ -55,8 +55,10 @@ class JetStreamLog(StreamConsumer, Publisher):
         store: Store,
         on_applied: Callable[[], None] = lambda: None,
         checkpoints: Path | None = None,
+        vector_max_chars: int = EmbeddingsConfig().max_chars,
     ) -> None:
         self.config = config
+        self.vector_max_chars = vector_max_chars
         self.checkpoints = checkpoints  # the projection's, published with snapshots
         self.signer = signer(config)  # raises SecretMissing, naming the key: no start-up
         self.store = store
