@@ -37,7 +37,7 @@ def rate(texts: list[str], batch: int) -> dict[str, float]:
         for i in range(0, len(texts), batch):
             embedder.embed(texts[i : i + batch])
         passes.append(time.perf_counter() - start)
-    tokens = sum(len(e.ids) for e in embedder._tokenizer.encode_batch(texts[:2000]))
+    tokens = sum(len(embedder.whole_tokens(text)) for text in texts[:2000])
     return {
         "concepts": len(texts),
         "per_second": round(len(texts) / passes[0], 1),

@@ -176,8 +176,7 @@ def by_id(kb: KBProjection) -> dict:
                     index.doc_terms(u),
                     index.doc_tags(u),
                     index.names.node_keys_of(u),
-                    float(index._title_len[u]),
-                    float(index._text_len[u]),
+                    index.lengths(u),
                 )
                 for u in alive
             },
@@ -224,7 +223,7 @@ def test_a_build_from_the_store_equals_the_events_applied_one_by_one(
             store.append("kb", [event])
             live.follow_once()
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(load, "_FETCH_ROWS", chunk)
+            patch.setattr(load, "FETCH_ROWS", chunk)
             patch.setattr(search_index, "BULK_CHUNK", chunk)
             patch.setattr(nodes_module, "DICT_IDS", dict_ids)
             built = Projections(store)

@@ -32,8 +32,8 @@ def test_the_module_is_the_expected_sqlite() -> None:
 
 
 def test_the_store_connection_reports_it(tmp_path: Path) -> None:
-    with Store(tmp_path / "kb.db") as store:
-        reported = store._writer_conn.execute("SELECT sqlite_version()").fetchone()[0]
+    with Store(tmp_path / "kb.db") as store, store.reading() as conn:
+        reported = conn.execute("SELECT sqlite_version()").fetchone()[0]
     assert reported == (EXPECTED or sqlite3.sqlite_version)
 
 

@@ -248,7 +248,7 @@ def test_vector_mode_without_vectors_is_409(tmp_path: Path) -> None:
 )
 def test_tokens_by_piece_equal_the_whole_texts_tokens(text: str) -> None:
     """The local model tokenizes word by word (cached): the same tokens as the whole text."""
-    whole = LOCAL._tokenizer.encode(text, add_special_tokens=False).ids
+    whole = LOCAL.whole_tokens(text)
     assert sorted(LOCAL.tokens(text)) == sorted(whole)
 
 
@@ -261,7 +261,7 @@ def test_a_full_word_cache_starts_over_without_losing_a_word(monkeypatch) -> Non
     monkeypatch.setattr(local, "WORD_CACHE", 4)
     texts = ["Upgrade the DNS", "Upgrade routers and switches", "Upgrade the DNS again"]
     for text in texts:
-        whole = model._tokenizer.encode(text, add_special_tokens=False).ids
+        whole = model.whole_tokens(text)
         assert sorted(model.tokens(text)) == sorted(whole), text
 
 
@@ -272,7 +272,7 @@ def test_tokens_by_piece_on_the_example_vault() -> None:
     for note in read_vault(vault).notes.values():
         d = note.data
         text = concept_text(d.title, d.aliases, d.tags, d.text)[:4000]
-        whole = LOCAL._tokenizer.encode(text, add_special_tokens=False).ids
+        whole = LOCAL.whole_tokens(text)
         assert sorted(LOCAL.tokens(text)) == sorted(whole), d.title
 
 
