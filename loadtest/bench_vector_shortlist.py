@@ -5,8 +5,8 @@ machine's noise hits both alike. Rows: random unit vectors (d = 256; their sign 
 the cut-off as real ones do) and, separately, a case of 4,200 identical ones among them (the
 old code cut those by row).
 
-    git show main:kbgraph/graphalgo/nearest.py > /tmp/main-vectors.py
-    .venv/bin/python -m loadtest.bench_vector_shortlist --baseline /tmp/main-vectors.py
+    git show main:kbgraph/graphalgo/nearest.py > main-vectors.py
+    .venv/bin/python -m loadtest.bench_vector_shortlist --baseline main-vectors.py
 
 Last line: JSON with each side's median (µs), the ratio this/baseline and the rows this
 re-ranks, per case."""
