@@ -27,8 +27,8 @@ from kbgraph.access import Rule, RuleSet, canonical
 from kbgraph.projection import Projections, checkpoint, follower
 from kbgraph.store import LogCut, Store
 from tests import checkpoint_fixture
+from tests.histories import KB, deliveries_st, dump, rules_st
 from tests.kb_events import upsert
-from tests.test_projection import KB, deliveries_st, dump, rules_st
 
 QUERIES = ["dns", "resolver body", "router", "x", "y"]
 

@@ -29,8 +29,7 @@ import httpx
 import pytest
 from markdown_it import MarkdownIt
 
-from tests.test_crash import STARTUP_SECONDS, ServerProcess, stop
-from tests.test_loadtest_modules import scripts
+from tests.support import STARTUP_SECONDS, ServerProcess, scripts, stop
 
 pytestmark = pytest.mark.slow
 

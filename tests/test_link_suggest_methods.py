@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from kbgraph.agent.evidence import mentions, shares
 from kbgraph.agent.tools import MENTION_WEIGHT, PPR_ALPHA, SUGGEST_WALK_WEIGHT
 from kbgraph.search import SearchIndex, tokens_with_offsets
-from tests.conftest import ADMIN, INFRA, Service
 from tests.kb_events import upsert
+from tests.support import ADMIN, INFRA, Service
 
 KB = "homelab"
 

@@ -11,10 +11,11 @@ with ``ast``:
 
 Underscore names of other libraries (``os._exit``) are theirs to allow; dunders are public.
 
-The tests themselves test through public faces: at most ``MAX_TEST_PRIVATE_READS`` places in
-``tests/`` read another object's underscore name (``x._name``, ``getattr(x, "_name")``,
-``monkeypatch.setattr(x, "_name", ...)``, an underscore name or module imported from
-``kbgraph``), each one a face too narrow to widen for a test alone.
+The tests themselves test through public faces, and share helpers through ``tests/support.py``
+and the helper modules beside it, never through a test module: at most
+``MAX_TEST_PRIVATE_READS`` places in ``tests/`` read another object's underscore name
+(``x._name``, ``getattr(x, "_name")``, ``monkeypatch.setattr(x, "_name", ...)``, an underscore
+name or module imported from ``kbgraph``), each one a face too narrow to widen for a test alone.
 """
 
 from __future__ import annotations
@@ -183,6 +184,19 @@ def test_tests_read_few_underscore_names_of_other_objects() -> None:
         for line, what in private_reads(ast.parse(path.read_text()))
     ]
     assert len(reads) <= MAX_TEST_PRIVATE_READS, "\n".join(reads)
+
+
+def test_no_test_module_serves_others_as_a_library() -> None:
+    """What tests share lives in ``tests/support.py`` and the helper modules beside it (the
+    modules not named ``test_*``), never in a test module another imports."""
+    borrowed = [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").startswith(("tests.test_", "tests.conftest"))
+    ]
+    assert borrowed == []
 
 
 # --- the checker itself ------------------------------------------------------------------

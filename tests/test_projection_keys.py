@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from kbgraph.projection.adjacency import find
 from kbgraph.projection.keys import Keys, utf8
+from tests.histories import KB, dump, reference_dump, reference_from_log
 from tests.kb_events import delete, link_added, link_removed, upsert
 from tests.reference_model import FakeStore, ReferenceKB
-from tests.test_projection import KB, dump, reference_dump, reference_from_log
 
 # Ids tying on their first 16 UTF-8 bytes, one exactly 16 bytes long, non-ASCII in and after
 # the prefix (é as one code point and as e + combining accent, 4-byte UTF-8).

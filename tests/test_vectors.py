@@ -21,11 +21,11 @@ from kbgraph.embeddings.local import LocalEmbedder
 from kbgraph.graphalgo.nearest import nearest, quantize, sign_codes
 from kbgraph.projection import Projections, filler
 from kbgraph.store import Store
-from tests.conftest import ADMIN, Service, write_config
+from tests.embedders import LOCAL, vectors_of
 from tests.kb_events import delete, upsert
+from tests.support import ADMIN, Service, write_config
 
 KB = "homelab"
-LOCAL = LocalEmbedder()
 
 
 class Counting:
@@ -124,17 +124,6 @@ def _concepts(k: int) -> list:
         upsert(f"c/n{i}", title=f"note {i}", text=f"about disks and backups number {i}")
         for i in range(k)
     ]
-
-
-def vectors_of(p: Projections) -> dict[str, bytes]:
-    kb = p.get(KB)
-    with kb.read() as snap:
-        v = snap.vectors
-        return {
-            snap.ids[u]: v.q8[u].tobytes() + v.scale[u].tobytes()
-            for u in range(len(snap.ids))
-            if u < v.cap and v.have[u]
-        }
 
 
 def test_checkpoint_carries_vectors_and_a_restart_computes_none(tmp_path: Path) -> None:

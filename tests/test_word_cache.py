@@ -12,9 +12,8 @@ import pytest
 
 from kbgraph.search import analysis
 from tests import webhook_client as wc
-from tests.conftest import ADMIN, INFRA, SECRET, Service, write_config
 from tests.kb_events import upsert
-from tests.test_crash import start_server, stop
+from tests.support import ADMIN, INFRA, SECRET, Service, start_server, stop, write_config
 
 KB = "homelab"
 LEAD = "Filler words come first here. " * 20  # the match sits 600 characters in
