@@ -16,7 +16,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from kbgraph.embeddings import concept_text
 from kbgraph.embeddings.local import LocalEmbedder
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     notes = [concept_text(n.data.title, n.data.aliases, n.data.tags, n.data.text)
              for n in read_vault(VAULT).notes.values()]  # fmt: skip
     vault = (notes * (args.n // len(notes) + 1))[: args.n]
-    figures = {"generated_kb": rate(generated, args.batch)}
+    figures: dict[str, Any] = {"generated_kb": rate(generated, args.batch)}
     figures["example_vault"] = rate(vault, args.batch)
     q8, scale, codes = quantize(LocalEmbedder().embed(generated[:10]))
     figures["bytes_per_concept"] = int((q8.nbytes + scale.nbytes + codes.nbytes) // 10)
