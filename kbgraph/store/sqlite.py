@@ -174,12 +174,7 @@ class Store:
             with self._readers_lock:
                 self._idle_readers.append(conn)
 
-    @contextlib.contextmanager
-    def reading(self) -> Iterator[sqlite3.Connection]:
-        """A pooled read connection, made as every connection of the store is (its pragmas, its
-        SQLite library): for a caller that reads the file's SQL itself, as a test does."""
-        with self._reader() as conn:
-            yield conn
+    reading = _reader  # for a caller that reads the file's SQL itself (a test of the pragmas)
 
     def _init_schema(self, conn: sqlite3.Connection) -> None:
         with self._write_lock():
@@ -393,9 +388,7 @@ class Store:
                         late.resolve(None, StoreClosed("store closed"))
 
     def commit_group(self, group: list[Pending]) -> None:
-        """Commit ``group`` now, in the calling thread, as the writer thread commits what it
-        gathered (its outcomes go to each delivery's ``resolve``). Only while nothing else is
-        appended: a test pins a group of its choosing this way."""
+        """The writer's commit of ``group``, in this thread: only while nothing is appended."""
         self._commit_group(self._writer_conn, group)
 
     def _commit_group(self, conn: sqlite3.Connection, group: list[Pending]) -> None:
