@@ -193,7 +193,11 @@ def attack_window(
     attack = ATTACKS.get(name)
     with RssSampler(service.proc.pid) as rss:
         start = time.monotonic()
-        detail = attack(service.port, creds, seconds) if attack else time.sleep(seconds) or {}
+        if attack is None:
+            time.sleep(seconds)
+            detail: dict[str, Any] = {}
+        else:
+            detail = attack(service.port, creds, seconds)
         end = time.monotonic()
     return start, end, detail, round((rss.peak - rss.before) / MB, 1)
 

@@ -169,7 +169,7 @@ def attack_snippet_bomb(port: int, creds: Credentials, seconds: float) -> dict[s
     without a word break, every term a run of "a" (the worst case of the old snippet scan)."""
     stop_at = time.monotonic() + seconds
     body = json.dumps({"query": " ".join("a" * n for n in range(1, 201)), "limit": 30}).encode()
-    search = {"q": " ".join("a" * n for n in range(1, 101)), "limit": 50}
+    search: dict[str, str | int] = {"q": " ".join("a" * n for n in range(1, 101)), "limit": 50}
     statuses: dict[int, int] = {}
     slowest = [0.0]
 

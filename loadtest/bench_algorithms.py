@@ -73,7 +73,7 @@ AIMS_US = {"graph_context_1k": 100.0, "graph_context_1m": 1000.0}
 
 def timed(
     fn: Callable[[], Any], *, budget_s: float, max_reps: int, min_reps: int = 3, warm: bool = True
-) -> dict:
+) -> dict[str, Any]:
     """Median and p99 (µs) of ``fn`` over up to ``max_reps`` calls within about ``budget_s``.
 
     The first call warms up (caches; warm_up() already compiled the kernels) and sizes the run.
@@ -145,7 +145,9 @@ def unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:
     return out
 
 
-def bench_ours(view: View, s0: int, s1: int, target: int, budget: float, reps: int) -> dict:
+def bench_ours(
+    view: View, s0: int, s1: int, target: int, budget: float, reps: int
+) -> dict[str, Any]:
     seeds = [(s0, 1.0), (s1, 0.5)]
     seed_nodes = [s0, s1]
 
@@ -217,7 +219,7 @@ def bench_ours(view: View, s0: int, s1: int, target: int, budget: float, reps: i
     return out
 
 
-def bench_networkx(graph: Graph, s0: int, s1: int, target: int, budget: float) -> dict:
+def bench_networkx(graph: Graph, s0: int, s1: int, target: int, budget: float) -> dict[str, Any]:
     import networkx as nx
 
     try:
@@ -262,7 +264,7 @@ def bench_networkx(graph: Graph, s0: int, s1: int, target: int, budget: float) -
     }
 
 
-def bench_igraph(graph: Graph, s0: int, s1: int, target: int, budget: float) -> dict:
+def bench_igraph(graph: Graph, s0: int, s1: int, target: int, budget: float) -> dict[str, Any]:
     import igraph as ig
 
     t0 = time.perf_counter()
@@ -291,7 +293,7 @@ def bench_igraph(graph: Graph, s0: int, s1: int, target: int, budget: float) -> 
     }
 
 
-def run(sizes: list[str], budget: float, with_nx: bool, with_ig: bool) -> dict:
+def run(sizes: list[str], budget: float, with_nx: bool, with_ig: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     warm_up()
     warm_up_vectors()
@@ -333,7 +335,7 @@ def run(sizes: list[str], budget: float, with_nx: bool, with_ig: bool) -> dict:
     return figures
 
 
-def print_table(name: str, entry: dict) -> None:
+def print_table(name: str, entry: dict[str, Any]) -> None:
     rows = [
         ("ours", "ppr (forward push)"),
         ("ours", "graph_context"),
@@ -369,12 +371,13 @@ def print_table(name: str, entry: dict) -> None:
         print(f"  networkx pagerank: {entry['networkx']['pagerank_impl']}")
 
 
-def summarize(figures: dict) -> dict:
+def summarize(figures: dict[str, Any]) -> dict[str, Any]:
     graphs = figures["graphs"]
 
     def med(size: str, lib: str, task: str) -> float | None:
         try:
-            return graphs[size][lib][task]["median"]
+            median: float = graphs[size][lib][task]["median"]
+            return median
         except KeyError:
             return None
 
@@ -389,9 +392,11 @@ def summarize(figures: dict) -> dict:
     for size in graphs:
         five = med(size, "ours", "graph_context_5_seeds")
         fused = med(size, "ours", "graph_context_fused_seeds")
-        ratios[f"fused_seeds_over_5_seeds_{size}"] = round(fused / five, 2) if five else None
+        ratios[f"fused_seeds_over_5_seeds_{size}"] = (
+            round(fused / five, 2) if fused and five else None
+        )
 
-    def aim(value: float | None, limit: float, higher_is_better: bool = False) -> dict:
+    def aim(value: float | None, limit: float, higher_is_better: bool = False) -> dict[str, Any]:
         if value is None:
             return {"value": None, "limit": limit, "met": None}
         met = value >= limit if higher_is_better else value <= limit

@@ -106,7 +106,7 @@ def answers(port: int, kb: str, seq: int, concepts: int) -> list[bytes]:
     return [response.content for response in out]
 
 
-def log_rows(path: Path, kb: str, up_to_gid: int) -> list[tuple]:
+def log_rows(path: Path, kb: str, up_to_gid: int) -> list[tuple[Any, ...]]:
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
         return conn.execute(

@@ -45,6 +45,12 @@ def write(store: Store, n: int, rounds: int) -> None:
             )
 
 
+def truncate_wal(store: Store) -> None:
+    """Move the WAL into the main file, so that the file's size is all there is."""
+    with store.reading() as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
 def size(db: Path) -> int:
     return sum(f.stat().st_size for f in db.parent.glob(db.name + "*") if f.is_file())
 
@@ -61,11 +67,11 @@ def main() -> None:
         start = time.perf_counter()
         with Store(once) as store:
             write(store, args.concepts, 1)
-            store._writer_conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            truncate_wal(store)
         once_bytes = size(once)
         with Store(rewritten) as store:
             write(store, args.concepts, args.rewrites)
-            store._writer_conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            truncate_wal(store)
             before_bytes = size(rewritten)
             p = Projections(store, checkpoints=rewritten.parent / "checkpoints")
             p.load()
@@ -73,7 +79,7 @@ def main() -> None:
             path = p.write_checkpoint()
             compaction_s = time.perf_counter() - t0
             assert path is not None
-            store._writer_conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            truncate_wal(store)
             after_bytes = size(rewritten)
             checkpoint_bytes = path.stat().st_size
         mb = 2**20

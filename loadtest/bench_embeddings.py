@@ -16,7 +16,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from kbgraph.embeddings import concept_text
 from kbgraph.embeddings.local import LocalEmbedder
@@ -37,7 +37,7 @@ def rate(texts: list[str], batch: int) -> dict[str, float]:
         for i in range(0, len(texts), batch):
             embedder.embed(texts[i : i + batch])
         passes.append(time.perf_counter() - start)
-    tokens = sum(len(e.ids) for e in embedder._tokenizer.encode_batch(texts[:2000]))
+    tokens = sum(len(embedder.whole_tokens(text)) for text in texts[:2000])
     return {
         "concepts": len(texts),
         "per_second": round(len(texts) / passes[0], 1),
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     notes = [concept_text(n.data.title, n.data.aliases, n.data.tags, n.data.text)
              for n in read_vault(VAULT).notes.values()]  # fmt: skip
     vault = (notes * (args.n // len(notes) + 1))[: args.n]
-    figures = {"generated_kb": rate(generated, args.batch)}
+    figures: dict[str, Any] = {"generated_kb": rate(generated, args.batch)}
     figures["example_vault"] = rate(vault, args.batch)
     q8, scale, codes = quantize(LocalEmbedder().embed(generated[:10]))
     figures["bytes_per_concept"] = int((q8.nbytes + scale.nbytes + codes.nbytes) // 10)

@@ -30,12 +30,12 @@ from starlette.testclient import TestClient
 
 from kbgraph.api import create_app
 from kbgraph.config import load_config
-from kbgraph.events import ConceptUpserted, UpsertData
+from kbgraph.events import ConceptUpserted, Event, UpsertData
 from kbgraph.store import Store
 from loadtest.service import KB, Credentials, write_config
 
 
-def upsert(cid: str, text: str = "", links: Sequence[str] = ()) -> ConceptUpserted:
+def upsert(cid: str, text: str = "", links: Sequence[str] = ()) -> Event:
     return ConceptUpserted(
         specversion="1.0", id=f"ev-{cid}", source="timing", subject=cid,
         data=UpsertData(version=1, title=cid.rsplit("/", 1)[-1], text=text, links=list(links)),
@@ -46,7 +46,7 @@ def build(store: Store, hidden: int, out_links: int) -> int:
     """The KB: ``hidden`` concepts under ``secret/`` (hidden from the agent) with the word,
     visible ``infra/`` concepts, ``infra/hub`` linking to ``out_links`` hidden ones."""
     seq = 0
-    batch: list[ConceptUpserted] = []
+    batch: list[Event] = []
     for i in range(hidden):
         batch.append(upsert(f"secret/s{i}", f"zymurgy notes {i}"))
         if len(batch) == 5000:

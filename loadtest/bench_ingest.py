@@ -57,7 +57,8 @@ WORDS = ("dns", "backup", "router", "cluster", "vpn", "certificate", "disk", "in
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def start_server(

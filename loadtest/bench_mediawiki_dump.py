@@ -107,8 +107,8 @@ def generate(path: Path, pages: int, seed: int = 7) -> Expected:
     opener = bz2.open if path.suffix == ".bz2" else open
     with opener(path, "wt", encoding="utf-8") as file:
         file.write(_HEAD)
-        for page_id, (ns, title, text, target) in enumerate(texts, 1):
-            redirect = f"    <redirect title={quoteattr(target)} />\n" if target else ""
+        for page_id, (ns, title, text, redirect_to) in enumerate(texts, 1):
+            redirect = f"    <redirect title={quoteattr(redirect_to)} />\n" if redirect_to else ""
             file.write(
                 f"  <page>\n    <title>{escape(title)}</title>\n    <ns>{ns}</ns>\n"
                 f"    <id>{page_id}</id>\n{redirect}    <revision>\n      <id>{page_id}</id>\n"

@@ -39,6 +39,7 @@ then holds both and ``this_over_peer`` of each apply rate.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import http.client
 import json
@@ -296,10 +297,17 @@ def percentile_ms(values: list[float]) -> dict[str, float | None]:
     return {"p50_ms": round(float(p50), 3), "p99_ms": round(float(p99), 3), "n": len(values)}
 
 
+def reached(applied: dict[int, float], seq: int) -> bool:
+    return max(applied, default=0) >= seq
+
+
 def delivery(i: int) -> list[Event]:
     data = UpsertData(version=1, title=f"lag {i}", links=[f"lag/c{i - 1}", f"lag/c{i // 2}"])
-    env = {"specversion": "1.0", "id": f"lag{i}", "source": "bench", "subject": f"lag/c{i}"}
-    return [ConceptUpserted(**env, data=data)]
+    return [
+        ConceptUpserted(
+            specversion="1.0", id=f"lag{i}", source="bench", subject=f"lag/c{i}", data=data
+        )
+    ]
 
 
 def lag_in_process(folder: Path, count: int) -> dict[str, Any]:
@@ -322,7 +330,7 @@ def lag_in_process(folder: Path, count: int) -> dict[str, Any]:
             acked = time.monotonic()
             p.kick()
             with cond:
-                cond.wait_for(lambda seq=seq: max(applied, default=0) >= seq, timeout=5)
+                cond.wait_for(functools.partial(reached, applied, seq), timeout=5)
                 done = next((t for s, t in applied.items() if s >= seq), None)
             if done is not None:
                 lags.append(max(0.0, done - acked))
@@ -358,7 +366,7 @@ def lag_second_process(folder: Path, count: int) -> dict[str, Any]:
             cwd=ROOT,
         )
         try:
-            assert child.stdout.readline().strip() == "ready"
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
             acked: dict[int, float] = {}
             for i in range(1, count + 1):
                 seq = store.append("lag", delivery(i)).seq
@@ -370,20 +378,21 @@ def lag_second_process(folder: Path, count: int) -> dict[str, Any]:
             child.kill()
     seen: dict[int, float] = {}
     for line in out.splitlines():
-        seq, t = line.split()
-        seen[int(seq)] = float(t)
+        seq_text, at = line.split()
+        seen[int(seq_text)] = float(at)
     lags = []
-    for seq, t in acked.items():
+    for seq, sent in acked.items():
         done = next((seen[s] for s in sorted(seen) if s >= seq), None)
         if done is not None:
-            lags.append(max(0.0, done - t))
+            lags.append(max(0.0, done - sent))
     return percentile_ms(lags)
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def lag_http(folder: Path, workers: int, count: int) -> dict[str, Any]:
@@ -546,7 +555,8 @@ def main() -> None:
 
     aims = {
         "apply_rate_1M_at_least_half_of_1k": {
-            "met": bool(small and big)
+            "met": small is not None
+            and big is not None
             and big["apply_events_per_s_best_quarter"]
             >= 0.5 * small["apply_events_per_s_best_quarter"]
         },

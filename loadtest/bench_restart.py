@@ -35,7 +35,7 @@ from loadtest.report import child_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from kbgraph.events import ConceptUpserted, UpsertData  # noqa: E402
+from kbgraph.events import ConceptUpserted, Event, UpsertData  # noqa: E402
 from kbgraph.projection import Projections, warm_up  # noqa: E402
 from kbgraph.store import Store  # noqa: E402
 from loadtest.bench_projection import LINKS, TYPES, WORDS, cid, synthetic_links  # noqa: E402
@@ -45,7 +45,7 @@ DELIVERY = 1_000
 AIMS = {"restart_ready_s": 3.0, "restart_rss_mb": 800.0}
 
 
-def upsert(i: int, version: int, links: list[str]) -> ConceptUpserted:
+def upsert(i: int, version: int, links: list[str]) -> Event:
     data = UpsertData(
         version=version,
         title=f"{WORDS[i % 10]} {i}",
@@ -54,8 +54,9 @@ def upsert(i: int, version: int, links: list[str]) -> ConceptUpserted:
         text=f"{WORDS[(i * 7) % 10]} {WORDS[(i * 3) % 10]}",
         links=links,
     )
-    env = {"specversion": "1.0", "id": f"r{version}-{i}", "source": "bench"}
-    return ConceptUpserted(**env, subject=cid(i), data=data)
+    return ConceptUpserted(
+        specversion="1.0", id=f"r{version}-{i}", source="bench", subject=cid(i), data=data
+    )
 
 
 def fill(store: Store, n: int) -> float:
@@ -69,7 +70,7 @@ def fill(store: Store, n: int) -> float:
 
 
 def rss_mb() -> float:
-    return round(psutil.Process().memory_info().rss / 2**20, 1)
+    return round(float(psutil.Process().memory_info().rss) / 2**20, 1)
 
 
 def child(db: Path, folder: Path, phase: str) -> dict[str, Any]:

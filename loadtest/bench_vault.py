@@ -31,6 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from kbgraph.events import Event  # noqa: E402
 from kbgraph.sources.manifest import Manifest  # noqa: E402
 from kbgraph.sources.sinks import LocalSink  # noqa: E402
 from kbgraph.sources.sync import SOURCE, sync_once, upsert_event, watch  # noqa: E402
@@ -94,7 +95,9 @@ def measure(vault: Path, work: Path, label: str) -> dict[str, Any]:
     start, cpu = time.perf_counter(), time.process_time()
     read = read_vault(vault)
     reading, reading_cpu = time.perf_counter() - start, time.process_time() - cpu
-    events = [upsert_event("kb", note, i + 1) for i, note in enumerate(read.notes.values())]
+    events: list[Event] = [
+        upsert_event("kb", note, i + 1) for i, note in enumerate(read.notes.values())
+    ]
     assert all(event.source == SOURCE for event in events)
     with Store(work / f"{label}-prebuilt.db") as store:
         start, cpu = time.perf_counter(), time.process_time()

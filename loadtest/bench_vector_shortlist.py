@@ -5,8 +5,8 @@ machine's noise hits both alike. Rows: random unit vectors (d = 256; their sign 
 the cut-off as real ones do) and, separately, a case of 4,200 identical ones among them (the
 old code cut those by row).
 
-    git show main:kbgraph/graphalgo/nearest.py > /tmp/main-vectors.py
-    .venv/bin/python -m loadtest.bench_vector_shortlist --baseline /tmp/main-vectors.py
+    git show main:kbgraph/graphalgo/nearest.py > main-vectors.py
+    .venv/bin/python -m loadtest.bench_vector_shortlist --baseline main-vectors.py
 
 Last line: JSON with each side's median (µs), the ratio this/baseline and the rows this
 re-ranks, per case."""
@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,7 @@ def load(path: Path) -> ModuleType:
 
 def side_by_side(
     sides: dict[str, ModuleType], rows: np.ndarray, queries: np.ndarray, rounds: int
-) -> dict:
+) -> dict[str, Any]:
     q8, scale, codes = ours.quantize(rows)
     mask = np.ones(len(rows), np.uint8)
     samples: dict[str, list[float]] = {name: [] for name in sides}
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sides = {"this": ours, "baseline": load(args.baseline)}
     queries = unit_vectors(64, DIM, seed=2)
-    figures: dict[str, dict] = {}
+    figures: dict[str, dict[str, Any]] = {}
     for n in [int(size) for size in args.sizes.split(",")]:
         rows = unit_vectors(n, DIM, seed=1)
         figures[f"random_{n}"] = side_by_side(sides, rows, queries, args.rounds)

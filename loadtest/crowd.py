@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 import urllib.parse
@@ -253,7 +254,7 @@ async def writer(
             in_flight.add(task)
             for subject in subjects:
                 busy[subject] = task
-            task.add_done_callback(lambda t, subjects=subjects: release(t, subjects))
+            task.add_done_callback(functools.partial(release, subjects=subjects))
     finally:
         if in_flight:
             await asyncio.wait(set(in_flight), timeout=REQUEST_TIMEOUT * WRITE_ATTEMPTS)

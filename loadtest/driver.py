@@ -273,7 +273,7 @@ def run(opts: Options) -> dict[str, Any]:
     opts = opts.resolved()
     tmp = Path(tempfile.mkdtemp(prefix="kbgraph-loadtest-"))
     try:
-        full = _run_loop(run_async(opts, tmp))
+        full: dict[str, Any] = _run_loop(run_async(opts, tmp))
     finally:
         if opts.keep:
             print(f"kept {tmp}", file=sys.stderr)

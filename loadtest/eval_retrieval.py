@@ -51,7 +51,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 from starlette.testclient import TestClient
@@ -59,10 +59,11 @@ from starlette.testclient import TestClient
 from kbgraph.api import create_app
 from kbgraph.cli import main as kbgraph_main
 from kbgraph.config import load_config
-from kbgraph.events import ConceptUpserted, UpsertData
+from kbgraph.events import ConceptUpserted, Event, UpsertData
 from kbgraph.sources.vault.markdown import LinkRef
 from kbgraph.sources.vault.reader import read_vault, walk
 from kbgraph.sources.vault.resolve import Resolver
+from kbgraph.store import Store
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 VAULT: Final = ROOT / "examples" / "vault"
@@ -140,7 +141,8 @@ class Vault:
     def __init__(self, client: TestClient, root: Path, kb: str, vector_timeout: float) -> None:
         self.client = client
         self.kb = kb
-        self.store = client.app.state.store
+        app: Any = client.app  # the kbgraph app create_app made
+        self.store: Store = app.state.store
         read = read_vault(root)
         self.notes: dict[str, UpsertData] = {nid: note.data for nid, note in read.notes.items()}
         _, files = walk(root)
@@ -151,7 +153,7 @@ class Vault:
         self.wait_for_vectors(vector_timeout)
 
     def send(self, items: list[tuple[str, UpsertData]]) -> None:
-        events = []
+        events: list[Event] = []
         for nid, data in items:
             self.versions[nid] += 1
             fields = msgspec.structs.asdict(data) | {"version": self.versions[nid]}
@@ -166,13 +168,14 @@ class Vault:
             )
         self.seq = self.store.append(self.kb, events).seq
 
-    def call(self, method: str, path: str, **kwargs) -> dict:
+    def call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {TOKEN}", "X-Min-Seq": str(self.seq)}
         path = f"/v1/kbs/{self.kb}/{path}"
         response = self.client.request(method, path, headers=headers, **kwargs)
         if response.status_code != 200:
             raise RuntimeError(f"{method} {path}: {response.status_code} {response.text}")
-        return response.json()
+        answer: dict[str, Any] = response.json()
+        return answer
 
     def search(self, query: str, mode: str = "lexical") -> list[str]:
         # No mode at all on a KB without vectors (the code before issue 24 knew none).
@@ -183,7 +186,7 @@ class Vault:
     def vectors_state(self) -> str:
         response = self.client.get("/v1/kbs", headers={"Authorization": f"Bearer {TOKEN}"})
         kb = next(row for row in response.json()["kbs"] if row["kb"] == self.kb)
-        return kb.get("vectors", "off")
+        return str(kb.get("vectors", "off"))
 
     def wait_for_vectors(self, timeout: float = 120.0) -> None:
         """Until the KB's vectors are complete (or off): they are filled in after a build."""
@@ -198,7 +201,7 @@ class Vault:
         """The search modes the KB serves: all three when ``GET /v1/kbs`` says it has vectors."""
         return SEARCH_MODES if self.vectors else ("lexical",)
 
-    def graph_context(self, query: str) -> dict:
+    def graph_context(self, query: str) -> dict[str, Any]:
         body = self.call("POST", "tools/graph_context", json={"query": query, "limit": 10})
         if self.vectors and body.get("mode") == "lexical":  # its vector did not come in time
             raise RuntimeError(f"graph_context answered by words alone: {query!r}")
@@ -352,7 +355,9 @@ def eval_links(
     }
 
 
-def aims(questions: dict, context: dict, links: dict) -> dict[str, dict[str, float | bool]]:
+def aims(
+    questions: dict[str, Any], context: dict[str, Any], links: dict[str, Any]
+) -> dict[str, dict[str, float | bool]]:
     """Issue 36's aims on held-out: ``ranked`` against the best search mode."""
     searches = [tool for tool in questions if tool.startswith("search ")]
     best10 = max(context[tool]["heldout"]["recall@10"] for tool in searches)

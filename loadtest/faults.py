@@ -1,4 +1,4 @@
-"""Faults under load (``python -m loadtest --nodes 3 --faults``; issue 25; docs/operations.md).
+"""Faults under load (``python -m loadtest --nodes 3 --faults``; issue 25; docs/faults.md).
 
 Three kbgraph nodes over a real 3-server NATS JetStream cluster (TLS, accounts:
 ``tests.nats_cluster``), snapshots every ``SNAPSHOT_SECONDS``, a steady load of webhook

@@ -149,7 +149,9 @@ def _delivery(kind: str, events: list[dict[str, Any]], msg_id: str, batch: bool)
     return Delivery(kind, events, _encode(events[0]), SINGLE_CT, msg_id)
 
 
-def upsert_event(source: str, event_id: str, concept: dict[str, Any], version: int) -> dict:
+def upsert_event(
+    source: str, event_id: str, concept: dict[str, Any], version: int
+) -> dict[str, Any]:
     data = {"version": version}
     for key in ("title", "type", "status", "tags", "text", "links"):
         if concept.get(key):

@@ -26,7 +26,7 @@ import sqlite3
 import sys
 import threading
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import uvicorn
@@ -74,10 +74,12 @@ class MiniLM:
         mean = x.mean(-1, keepdims=True)
         var = ((x - mean) ** 2).mean(-1, keepdims=True)
         scaled = (x - mean) / np.sqrt(var + LN_EPS)
-        return scaled * self.w[f"{name}.weight"] + self.w[f"{name}.bias"]
+        out: np.ndarray = scaled * self.w[f"{name}.weight"] + self.w[f"{name}.bias"]
+        return out
 
     def _dense(self, x: np.ndarray, name: str) -> np.ndarray:
-        return x @ self.w[f"{name}.weight"].T + self.w[f"{name}.bias"]
+        out: np.ndarray = x @ self.w[f"{name}.weight"].T + self.w[f"{name}.bias"]
+        return out
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         w = self.w
@@ -166,7 +168,7 @@ class Cache:
 def create_app(model: MiniLM, cache: Cache) -> Starlette:
     lock = threading.Lock()  # one forward pass at a time: the machine's cores are few
 
-    def answer(body: dict) -> dict:
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
         texts = body.get("input")
         if isinstance(texts, str):
             texts = [texts]
@@ -198,9 +200,9 @@ def create_app(model: MiniLM, cache: Cache) -> Starlette:
     return Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"])])
 
 
-def check(model: MiniLM) -> dict:
+def check(model: MiniLM) -> dict[str, Any]:
     """The reference cosines against this evaluation of the model (4 decimals)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for a, b, expected in REFERENCE:
         va, vb = model.embed([a, b])
         rows.append({"a": a, "b": b, "expected": expected, "got": round(float(va @ vb), 4)})

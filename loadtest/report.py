@@ -17,7 +17,8 @@ import numpy as np
 def child_json(command: list[str], cwd: Path) -> dict[str, Any]:
     """Run a benchmark's child process and read the JSON object on its last output line."""
     result = subprocess.run(command, cwd=cwd, check=True, capture_output=True, text=True)
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    figures: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return figures
 
 
 def ms(seconds: float) -> float:

@@ -27,7 +27,7 @@ bash scripts/setup.sh
 took "setup (venv, packages)"
 .venv/bin/ruff check kbgraph tests loadtest
 .venv/bin/ruff format --check kbgraph tests loadtest
-.venv/bin/mypy  # strict on kbgraph/ (pyproject.toml [tool.mypy])
+.venv/bin/mypy  # strict on kbgraph/ and loadtest/ (pyproject.toml [tool.mypy])
 took "lint and types"
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 MATRIX_TESTS=(

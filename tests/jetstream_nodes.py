@@ -18,10 +18,8 @@ from kbgraph.log.jetstream import snapshots
 from kbgraph.store import Store
 from tests import webhook_client as wc
 from tests.nats_cluster import STREAM, NatsCluster
-from tests.test_crash import ServerProcess, start_server, stop
+from tests.support import ADMIN, SECRET, ServerProcess, start_server, stop
 
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-ADMIN = "jetstream-admin-token"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
 KB = "shared"
 READY_SECONDS = 120.0

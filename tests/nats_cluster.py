@@ -162,7 +162,7 @@ class NatsCluster:
             try:
                 info = await nc.jetstream(timeout=5).stream_info(stream)
                 assert info.cluster is not None and info.cluster.leader
-                return info.cluster.leader
+                return str(info.cluster.leader)
             finally:
                 await nc.close()
 

@@ -189,7 +189,7 @@ class Accounts:
         return f"node-{stream}"
 
     def block(self) -> str:
-        users = [{"user": "admin", "password": self.admin_password}]
+        users: list[dict[str, object]] = [{"user": "admin", "password": self.admin_password}]
         users += [
             {
                 "user": self.node_user(stream),

@@ -16,8 +16,8 @@ from kbgraph.agent.ranking import (
 from kbgraph.agent.tools import PPR_ALPHA as ALPHA
 from kbgraph.agent.tools import SEED_VECTOR_WEIGHT
 from kbgraph.config import parse_config
-from tests.conftest import ADMIN, INFRA, OTHER, RUNBOOKS, Service
 from tests.kb_events import delete, upsert
+from tests.support import ADMIN, INFRA, OTHER, RUNBOOKS, Service
 
 KB = "homelab"
 

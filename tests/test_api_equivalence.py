@@ -24,8 +24,8 @@ from kbgraph.access import Rule, canonical, visible
 from kbgraph.api import create_app
 from kbgraph.config import TokenGrant, load_config
 from kbgraph.names import collection_of
-from tests.conftest import ADMIN, Service, write_config
 from tests.kb_events import delete, upsert
+from tests.support import ADMIN, Service, write_config
 
 COLLECTIONS = ["infra", "apps", "ops", ""]
 TYPES = ["Runbook", "Service", ""]

@@ -14,8 +14,8 @@ from starlette.testclient import TestClient
 from kbgraph.api import create_app
 from kbgraph.config import load_config
 from tests import webhook_client as wc
-from tests.conftest import ADMIN, INFRA, SECRET, Service, write_config
 from tests.kb_events import upsert
+from tests.support import ADMIN, INFRA, SECRET, Service, write_config
 
 KB = "homelab"
 TOOLS = ["graph_context", "link_suggest", "graph_path"]

@@ -12,8 +12,8 @@ from starlette.testclient import TestClient
 from kbgraph.api import create_app
 from kbgraph.config import load_config
 from kbgraph.http.health import write_problem
-from tests.conftest import ADMIN, Service, write_config
 from tests.kb_events import upsert
+from tests.support import ADMIN, Service, write_config
 
 KB = "homelab"
 LIMIT = 2000

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from tests.conftest import ADMIN, Service
 from tests.kb_events import upsert
+from tests.support import ADMIN, Service
 
 KB = "stream"
 GROUP = 5  # every delivery: 5 new concepts linking each other (a 5-clique, 10 edges)

@@ -20,7 +20,7 @@ from kbgraph.store import Store
 from kbgraph.store.backup import BackupError, backup
 from tests import webhook_client as wc
 from tests.kb_events import upsert
-from tests.test_crash import ADMIN, SECRET, running, write_config
+from tests.support import ADMIN, SECRET, running, served_config
 
 KB = "kb"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
@@ -97,7 +97,7 @@ def test_a_backup_under_writes_serves_the_same_bytes(tmp_path: Path) -> None:
     planned = deliveries(400)
     original = tmp_path / "original"
     original.mkdir()
-    config = write_config(original)
+    config = served_config(original)
     copy_path = tmp_path / "copy.db"
     sent = [0]
     at_backup: list[int] = []
@@ -157,11 +157,11 @@ def test_a_backup_under_writes_serves_the_same_bytes(tmp_path: Path) -> None:
     reference = tmp_path / "reference"
     reference.mkdir()
     ids = [f"n{i}" for i in (0, 1, 5, copied // 2, copied)]
-    with running(write_config(reference)) as url, httpx.Client(timeout=60) as client:
+    with running(served_config(reference)) as url, httpx.Client(timeout=60) as client:
         for delivery in planned[:copied]:
             send(client, url, delivery)
         expected = answers(url, copy_seq, ids)
-    with running(write_config(served)) as url:
+    with running(served_config(served)) as url:
         assert answers(url, copy_seq, ids) == expected
 
 

@@ -18,7 +18,7 @@ from kbgraph.api import create_app
 from kbgraph.config import load_config
 from kbgraph.http.binding import decode_events
 from tests import webhook_client as wc
-from tests.conftest import SECRET, Service, write_config
+from tests.support import SECRET, Service, binary, write_config
 
 KB = "homelab"
 
@@ -27,16 +27,6 @@ KB = "homelab"
 def svc(tmp_path: Path) -> Iterator[Service]:
     with TestClient(create_app(load_config(write_config(tmp_path)))) as client:
         yield Service(client)
-
-
-def binary(event: dict, content_type: str = "application/json", **extra: str):
-    """(body, headers) of ``event`` in binary mode, signed; attribute values percent-encoded."""
-    body = json.dumps(event["data"]).encode()
-    headers = wc.signed_headers(SECRET, body, content_type)
-    for name in ("specversion", "id", "source", "type", "subject"):
-        headers[f"ce-{name}"] = quote(event[name], safe="/:")
-    headers.update(extra)
-    return body, headers
 
 
 def post(svc: Service, body: bytes, headers: dict[str, str], kb: str = KB):

@@ -27,8 +27,8 @@ from kbgraph.access import Rule, RuleSet, canonical
 from kbgraph.projection import Projections, checkpoint, follower
 from kbgraph.store import LogCut, Store
 from tests import checkpoint_fixture
+from tests.histories import KB, deliveries_st, dump, rules_st
 from tests.kb_events import upsert
-from tests.test_projection import KB, deliveries_st, dump, rules_st
 
 QUERIES = ["dns", "resolver body", "router", "x", "y"]
 
@@ -70,7 +70,7 @@ def reap(p: Projections, seconds: float, why: str) -> None:
     """Wait, within ``seconds``, until the forked checkpoint writer is reaped (``why`` says
     what missing the deadline means)."""
     deadline = time.monotonic() + seconds
-    while p._reap_checkpoint():
+    while p.reap_checkpoint():
         assert time.monotonic() < deadline, why
         time.sleep(0.01)
 
@@ -248,7 +248,8 @@ def test_cut_frees_disk(tmp_path: Path) -> None:
     for round_ in range(10):
         for i in range(20):
             store.append(KB, [upsert(f"c{i}", round_ + 2, text=text)])
-    store._writer_conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # all in the main file
+    with store.reading() as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # all in the main file
     before = disk(tmp_path)
     while p.follow_once():
         pass
@@ -281,10 +282,12 @@ def test_a_kb_remembers_its_last_dedupe_keys_and_the_cut_forgets_the_rest(tmp_pa
         # accepted again just now: a duplicate once more, and key 4 fell out of the last three
         assert store.append(KB, [sent[2]]).duplicates == 1
         assert store.append(KB, [sent[3]]).stale == 1
-        rows = store._writer_conn.execute("SELECT count(*) FROM accepted").fetchone()[0]
+        with store.reading() as conn:
+            rows = conn.execute("SELECT count(*) FROM accepted").fetchone()[0]
         assert rows == 6
         store.cut_log(0)
-        kept = store._writer_conn.execute("SELECT id FROM accepted ORDER BY n").fetchall()
+        with store.reading() as conn:
+            kept = conn.execute("SELECT id FROM accepted ORDER BY n").fetchall()
         assert [row[0] for row in kept] == [sent[5].id, sent[2].id, sent[3].id]
         assert store.append(KB, [sent[5], sent[3]]).duplicates == 2
 
@@ -294,8 +297,8 @@ def test_a_forked_writer_checkpoints_while_the_follower_goes_on(tmp_path: Path) 
     for i in range(20):
         store.append(KB, [upsert(f"c{i}", title=f"DNS {i}", links=["c0"])])
     p = projections(store, tmp_path / "ckpt", checkpoint_every=10, log_retain=0)
-    p._maybe_checkpoint()  # 20 records past none: a child starts writing at gid 20
-    assert p._writer is not None and p._writer[1] == 20
+    p.maybe_checkpoint()  # 20 records past none: a child starts writing at gid 20
+    assert p.checkpoint_writer is not None and p.checkpoint_writer[1] == 20
     for i in range(5):  # the follower goes on meanwhile
         store.append(KB, [upsert(f"later{i}", links=["c1"])])
     while p.follow_once():
@@ -329,8 +332,8 @@ def test_the_forked_writer_holds_no_descriptor_of_the_parent(
 
     monkeypatch.setattr(checkpoint, "write", slow_write)
     server_end, client_end = socket.socketpair()
-    p._maybe_checkpoint()
-    assert p._writer is not None
+    p.maybe_checkpoint()
+    assert p.checkpoint_writer is not None
     server_end.close()  # the parent closes its end while the child is writing
     client_end.settimeout(2)
     assert client_end.recv(1) == b""  # EOF now: the child holds no copy of it
@@ -347,7 +350,7 @@ FORK_WARNING = (  # CPython 3.12+'s words (Modules/posixmodule.c), pid aside
 
 def test_the_fork_warning_alone_is_silenced(monkeypatch: pytest.MonkeyPatch) -> None:
     """On Python 3.12+ os.fork() in a process with threads warns; the checkpoint fork says
-    why that does not apply to its child (``follower._fork``) and silences exactly that."""
+    why that does not apply to its child (``follower.fork``) and silences exactly that."""
 
     def warning_fork(message: str) -> Any:
         def fork() -> int:
@@ -359,10 +362,10 @@ def test_the_fork_warning_alone_is_silenced(monkeypatch: pytest.MonkeyPatch) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         monkeypatch.setattr(os, "fork", warning_fork(FORK_WARNING.format(os.getpid())))
-        assert follower._fork() == 4242
+        assert follower.fork() == 4242
         monkeypatch.setattr(os, "fork", warning_fork("another deprecation"))
         with pytest.raises(DeprecationWarning, match="another deprecation"):
-            follower._fork()
+            follower.fork()
 
 
 def test_the_forked_child_writes_while_other_threads_hold_locks(tmp_path: Path) -> None:
@@ -387,8 +390,8 @@ def test_the_forked_child_writes_while_other_threads_hold_locks(tmp_path: Path) 
         assert holding.wait(30)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            p._maybe_checkpoint()
-        assert p._writer is not None
+            p.maybe_checkpoint()
+        assert p.checkpoint_writer is not None
         reap(p, 60, "the forked writer hung")
         assert p.checkpoint_gid == 20
     finally:
@@ -434,8 +437,8 @@ def test_the_forked_child_compiles_a_kernel_while_another_thread_was_compiling(
     thread.start()
     try:
         assert compiling.wait(30)
-        p._maybe_checkpoint()
-        assert p._writer is not None
+        p.maybe_checkpoint()
+        assert p.checkpoint_writer is not None
         reap(p, 30, "the forked writer hung on numba's lock")
         assert p.checkpoint_gid == 20 and (tmp_path / "ckpt" / checkpoint.file_name(20)).exists()
     finally:
@@ -465,12 +468,12 @@ def test_a_writer_still_running_after_its_deadline_is_killed_and_tried_again(
     monkeypatch.setattr(checkpoint, "write", hung_write)
     monkeypatch.setattr(follower, "WRITER_SECONDS", 0.5)
     try:
-        p._maybe_checkpoint()
-        assert p._writer is not None
-        pid = p._writer[0]
+        p.maybe_checkpoint()
+        assert p.checkpoint_writer is not None
+        pid = p.checkpoint_writer[0]
         with caplog.at_level(logging.WARNING, logger="kbgraph.projection.follower"):
             reap(p, 30, "the hung writer was never killed")
-        assert p._writer is None and "was still writing after" in caplog.text
+        assert p.checkpoint_writer is None and "was still writing after" in caplog.text
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # reaped, not a zombie
         assert not list((tmp_path / "ckpt").glob("*.kbg*")) and store.log_start() <= 1
@@ -480,7 +483,7 @@ def test_a_writer_still_running_after_its_deadline_is_killed_and_tried_again(
             store.append(KB, [upsert(f"later{i}")])
         while p.follow_once():
             pass
-        p._maybe_checkpoint()
+        p.maybe_checkpoint()
         reap(p, 60, "the next writer did not finish")
         assert p.checkpoint_gid == 30 and store.log_start() == 30
     finally:
@@ -502,12 +505,9 @@ def test_without_fork_checkpoints_are_written_in_the_follower(
         p.start()
     try:
         assert "no os.fork on this platform" in caplog.text
-        p._stopping.set()
-        p._kick.set()
-        assert p._thread is not None
-        p._thread.join()
-        p._maybe_checkpoint()
-        assert p._writer is None and p.checkpoint_gid == 20 and store.log_start() == 20
+        p.stop()  # the follower thread: the checkpoint below is then this thread's to write
+        p.maybe_checkpoint()
+        assert p.checkpoint_writer is None and p.checkpoint_gid == 20 and store.log_start() == 20
         assert [f.name for f in checkpoint.candidates(tmp_path / "ckpt")] == [
             checkpoint.file_name(20)
         ]

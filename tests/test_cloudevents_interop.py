@@ -16,14 +16,14 @@ from standardwebhooks.webhooks import Webhook
 
 from kbgraph.http.binding import decode_events
 from tests import webhook_client as wc
-from tests.test_crash import ADMIN, SECRET, running, write_config
+from tests.support import ADMIN, SECRET, running, served_config
 
 SOURCE = "https://wiki.example/sdk"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running(write_config(tmp_path_factory.mktemp("interop"))) as url:
+    with running(served_config(tmp_path_factory.mktemp("interop"))) as url:
         yield url
 
 

@@ -12,9 +12,8 @@ import pytest
 from kbgraph import cli
 from kbgraph.access import Rule
 from kbgraph.config import ConfigError, load_config, parse_config
+from tests.support import PRIVATE_SECRET, SECRET
 
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-OTHER = "whsec_cHJpdmF0ZS1rYi1zZWNyZXQtZm9yLXRlc3Rz"
 GOOD = f"""
 [store]
 path = "data/kb.db"
@@ -206,9 +205,10 @@ def test_limits_defaults_and_keys() -> None:
     assert limits.max_connections == 1000
     assert limits.max_kbs == 1000 and limits.max_inflight_ingest_bytes == 64 << 20
     own = parse_config(
-        f"[webhooks]\nsecrets = ['{SECRET}']\n[webhooks.kbs.a]\nsecrets = ['{OTHER}']"
+        f"[webhooks]\nsecrets = ['{SECRET}']\n[webhooks.kbs.a]\nsecrets = ['{PRIVATE_SECRET}']"
     )
-    assert own.webhooks.secrets_for("a") == [OTHER] and own.webhooks.secrets_for("b") == [SECRET]
+    assert own.webhooks.secrets_for("a") == [PRIVATE_SECRET]
+    assert own.webhooks.secrets_for("b") == [SECRET]
     set_ = parse_config("[limits]\nmax_request_bytes = 10\nmax_connections = 3\n").limits
     assert (set_.max_request_bytes, set_.max_connections) == (10, 3)
     with pytest.raises(ConfigError, match=r"^limits.max_header_bytes: Expected int >= 1024"):

@@ -8,17 +8,11 @@ delivery sent again as duplicates.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import itertools
 import os
-import re
 import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -26,116 +20,13 @@ import pytest
 
 from kbgraph.store import Store
 from tests import webhook_client as wc
+from tests.support import ADMIN, SECRET, running, served_config, start_server, stop
 
 pytestmark = pytest.mark.slow
 
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-ADMIN = "crash-admin-token"
-STARTUP_SECONDS = 120.0
-
-
-def write_config(folder: Path) -> Path:
-    path = folder / "kbgraph.toml"
-    path.write_text(
-        f'[store]\npath = "kb.db"\n[webhooks]\nsecrets = ["{SECRET}"]\n'
-        f'[[tokens]]\nname = "admin"\ntoken = "{ADMIN}"\nadmin = true\n'
-    )
-    return path
-
-
-BOUND = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")  # uvicorn's start-up line
-
-
-class ServerProcess(subprocess.Popen[bytes]):
-    """A ``kbgraph serve`` child; ``port`` is the one it bound (it chose it: ``--port 0``).
-
-    Letting the server pick its own port leaves no window for another process (a parallel test
-    run, say) to take a port probed as free, and none in which a health check could reach some
-    other server. A thread drains stderr (a full pipe would block the server's logging) and
-    keeps its tail for the failure message.
-    """
-
-    port: int | None = None
-
-    def __init__(self, command: list[str]) -> None:
-        super().__init__(
-            command,
-            start_new_session=True,  # the workers of --workers N share the group
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            cwd=Path(__file__).resolve().parent.parent,
-        )
-        self.log: collections.deque[str] = collections.deque(maxlen=40)
-        self.bound = threading.Event()
-        self.reader = threading.Thread(target=self._drain, daemon=True)
-        self.reader.start()
-
-    def _drain(self) -> None:
-        for raw in self.stderr:  # type: ignore[union-attr]
-            line = raw.decode(errors="replace").rstrip()
-            self.log.append(line)
-            found = BOUND.search(line)
-            if found and self.port is None:
-                self.port = int(found[1])
-                self.bound.set()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def tail(self) -> str:
-        """The last lines logged; once the server has exited, all of them (the reader drains
-        the pipe to its end)."""
-        if self.poll() is not None:
-            self.reader.join(5)
-        return "\n".join(self.log)
-
-
-def start_server(
-    config: Path, port: int = 0, workers: int = 1, module: str = "kbgraph"
-) -> ServerProcess:
-    """``kbgraph serve`` on loopback (``python -m module``), returned once it answers
-    ``/healthz``."""
-    command = [sys.executable, "-m", module, "serve", "--config", str(config)]
-    proc = ServerProcess([*command, "--port", str(port), "--workers", str(workers)])
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited: {proc.tail()[-2000:]}")
-        if proc.bound.wait(0.1):
-            try:
-                if httpx.get(f"{proc.url}/healthz", timeout=1).status_code == 200:
-                    return proc
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-    stop(proc)
-    raise AssertionError(f"server did not start: {proc.tail()[-2000:]}")
-
-
-@contextlib.contextmanager
-def running(config: Path) -> Iterator[str]:
-    """A real ``kbgraph serve`` on a loopback port of its choosing; yields its base URL."""
-    proc = start_server(config)
-    try:
-        yield proc.url
-    finally:
-        stop(proc)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(30)
-    if isinstance(proc, ServerProcess):
-        proc.reader.join(30)  # EOF once every process of the group is gone
-    if proc.stderr is not None:
-        proc.stderr.close()
-
 
 def test_sigkill_loses_no_acknowledged_delivery(tmp_path: Path) -> None:
-    config = write_config(tmp_path)
+    config = served_config(tmp_path)
     proc = start_server(config)
     url = f"{proc.url}/v1/kbs/crash/events"
     sent: list[list[dict]] = []  # every delivery attempted
@@ -207,7 +98,7 @@ def test_sigkill_loses_no_acknowledged_delivery(tmp_path: Path) -> None:
 
 def test_two_workers_share_the_store(tmp_path: Path) -> None:
     """``--workers 2``: two processes take deliveries into one SQLite file; none is lost."""
-    config = write_config(tmp_path)
+    config = served_config(tmp_path)
     proc = start_server(config, workers=2)
     url = f"{proc.url}/v1/kbs/shared/events"
     statuses: list[int] = []
@@ -239,7 +130,7 @@ def test_checkpoints_and_log_cuts_under_load_lose_nothing(tmp_path: Path) -> Non
     """Two workers with a checkpoint every 100 records (written by a forked child) and the log
     cut after each, killed mid-stream: every acknowledged delivery is in the store, and a server
     started again from the newest checkpoint answers as one built from the store."""
-    config = write_config(tmp_path)
+    config = served_config(tmp_path)
     config.write_text(
         config.read_text().replace(
             '[store]\npath = "kb.db"\n',

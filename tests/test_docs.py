@@ -29,13 +29,13 @@ import httpx
 import pytest
 from markdown_it import MarkdownIt
 
-from tests.test_crash import STARTUP_SECONDS, ServerProcess, stop
-from tests.test_loadtest_modules import scripts
+from tests.support import STARTUP_SECONDS, ServerProcess, scripts, stop
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+HISTORY = sorted((ROOT / "docs" / "history").rglob("*.md"))  # dated records: links checked only
 SHELLS = {"sh", "bash", "shell", "console", "zsh"}
 RUNNERS = {"sh": ["bash", "-e", "-o", "pipefail", "-c"], "python": [sys.executable, "-c"]}
 RUNNABLE = {*RUNNERS, "json"}  # a ``json test`` block is an MCP client config, connected to
@@ -250,7 +250,7 @@ def anchors(path: Path) -> set[str]:
 
 def test_links_reach_their_pages_and_headings() -> None:
     broken = []
-    for path in DOCS:
+    for path in [*DOCS, *HISTORY]:
         for token in MarkdownIt("commonmark").parse(path.read_text()):
             for child in token.children or []:
                 href = child.attrGet("href") if child.type == "link_open" else None

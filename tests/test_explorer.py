@@ -24,7 +24,7 @@ import pytest
 from kbgraph.names import collection_of
 from kbgraph.store import Store
 from tests import webhook_client as wc
-from tests.test_crash import SECRET, start_server, stop
+from tests.support import SECRET, start_server, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"

@@ -6,8 +6,6 @@ Each run is a subprocess in which the extras' modules cannot be imported (``sys.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -15,27 +13,10 @@ import pytest
 
 from kbgraph.extras import EXTRAS
 from kbgraph.sources import demokb
+from tests.support import cli_without, python_without
 
 ROOT = Path(__file__).resolve().parent.parent
 EVERY_EXTRA = sorted({module for pairs in EXTRAS.values() for module, _ in pairs})
-TIMEOUT = 120
-
-
-def run(code: str, blocked: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``code`` in a fresh interpreter where the ``blocked`` modules cannot be imported."""
-    prelude = f"import sys\nBLOCKED = {blocked!r}\n"
-    prelude += "for name in BLOCKED:\n    sys.modules[name] = None\n"
-    return subprocess.run(
-        [sys.executable, "-c", prelude + code],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-
-
-def cli(args: list[str], blocked: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return run(f"from kbgraph.cli import main\nsys.exit(main({args!r}))", blocked, cwd)
 
 
 def _requirement_name(requirement: str) -> str:
@@ -86,7 +67,7 @@ with TestClient(app, base_url="http://127.0.0.1") as client:
     print(client.get("/v1/kbs/k/status", headers=seen).json()["concepts"])
 print(sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED and sys.modules[m]))
 """
-    done = run(code, EVERY_EXTRA, tmp_path)
+    done = python_without(code, EVERY_EXTRA, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "[]"]
 
@@ -104,7 +85,7 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED and sys.module
     ],
 )
 def test_a_command_names_its_missing_extra(tmp_path: Path, args: list[str], extra: str) -> None:
-    done = cli(args, EVERY_EXTRA, tmp_path)
+    done = cli_without(args, EVERY_EXTRA, tmp_path)
     assert done.returncode == 2
     assert f"pip install 'kbgraph[{extra}]'" in done.stderr
     assert "Traceback" not in done.stderr
@@ -128,17 +109,17 @@ def test_a_command_names_its_missing_extra(tmp_path: Path, args: list[str], extr
 def test_a_config_names_its_missing_extra(tmp_path: Path, settings: str, extra: str) -> None:
     (tmp_path / "c.toml").write_text('[store]\npath = "kb.db"\n' + settings)
     modules = [module for module, _ in EXTRAS[extra]]
-    done = cli(["serve", "--config", "c.toml", "--port", "9"], modules, tmp_path)
+    done = cli_without(["serve", "--config", "c.toml", "--port", "9"], modules, tmp_path)
     assert done.returncode == 2, done.stderr
     assert f"pip install 'kbgraph[{extra}]'" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "kb.db").exists()
-    with_it = cli(["serve", "--config", "c.toml", "--workers", "0"], [], tmp_path)
+    with_it = cli_without(["serve", "--config", "c.toml", "--workers", "0"], [], tmp_path)
     assert "pip install" not in with_it.stderr and "--workers" in with_it.stderr  # installed
 
 
 def test_help_lists_every_command_without_the_extras(tmp_path: Path) -> None:
-    done = cli(["--help"], EVERY_EXTRA, tmp_path)
+    done = cli_without(["--help"], EVERY_EXTRA, tmp_path)
     assert done.returncode == 0, done.stderr
     for command in ("serve", "mcp", "demo", "backup", "import", "sync", "cluster"):
         assert f"    {command} " in done.stdout
@@ -154,7 +135,7 @@ with Store("kb.db") as store:
     print(sum(len(c.links) for c in store.load().kbs["demo"].concepts))
 print("loadtest" in sys.modules and sys.modules["loadtest"] is not None)
 """
-    done = run(code, ["loadtest"], tmp_path)
+    done = python_without(code, ["loadtest"], tmp_path)
     assert done.returncode == 0, done.stderr
     seq, links, loadtest_imported = done.stdout.split()
     assert seq == "40" and loadtest_imported == "False"

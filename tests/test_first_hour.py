@@ -28,7 +28,7 @@ import pytest
 
 from kbgraph.sources.progress import Progress
 from kbgraph.sources.sinks import SECRET_ENV
-from tests.test_crash import write_config
+from tests.support import served_config
 from tests.vault_files import write_vault
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +69,7 @@ def test_serve_on_a_busy_port_names_it_and_writes_nothing(
     held_port: tuple[socket.socket, int], tmp_path: Path
 ) -> None:
     _, port = held_port
-    done = kbgraph("serve", "--config", str(write_config(tmp_path)), "--port", str(port))
+    done = kbgraph("serve", "--config", str(served_config(tmp_path)), "--port", str(port))
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     assert f"port {port} on 127.0.0.1 is already in use" in done.stderr
@@ -144,7 +144,7 @@ def test_sync_url_checks_the_secret_before_sending(
 
 
 def test_an_import_that_finds_no_notes_says_so_and_makes_nothing(tmp_path: Path) -> None:
-    config = write_config(tmp_path)
+    config = served_config(tmp_path)
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "readme.txt").write_text("not a note")
@@ -162,7 +162,7 @@ def test_an_import_that_finds_no_notes_says_so_and_makes_nothing(tmp_path: Path)
 
 def test_a_folder_emptied_after_an_import_is_synced_as_deletes(tmp_path: Path) -> None:
     """No notes with a manifest of an earlier run: the notes were deleted, not mistyped."""
-    config = write_config(tmp_path)
+    config = served_config(tmp_path)
     root = write_vault(tmp_path / "vault", {"a.md": "[[b]]", "b.md": "text"})
     first = kbgraph("import", str(root), "--kb", "notes", "--config", str(config))
     assert first.returncode == 0, first.stderr
@@ -178,7 +178,7 @@ def test_a_folder_emptied_after_an_import_is_synced_as_deletes(tmp_path: Path) -
 
 def test_a_pipe_gets_the_summary_and_no_carriage_return(tmp_path: Path) -> None:
     root = many_notes(tmp_path / "vault")
-    config = write_config(tmp_path)
+    config = served_config(tmp_path)
     done = kbgraph("import", str(root), "--kb", "notes", "--config", str(config))
     assert done.returncode == 0, done.stderr
     assert f"{NOTES} notes, {NOTES} links" in done.stdout
@@ -227,7 +227,7 @@ def on_a_terminal(*args: str) -> tuple[int, str, str]:
 
 def test_a_terminal_gets_progress_bars(tmp_path: Path) -> None:
     root = many_notes(tmp_path / "vault")
-    config = write_config(tmp_path)
+    config = served_config(tmp_path)
     code, shown, out = on_a_terminal("import", str(root), "--kb", "notes", "--config", str(config))
     assert code == 0, shown
     assert f"{NOTES} notes" in out
@@ -256,7 +256,7 @@ def test_a_mediawiki_dump_shows_progress_on_a_terminal(tmp_path: Path) -> None:
     dump.write_text(head + "\n".join(pages) + source[source.rindex("</page>") + 7 :])
     code, shown, out = on_a_terminal(
         "import", "--mediawiki-dump", str(dump), "--kb", "wiki",
-        "--config", str(write_config(tmp_path)), "--manifest", str(tmp_path / "m.sqlite"),
+        "--config", str(served_config(tmp_path)), "--manifest", str(tmp_path / "m.sqlite"),
     )  # fmt: skip
     assert code == 0, shown
     assert out.startswith("600 pages, 0 redirects")
@@ -297,7 +297,7 @@ def test_report_names_the_unresolved_links_and_the_skipped_files(tmp_path: Path)
     (root / "linked").symlink_to(root / "elsewhere", target_is_directory=True)
     report = tmp_path / "report.tsv"
     done = kbgraph(
-        "import", str(root), "--kb", "notes", "--config", str(write_config(tmp_path)),
+        "import", str(root), "--kb", "notes", "--config", str(served_config(tmp_path)),
         "--report", str(report),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -310,7 +310,7 @@ def test_report_names_the_unresolved_links_and_the_skipped_files(tmp_path: Path)
     ]
     refused = kbgraph(
         "import", "--mediawiki-dump", str(root / "a.md"), "--kb", "w", "--report", str(report),
-        "--config", str(write_config(tmp_path)),
+        "--config", str(served_config(tmp_path)),
     )  # fmt: skip
     assert refused.returncode == 2 and "--report" in refused.stderr
 
@@ -354,7 +354,7 @@ def large_store(folder: Path) -> Path:
     from kbgraph.cli import BACKUP_PROGRESS_BYTES
     from kbgraph.store import Store
 
-    config = write_config(folder)
+    config = served_config(folder)
     Store(folder / "kb.db").close()
     conn = sqlite3.connect(folder / "kb.db")
     with conn:

@@ -122,7 +122,7 @@ def test_hops_stop_early_leaves_scratch_clean() -> None:
 @pytest.mark.parametrize("hide", [False, True])
 def test_bidirectional_equals_one_sided_bfs(hide: bool) -> None:
     # "both" runs a bidirectional BFS; it must give the one-sided BFS's path, bound included
-    from kbgraph.graphalgo._common import Scratch, und_arrays
+    from kbgraph.graphalgo._common import Scratch, thread_scratch, und_arrays
     from kbgraph.graphalgo._kernels import bfs_path
     from loadtest.synthetic import graph_from_concepts, seed_kb
 
@@ -141,8 +141,7 @@ def test_bidirectional_equals_one_sided_bfs(hide: bool) -> None:
             one = bfs_path(off, length, blk, m, a, b, max_hops, s.dist, s.q0, s.q1).tolist()
             assert shortest_path(view, a, b, "both", max_hops) == (one or None)
     assert (s.dist == -1).all()
-    from kbgraph.graphalgo import _common
-
-    rest = _common._local.scratch  # this thread's scratch is back at rest after every call
+    rest = thread_scratch()  # this thread's scratch is back at rest after every call
+    assert rest is not None
     assert (rest.dist == -1).all() and not rest.c0.any() and not rest.b0.any()
     assert not rest.f0.any() and not rest.f1.any() and not rest.b1.any()

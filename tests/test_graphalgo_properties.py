@@ -154,17 +154,39 @@ def test_concurrent_threads_agree() -> None:
     assert errors == []
 
 
+def tiny_view() -> ga.View:
+    """a - b - c (a -> b, b -> c) and an isolated d; the graph's arrays read-only, the view's
+    mask and degrees writeable."""
+    und_off = np.array([0, 1, 3, 4], np.int64)
+    und_len = np.array([1, 2, 1, 0], np.int32)
+    und = np.array([1, 0, 2, 1], np.int32)
+    out_off = np.array([0, 1, 2, 2], np.int64)
+    out_len = np.array([1, 1, 0, 0], np.int32)
+    out = np.array([1, 2], np.int32)
+    deg = und_len.copy()
+    for a in (und_off, und_len, und, out_off, out_len, out):
+        a.flags.writeable = False
+    graph = ga.Graph(und_off, und_len, und, out_off, out_len, out, ["a", "b", "c", "d"])
+    return ga.View(graph, np.ones(4, np.uint8), deg)
+
+
 def test_read_only_arrays_and_warm_up() -> None:
     ga.warm_up()
-    view = ga._tiny_view(readonly=True, readonly_view=False)
+    view = tiny_view()
     assert not view.graph.und.flags.writeable
     assert shortest_path(view, 0, 2) == [0, 1, 2]
     nodes, p = personalized_pagerank(view, [(3, 1.0)])
     assert nodes.tolist() == [3] and p.tolist() == [1.0]
     # every kernel has been compiled for the dtypes the projection uses (writeable or read-only
     # graph arrays x writeable or read-only mask/deg), and nothing else
-    from kbgraph.graphalgo import _kernels
+    from kbgraph.graphalgo._kernels import (
+        bfs_path,
+        bfs_targets,
+        bidir_path,
+        ppr_push,
+        ra_common,
+        ra_scores,
+    )
 
-    kernels = ("ppr_push", "bfs_targets", "bfs_path", "bidir_path", "ra_scores", "ra_common")
-    for name in kernels:
-        assert len(getattr(_kernels, name).signatures) == 4, name
+    for kernel in (ppr_push, bfs_targets, bfs_path, bidir_path, ra_scores, ra_common):
+        assert len(kernel.signatures) == 4, kernel

@@ -18,8 +18,8 @@ from kbgraph.http import ingest
 from kbgraph.log import DeliveryLog, StoreLog
 from kbgraph.store import Store, StoreBusy
 from tests import webhook_client as wc
+from tests.support import SECRET
 
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 OLD_SECRET = "whsec_c2VjcmV0LXRoYXQtd2FzLXJvdGF0ZWQtb3V0"
 
 

@@ -22,11 +22,17 @@ from kbgraph.events import MAX_JSON_DEPTH, TOO_DEEP, ConceptUpserted, UpsertData
 from kbgraph.store import ReplayRefused, Store, WebhookMessage
 from kbgraph.store.schema import SCHEMA_VERSION
 from tests import webhook_client as wc
-from tests.conftest import ADMIN, SECRET, Service, write_config
-from tests.test_binding import binary
-from tests.test_crash import start_server, stop
+from tests.support import (
+    ADMIN,
+    PRIVATE_SECRET,
+    SECRET,
+    Service,
+    binary,
+    start_server,
+    stop,
+    write_config,
+)
 
-PRIVATE_SECRET = "whsec_cHJpdmF0ZS1rYi1zZWNyZXQtZm9yLXRlc3Rz"
 EXTRA = f"""
 [limits]
 max_kbs = 3

@@ -52,7 +52,7 @@ from tests.jetstream_nodes import (
     wait_ready,
 )
 from tests.nats_cluster import NatsCluster, running_cluster
-from tests.test_crash import start_server, stop
+from tests.support import start_server, stop
 
 pytestmark = pytest.mark.slow
 

@@ -41,7 +41,7 @@ from tests.jetstream_nodes import (
 )
 from tests.kb_events import upsert
 from tests.nats_cluster import NatsCluster
-from tests.test_crash import start_server
+from tests.support import start_server
 
 pytestmark = pytest.mark.slow
 

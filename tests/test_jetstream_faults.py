@@ -1,4 +1,4 @@
-"""Faults under load over a real 3-server NATS JetStream cluster (issue 25; docs/operations.md).
+"""Faults under load over a real 3-server NATS JetStream cluster (issue 25; docs/faults.md).
 
 Two kbgraph nodes take a steady load of deliveries and agent reads while one fault at a time
 strikes: the whole stream not answering (every NATS server paused), the stream's leader
@@ -206,40 +206,3 @@ def test_node_killed_mid_apply_wiped_and_restored_from_a_snapshot(
         print(f"writes taken again {load.taken_again(ended):.2f} s after the node restarted")
         load.wait_acked(5)
     check_after(load, faults)
-
-
-def test_a_publish_in_process_is_asked_again_not_refused() -> None:
-    """JetStream answers a re-publish "duplicate message id is in process" (10158) when the
-    leader changed while an earlier attempt with the same Msg-Id was being stored: its outcome
-    is this delivery's, so the node asks again (the same Msg-Id) rather than answer 503."""
-    import asyncio
-    from types import SimpleNamespace
-
-    import nats.js.errors
-
-    from kbgraph.log.jetstream.node import JetStreamLog
-
-    answers: list[object] = [
-        nats.js.errors.APIError(
-            code=409, err_code=10158, description="duplicate message id is in process"
-        ),
-        SimpleNamespace(seq=41, duplicate=None),
-    ]
-    sent: list[dict[str, str]] = []
-
-    async def publish(subject: str, payload: bytes, **options: object) -> object:
-        sent.append(dict(options["headers"]))  # type: ignore[arg-type]
-        answer = answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    node = SimpleNamespace(
-        config=SimpleNamespace(publish_timeout_seconds=5.0),
-        _js=SimpleNamespace(publish=publish),
-        answered_at=0.0,
-    )
-    headers = {"Nats-Msg-Id": "node-7"}
-    deadline = time.monotonic() + 5.0
-    answer = asyncio.run(JetStreamLog._publish_once(node, "t-fault.kb", b"x", headers, deadline))  # type: ignore[arg-type]
-    assert answer == (41, False) and sent == [headers, headers] and node.answered_at > 0

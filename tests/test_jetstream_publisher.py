@@ -13,6 +13,7 @@ import concurrent.futures
 from types import SimpleNamespace
 from typing import Any
 
+import nats.js.errors
 import pytest
 
 from kbgraph.config import LogConfig
@@ -128,6 +129,34 @@ def test_its_own_earlier_copy_is_its_acknowledgement() -> None:
     assert asyncio.run(pub.stored_is(first, subject, payload, headers))
     other = dict(headers, **{wire.MAC: "1" * 64})
     assert not asyncio.run(pub.stored_is(first, subject, payload, other))
+
+
+class LeaderChanged(Stream):
+    """The first publish meets a new leader still storing an earlier attempt's copy."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.asked: list[str] = []
+
+    async def publish(self, subject: str, payload: bytes, timeout: float, headers: dict) -> Any:
+        self.asked.append(headers[wire.MSG_ID])
+        if len(self.asked) == 1:
+            raise nats.js.errors.APIError(
+                code=409, err_code=10158, description="duplicate message id is in process"
+            )
+        return await super().publish(subject, payload, timeout, headers)
+
+
+def test_a_publish_in_process_is_asked_again_not_refused() -> None:
+    """JetStream answers a re-publish "duplicate message id is in process" (10158) when the
+    leader changed while an earlier attempt with the same Msg-Id was being stored: its outcome
+    is this delivery's, so the node asks again (the same Msg-Id) rather than answer 503."""
+    stream = LeaderChanged()
+    pub = StandIn(stream)
+    subject, payload, headers = pub.delivery()
+    headers[wire.MSG_ID] = pub.new_msg_id()
+    assert asyncio.run(pub.publish_once(subject, payload, headers)) == (1, False)
+    assert stream.asked == [headers[wire.MSG_ID]] * 2 and pub.answered_at > 0
 
 
 def test_msg_ids_are_random_and_long() -> None:

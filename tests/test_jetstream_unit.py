@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import msgspec
 import nats.errors
 import pytest
-from prometheus_client import REGISTRY, generate_latest
+from prometheus_client import generate_latest
 
 from kbgraph import cli
 from kbgraph.config import ConfigError, LogConfig, parse_config
@@ -96,17 +96,16 @@ def test_a_worker_sees_whether_its_applier_lives(tmp_path: Path) -> None:
     store = tmp_path / "kb.db"
     probe = ApplierProbe(store)
     status = applier.Status(1, time.time(), 7, "catching up", None, None)
-    applier._write_status(applier.status_path(store), status)
-    assert "applier is not running" in (probe._look()[0] or "")
+    applier.write_status(applier.status_path(store), status)
+    assert "applier is not running" in (probe.look()[0] or "")
     with open(applier.lock_path(store), "a+b") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        assert probe._look() == (None, status)
-        probe._read_at = 0.0
+        assert probe.look() == (None, status)
         assert probe.problem() == "catching up" and probe.refusal() is None
         old = applier.Status(1, time.time() - 60, 7, None, None, None)
-        applier._write_status(applier.status_path(store), old)
-        assert "has not reported for 60 s" in (probe._look()[0] or "")
-    assert "not running" in (probe._look()[0] or "")
+        applier.write_status(applier.status_path(store), old)
+        assert "has not reported for 60 s" in (probe.look()[0] or "")
+    assert "not running" in (probe.look()[0] or "")
     probe.close()
 
 
@@ -134,7 +133,7 @@ def test_the_supervisor_starts_the_applier_again_when_it_failed_to_start(
         while supervisor.proc is None and time.monotonic() < deadline:
             time.sleep(0.01)
         assert len(calls) == 2 and supervisor.proc is not None and supervisor.proc.poll() is None
-        assert supervisor._thread.is_alive()
+        assert supervisor.alive
     finally:
         supervisor.stop()
     assert supervisor.proc is not None and supervisor.proc.poll() is not None
@@ -150,7 +149,7 @@ def test_a_workers_metrics_are_its_applier_s_stream_metrics(tmp_path: Path) -> N
     follower.POSITION.remove("unit-stream")
     follower.NOTED.remove("unit-stream", "skipped")
     status = applier.Status(1, time.time(), 41, None, None, None, reported)
-    applier._write_status(applier.status_path(store), status)
+    applier.write_status(applier.status_path(store), status)
     probe = ApplierProbe(store)
     try:
         with open(applier.lock_path(store), "a+b") as lock:
@@ -162,10 +161,7 @@ def test_a_workers_metrics_are_its_applier_s_stream_metrics(tmp_path: Path) -> N
         assert noted in served
         assert served.count("# TYPE kbgraph_stream_position gauge") == 1
     finally:
-        REGISTRY.unregister(probe)
-        for collector in follower.STREAM_METRICS:
-            REGISTRY.register(collector)
-        applier._serving = None
+        applier.stop_serving_applier_metrics()
         probe.close()
 
 

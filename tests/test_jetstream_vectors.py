@@ -20,8 +20,9 @@ import pytest
 from kbgraph.embeddings import concept_text
 from loadtest.embed_provider import CountingProvider
 from tests import webhook_client as wc
+from tests.jetstream_nodes import AUTH, KB, Node
 from tests.nats_cluster import running_cluster
-from tests.test_jetstream import AUTH, KB, SECRET, Node
+from tests.support import SECRET
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ from kbgraph.api import create_app
 from kbgraph.config import load_config
 from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sync import sync_once
-from tests.conftest import ADMIN, write_config
-from tests.test_vault_example import VAULT, AppSink
+from tests.support import ADMIN, write_config
+from tests.vault_files import VAULT, AppSink
 
 # note i -> the notes it links to; an index past the last note is a link to no note
 vaults = st.integers(1, 7).flatmap(

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbgraph.agent.evidence import _shares, mentions
+from kbgraph.agent.evidence import mentions, shares
 from kbgraph.agent.tools import MENTION_WEIGHT, PPR_ALPHA, SUGGEST_WALK_WEIGHT
 from kbgraph.search import SearchIndex, tokens_with_offsets
-from tests.conftest import ADMIN, INFRA, Service
 from tests.kb_events import upsert
+from tests.support import ADMIN, INFRA, Service
 
 KB = "homelab"
 
@@ -156,8 +156,8 @@ def test_shares_count_visible_concepts_only() -> None:
     mask[2] = 0
     ref = index_of({k: v for k, v in docs.items() if k != 2})
     args = (0, 4, 4.0, 8)
-    got = _shares(full.doc_terms(0), full.term_nodes, mask, *args)
-    want = _shares(ref.doc_terms(0), ref.term_nodes, np.ones(8, np.uint8), *args)
+    got = shares(full.doc_terms(0), full.term_nodes, mask, *args)
+    want = shares(ref.doc_terms(0), ref.term_nodes, np.ones(8, np.uint8), *args)
     assert got.tolist() == want.tolist() == [0, 1, 0, 0, 0, 0, 0, 0]  # scrub: 0's alone now
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from tests.support import SECRET
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # loadtest/ is not installed
 
 from loadtest import kbgen
@@ -94,13 +96,9 @@ def test_deliveries_are_valid_for_the_service() -> None:
     for delivery in deliveries:
         events = decode_delivery(delivery.body, delivery.content_type)
         assert len(events) == len(delivery.events)
-    signer = kbgen.Signer(kbgen_secret())
+    signer = kbgen.Signer(SECRET)
     headers = signer.headers(deliveries[0])
     assert headers["webhook-signature"].startswith("v1,")
-
-
-def kbgen_secret() -> str:
-    return "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
 def test_request_bytes() -> None:

@@ -12,16 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support import scripts
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def scripts() -> list[str]:
-    """The loadtest modules meant to be run: those with a ``__main__`` block."""
-    return sorted(
-        path.stem
-        for path in (ROOT / "loadtest").glob("*.py")
-        if path.stem != "__main__" and 'if __name__ == "__main__"' in path.read_text()
-    )
 
 
 def test_the_scripts_are_found() -> None:

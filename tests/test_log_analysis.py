@@ -18,8 +18,8 @@ from kbgraph.projection import Projections
 from kbgraph.search import document
 from kbgraph.search import index as search_index
 from kbgraph.store import Store, eventlog
+from tests.bulk_histories import by_id, history_event, history_events
 from tests.kb_events import upsert
-from tests.test_bulk_build import by_id, history_event, history_events
 
 
 def expected(event: object) -> document.Analysed | None:

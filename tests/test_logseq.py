@@ -44,8 +44,7 @@ from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sinks import LocalSink
 from kbgraph.sources.sync import sync_once
 from kbgraph.store import Store
-from tests.test_vault_sync import fresh_import, state, versions
-from tests.vault_files import write_vault
+from tests.vault_files import fresh_import, state, versions, write_vault
 
 TRI_LB = "{:meta/version 1\n ;; a comment\n :file/name-format :triple-lowbar}\n"
 LEGACY = "{:meta/version 1}\n"  # no :file/name-format: Logseq reads the graph as legacy

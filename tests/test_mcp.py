@@ -25,9 +25,8 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from kbgraph.store import Store
-from tests.conftest import ADMIN, INFRA, OTHER, write_config
 from tests.kb_events import upsert
-from tests.test_crash import start_server, stop
+from tests.support import ADMIN, INFRA, OTHER, start_server, stop, write_config
 
 pytestmark = pytest.mark.slow
 

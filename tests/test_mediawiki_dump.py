@@ -16,7 +16,7 @@ from kbgraph.sources.mediawiki.titles import Namespace, Namespaces, Title
 from kbgraph.sources.mediawiki.wikitext import parse
 from kbgraph.store import Store
 from loadtest.bench_mediawiki_dump import generate
-from tests.test_extras import cli as extras_cli
+from tests.support import cli_without
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACES = Namespaces(
@@ -148,7 +148,7 @@ def test_without_the_extra_the_commands_say_which_to_install(tmp_path: Path) -> 
         ["import", "--mediawiki-dump", "w.xml", "--kb", "wiki", "--config", "c.toml"],
         ["sync", "--mediawiki", "http://127.0.0.1:9", "--kb", "wiki", "--config", "c.toml"],
     ):
-        done = extras_cli(args, blocked, tmp_path)
+        done = cli_without(args, blocked, tmp_path)
         assert done.returncode == 2, done.stderr
         assert "pip install 'kbgraph[mediawiki]'" in done.stderr
         assert "Traceback" not in done.stderr

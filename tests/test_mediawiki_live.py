@@ -28,7 +28,7 @@ from kbgraph.sources.mediawiki.follow import OVERLAP_SECONDS, FollowState, WikiF
 from kbgraph.sources.sinks import SECRET_ENV, LocalSink
 from kbgraph.store import DeliveryResult, Store
 from tests.mediawiki_server import Wiki, require, running_wiki
-from tests.test_crash import ADMIN, SECRET, running, write_config
+from tests.support import ADMIN, SECRET, running, served_config
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -250,7 +250,7 @@ def test_a_stop_between_delivery_and_cursor_loses_no_edit(
 def test_the_cli_follows_with_signed_deliveries(wiki: Wiki, tmp_path: Path) -> None:
     wiki.edit("Signed target", "Linked to.")
     wiki.edit("Signed page", "Sent by the follower, signed. See [[signed_target]].")
-    with running(write_config(tmp_path)) as url:
+    with running(served_config(tmp_path)) as url:
         env = {**os.environ, SECRET_ENV: SECRET}
         command = [
             sys.executable, "-m", "kbgraph", "sync", "--mediawiki", wiki.url, "--kb", KB,

@@ -1,4 +1,5 @@
-"""Two house rules over the whole ``kbgraph`` package, read from its source with ``ast``:
+"""House rules over the ``kbgraph`` package and the ``loadtest`` scripts, read from their source
+with ``ast``:
 
 - no module reads another module's underscore names: an attribute access ``x._name``, where
   ``x`` is not ``self`` or ``cls``, whose ``_name`` some other module of the package defines
@@ -9,6 +10,12 @@
 - every module is at most ``MAX_LINES`` lines long.
 
 Underscore names of other libraries (``os._exit``) are theirs to allow; dunders are public.
+
+The tests themselves test through public faces, and share helpers through ``tests/support.py``
+and the helper modules beside it, never through a test module: at most
+``MAX_TEST_PRIVATE_READS`` places in ``tests/`` read another object's underscore name
+(``x._name``, ``getattr(x, "_name")``, ``monkeypatch.setattr(x, "_name", ...)``, an underscore
+name or module imported from ``kbgraph``), each one a face too narrow to widen for a test alone.
 """
 
 from __future__ import annotations
@@ -19,8 +26,13 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "kbgraph"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "kbgraph"
+CHECKED = (PACKAGE, ROOT / "loadtest")  # the module rules' scope
+TESTS = ROOT / "tests"
 MAX_LINES = 600
+MAX_TEST_PRIVATE_READS = 10
+ATTRIBUTE_CALLS = {"getattr", "setattr", "delattr", "hasattr"}
 OWN = {"self", "cls"}
 
 
@@ -29,7 +41,7 @@ def _private(name: str) -> bool:
 
 
 def _modules() -> list[Path]:
-    return sorted(PACKAGE.rglob("*.py"))
+    return sorted(p for folder in CHECKED for p in folder.rglob("*.py"))
 
 
 def _targets(node: ast.AST) -> Iterator[ast.expr]:
@@ -127,7 +139,31 @@ def violations(sources: dict[str, str]) -> list[str]:
 
 
 def _sources() -> dict[str, str]:
-    return {str(p.relative_to(PACKAGE.parent)): p.read_text() for p in _modules()}
+    return {str(p.relative_to(ROOT)): p.read_text() for p in _modules()}
+
+
+def private_reads(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, what) of every read of another object's underscore name a test module makes:
+    ``x._name`` (``x`` not ``self``/``cls``), ``getattr``/``setattr``/``delattr``/``hasattr``
+    (``monkeypatch``'s too) with an underscore name, and an underscore name or private module
+    imported from ``kbgraph``."""
+    yield from foreign_accesses(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and len(node.args) >= 2:
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            name = node.args[1]
+            if (
+                called in ATTRIBUTE_CALLS
+                and isinstance(name, ast.Constant)
+                and isinstance(name.value, str)
+                and _private(name.value)
+            ):
+                yield node.lineno, f"{called}(..., {name.value!r})"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE.name):
+            for alias in node.names:
+                if _private(alias.name):
+                    yield node.lineno, f"from {node.module} import {alias.name}"
 
 
 def test_no_module_reads_another_modules_underscore_names() -> None:
@@ -139,6 +175,28 @@ def test_every_module_is_at_most_600_lines() -> None:
         name: n for name, text in _sources().items() if (n := len(text.splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+def test_tests_read_few_underscore_names_of_other_objects() -> None:
+    reads = [
+        f"{path.relative_to(ROOT)}:{line}: {what}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for line, what in private_reads(ast.parse(path.read_text()))
+    ]
+    assert len(reads) <= MAX_TEST_PRIVATE_READS, "\n".join(reads)
+
+
+def test_no_test_module_serves_others_as_a_library() -> None:
+    """What tests share lives in ``tests/support.py`` and the helper modules beside it (the
+    modules not named ``test_*``), never in a test module another imports."""
+    borrowed = [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").startswith(("tests.test_", "tests.conftest"))
+    ]
+    assert borrowed == []
 
 
 # --- the checker itself ------------------------------------------------------------------
@@ -180,3 +238,19 @@ def test_every_module_is_at_most_600_lines() -> None:
 def test_the_checker_finds_what_it_should(owner: str, reader: str, expected: bool) -> None:
     found = violations({"owner.py": owner, "reader.py": reader})
     assert bool(found) is expected, found
+
+
+@pytest.mark.parametrize(
+    ("test", "expected"),
+    [
+        ("x._y\n", ["x._y"]),
+        ("a.b._c()\n", ["a.b._c"]),
+        ("monkeypatch.setattr(m, '_LIMIT', 3)\n", ["setattr(..., '_LIMIT')"]),
+        ("getattr(x, '_y')\n", ["getattr(..., '_y')"]),
+        ("from kbgraph.graphalgo import _kernels\n", ["from kbgraph.graphalgo import _kernels"]),
+        # one's own, a dunder, another library's import, a public name: not counted
+        ("self._y\ncls._z\nx.__len__()\nfrom numpy import _core\nsetattr(x, 'y', 1)\n", []),
+    ],
+)
+def test_the_test_counter_counts_what_it_should(test: str, expected: list[str]) -> None:
+    assert [what for _line, what in private_reads(ast.parse(test))] == expected

@@ -22,10 +22,9 @@ from kbgraph import cli
 from kbgraph.api import create_app
 from kbgraph.config import MIN_TOKEN_CHARS, ConfigError, load_config, parse_config
 from tests import webhook_client as wc
+from tests.support import ADMIN, SECRET
 
 BASE = "http://127.0.0.1:8000"
-ADMIN = "open-doors-admin-token"
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 TOKENS = f'[[tokens]]\nname = "admin"\ntoken = "{ADMIN}"\nadmin = true\n'
 BATCH = {"content-type": "application/cloudevents-batch+json"}
 AUTH = {"authorization": f"Bearer {ADMIN}"}

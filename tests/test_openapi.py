@@ -14,8 +14,8 @@ from starlette.routing import Mount, Route
 
 from kbgraph.agent import toolspecs
 from kbgraph.http.mcp import tool_listing
-from tests.conftest import ADMIN, INFRA, OTHER, RUNBOOKS, Service
 from tests.kb_events import upsert
+from tests.support import ADMIN, INFRA, OTHER, RUNBOOKS, Service
 
 KB = "homelab"
 
@@ -162,7 +162,7 @@ def test_kbs_of_a_narrowed_token_equal_hidden_never_written(tmp_path: Path) -> N
 
     from kbgraph.api import create_app
     from kbgraph.config import load_config
-    from tests.conftest import write_config
+    from tests.support import write_config
 
     answers = []
     for folder, events, token in (

@@ -119,7 +119,7 @@ def test_wait_for_is_woken_by_the_follower(tmp_path: Path) -> None:
             assert await p.wait_for(KB, 3, timeout=10.0)
             writer.join()
             assert not await p.wait_for("nope", 1, timeout=0.01)
-            assert p._waiters == {}
+            assert p.waiting() == {}
 
         try:
             asyncio.run(scenario())
@@ -231,8 +231,7 @@ def test_rwlock_shares_readers_and_prefers_a_waiting_writer() -> None:
         target=lambda: (lock.acquire_write(), order.append("W"), lock.release_write())
     )
     writer.start()
-    while lock._writers_waiting == 0:
-        time.sleep(0.001)
+    queued(lock, (0, 1))
     late = threading.Thread(
         target=lambda: (lock.acquire_read(), order.append("R"), lock.release_read())
     )
@@ -245,6 +244,14 @@ def test_rwlock_shares_readers_and_prefers_a_waiting_writer() -> None:
     assert order == ["W", "R"]
 
 
+def queued(lock: RWLock, readers_writers: tuple[int, int], seconds: float = 10.0) -> None:
+    """Wait, within ``seconds``, until ``lock`` has (readers, writers) queued."""
+    deadline = time.monotonic() + seconds
+    while lock.queued() != readers_writers:
+        assert time.monotonic() < deadline, f"{lock.queued()} queued, not {readers_writers}"
+        time.sleep(0.001)
+
+
 def test_rwlock_hands_off_to_queued_readers_before_the_next_writer() -> None:
     """A follower draining a backlog re-acquires at once; queued readers go first."""
     lock = RWLock()
@@ -254,8 +261,7 @@ def test_rwlock_hands_off_to_queued_readers_before_the_next_writer() -> None:
         target=lambda: (lock.acquire_read(), order.append("R"), lock.release_read())
     )
     reader.start()
-    while lock._readers_waiting == 0:
-        time.sleep(0.001)
+    queued(lock, (1, 0))
     lock.release_write()
     lock.acquire_write()  # waits for the admitted reader
     order.append("W")

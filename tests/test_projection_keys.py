@@ -12,11 +12,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kbgraph.projection.adjacency import _find
+from kbgraph.projection.adjacency import find
 from kbgraph.projection.keys import Keys, utf8
+from tests.histories import KB, dump, reference_dump, reference_from_log
 from tests.kb_events import delete, link_added, link_removed, upsert
 from tests.reference_model import FakeStore, ReferenceKB
-from tests.test_projection import KB, dump, reference_dump, reference_from_log
 
 # Ids tying on their first 16 UTF-8 bytes, one exactly 16 bytes long, non-ASCII in and after
 # the prefix (é as one code point and as e + combining accent, 4-byte UTF-8).
@@ -50,12 +50,12 @@ def test_find_lands_where_bisect_on_the_strings_does(ids: list[str]) -> None:
         pool = np.array(others or [0], np.int32)
         off = np.zeros(len(ids), np.int64)
         ln = np.full(len(ids), len(others), np.int32)
-        pos, found = _find(off, ln, pool, keys.pre, keys.data, keys.off, 0, v)
+        pos, found = find(off, ln, pool, keys.pre, keys.data, keys.off, 0, v)
         assert not found
         assert pos == bisect.bisect_left([n for n in names if n != ids[v]], ids[v])
         pool = np.array(block, np.int32)
         ln[:] = len(block)
-        assert _find(off, ln, pool, keys.pre, keys.data, keys.off, 0, v) == (block.index(v), True)
+        assert find(off, ln, pool, keys.pre, keys.data, keys.off, 0, v) == (block.index(v), True)
 
 
 def test_utf8_keys_order_as_strings_even_with_surrogates() -> None:

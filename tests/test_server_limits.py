@@ -22,11 +22,10 @@ import httpx
 import psutil
 import pytest
 
-from tests.test_crash import start_server, stop
+from tests.support import GENEROUS, closed_by_server, start_server, stop
 
 pytestmark = pytest.mark.slow
 
-GENEROUS = 15.0  # seconds: "closed within", never a speed claim
 HEAD_LIMIT = 4096
 BODY_LIMIT = 4096
 KB = "limits"
@@ -66,19 +65,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with serve(tmp_path_factory.mktemp("limits"), limits) as running:
         assert httpx.post(f"{running.url}/v1/kbs/{KB}/events", json=UPSERT).status_code == 200
         yield running
-
-
-def closed_by_server(sock: socket.socket, within: float = GENEROUS) -> bool:
-    """True when the server closes ``sock`` (EOF or reset) within ``within`` seconds."""
-    sock.settimeout(within)
-    try:
-        while sock.recv(65536):
-            pass
-    except TimeoutError:
-        return False
-    except ConnectionResetError:
-        pass
-    return True
 
 
 def response_of(sock: socket.socket) -> tuple[int, bytes]:

@@ -12,7 +12,7 @@ import pytest
 
 from kbgraph.config import load_config
 from kbgraph.log import DeliveryLog, StoreLog
-from tests.conftest import write_config
+from tests.support import write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,7 +25,7 @@ from kbgraph.api import create_app
 from kbgraph.cli import build_parser
 from kbgraph.config import load_config
 from tests import webhook_client as wc
-from tests.conftest import ADMIN, SECRET
+from tests.support import ADMIN, SECRET
 
 build_parser()
 config = load_config(sys.argv[1])

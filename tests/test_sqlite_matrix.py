@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from kbgraph.store import Store
-from tests.test_crash import ADMIN, running, write_config
+from tests.support import ADMIN, running, served_config
 
 EXPECTED = os.environ.get("KBGRAPH_TEST_SQLITE_VERSION")  # unset: the machine's own SQLite
 
@@ -32,13 +32,13 @@ def test_the_module_is_the_expected_sqlite() -> None:
 
 
 def test_the_store_connection_reports_it(tmp_path: Path) -> None:
-    with Store(tmp_path / "kb.db") as store:
-        reported = store._writer_conn.execute("SELECT sqlite_version()").fetchone()[0]
+    with Store(tmp_path / "kb.db") as store, store.reading() as conn:
+        reported = conn.execute("SELECT sqlite_version()").fetchone()[0]
     assert reported == (EXPECTED or sqlite3.sqlite_version)
 
 
 def test_a_server_subprocess_runs_on_it(tmp_path: Path) -> None:
-    with running(write_config(tmp_path)) as url:
+    with running(served_config(tmp_path)) as url:
         auth = {"Authorization": f"Bearer {ADMIN}"}  # /metrics spans every KB: admin only
         metrics = httpx.get(f"{url}/metrics", headers=auth, timeout=10).text
     found = re.search(r'^kbgraph_sqlite_info\{version="([^"]+)"\} 1\.0$', metrics, re.M)

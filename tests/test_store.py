@@ -42,7 +42,8 @@ def result(applied=0, duplicates=0, stale=0, ignored=0, *, seq: int) -> Delivery
 def test_pragmas_are_durable(store: Store) -> None:
     conn = sqlite3.connect(store.path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert store._writer_conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    with store.reading() as made_as_the_writer_is:
+        assert made_as_the_writer_is.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     conn.close()
 
 
@@ -450,7 +451,7 @@ def test_group_commit_matches_the_reference_model(tmp_path: Path, seed: int) -> 
 
                 outcomes.append(None)
                 group.append(Pending(kb, events, functools.partial(settle, outcomes, len(group))))
-            s._commit_group(s._writer_conn, group)  # the writer thread is idle meanwhile
+            s.commit_group(group)  # the writer thread is idle meanwhile
             for want, got in zip(expected, outcomes, strict=True):
                 if want is None:
                     assert isinstance(got, (sqlite3.Error, TypeError))

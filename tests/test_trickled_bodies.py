@@ -17,12 +17,9 @@ import httpx
 import pytest
 
 from tests import webhook_client as wc
-from tests.test_crash import start_server, stop
-from tests.test_server_limits import GENEROUS, closed_by_server
+from tests.support import GENEROUS, SECRET, closed_by_server, start_server, stop
 
 pytestmark = pytest.mark.slow
-
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ import pytest
 from kbgraph.events import ConceptUpserted, UpsertData
 from kbgraph.sources.sinks import WebhookSink
 from kbgraph.store.schema import SCHEMA_VERSION
-from tests.test_crash import ADMIN, SECRET, running, write_config
+from tests.support import ADMIN, SECRET, running, served_config
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ FIRST_EVENT = "80da00ada6a680b4867897e9738995371c82e1fb"
 
 def old_store(folder: Path) -> Path:
     """The config of a folder whose store (``kb.db``) is the schema 6 fixture."""
-    config = write_config(folder)
+    config = served_config(folder)
     conn = sqlite3.connect(folder / "kb.db")
     conn.executescript(FIXTURE.read_text())
     conn.close()

@@ -6,29 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import quote
 
-from kbgraph.events import Event
 from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sync import sync_once
-from kbgraph.store import DeliveryResult, Store
-from tests.conftest import ADMIN, Service
-
-VAULT = Path(__file__).resolve().parent.parent / "examples" / "vault"
-
-
-class AppSink:
-    """Deliveries straight into the running app's store (``Store.append``)."""
-
-    def __init__(self, store: Store) -> None:
-        self.store, self.dest = store, "app"
-
-    def send(self, kb: str, events: list[Event]) -> DeliveryResult:
-        return self.store.append(kb, events)
-
-    def kb_seq(self, kb: str) -> int | None:
-        return self.store.kb_seq(kb)
-
-    def close(self) -> None:
-        pass
+from kbgraph.store import Store
+from tests.support import ADMIN, Service
+from tests.vault_files import VAULT, AppSink
 
 
 def test_example_vault(service: Service, tmp_path: Path) -> None:

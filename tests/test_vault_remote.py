@@ -18,7 +18,7 @@ from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sinks import SECRET_ENV, SyncError, WebhookSink
 from kbgraph.sources.sync import sync_once, upsert_event
 from kbgraph.sources.vault.reader import read_vault
-from tests.test_crash import ADMIN, SECRET, running, write_config
+from tests.support import ADMIN, SECRET, running, served_config
 from tests.vault_files import write_vault
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running(write_config(tmp_path_factory.mktemp("remote"))) as url:
+    with running(served_config(tmp_path_factory.mktemp("remote"))) as url:
         yield url
 
 

@@ -21,7 +21,7 @@ from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sinks import LocalSink
 from kbgraph.sources.sync import sync_once
 from kbgraph.store import DeliveryResult, Store
-from tests.vault_files import comparable, write_vault
+from tests.vault_files import fresh_import, state, versions, write_vault
 
 NAMES = ["Router", "router", "DNS", "net/Router", "net/deep/Switch", "Switch", "Café", "a b"]
 BODIES = [
@@ -50,26 +50,6 @@ def apply(root: Path, action: tuple) -> None:
         if source.exists() and not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             source.rename(target)
-
-
-def state(store: Store, kb: str = "kb") -> dict[str, tuple]:
-    kbstate = store.load().kbs.get(kb)
-    return comparable(kbstate.concepts) if kbstate else {}
-
-
-def versions(store: Store, kb: str = "kb") -> dict[str, int]:
-    kbstate = store.load().kbs.get(kb)
-    return {c.id: c.version for c in kbstate.concepts} if kbstate else {}
-
-
-def fresh_import(root: Path, store_path: Path) -> dict[str, tuple]:
-    sink = LocalSink(store_path)
-    try:
-        with Manifest(store_path.with_suffix(".manifest")) as manifest:
-            sync_once(root, "kb", sink, manifest)
-        return state(sink.store)
-    finally:
-        sink.close()
 
 
 @settings(max_examples=30, deadline=None)

@@ -21,11 +21,11 @@ from kbgraph.embeddings.local import LocalEmbedder
 from kbgraph.graphalgo.nearest import nearest, quantize, sign_codes
 from kbgraph.projection import Projections, filler
 from kbgraph.store import Store
-from tests.conftest import ADMIN, Service, write_config
+from tests.embedders import LOCAL, vectors_of
 from tests.kb_events import delete, upsert
+from tests.support import ADMIN, Service, write_config
 
 KB = "homelab"
-LOCAL = LocalEmbedder()
 
 
 class Counting:
@@ -124,17 +124,6 @@ def _concepts(k: int) -> list:
         upsert(f"c/n{i}", title=f"note {i}", text=f"about disks and backups number {i}")
         for i in range(k)
     ]
-
-
-def vectors_of(p: Projections) -> dict[str, bytes]:
-    kb = p.get(KB)
-    with kb.read() as snap:
-        v = snap.vectors
-        return {
-            snap.ids[u]: v.q8[u].tobytes() + v.scale[u].tobytes()
-            for u in range(len(snap.ids))
-            if u < v.cap and v.have[u]
-        }
 
 
 def test_checkpoint_carries_vectors_and_a_restart_computes_none(tmp_path: Path) -> None:
@@ -248,7 +237,7 @@ def test_vector_mode_without_vectors_is_409(tmp_path: Path) -> None:
 )
 def test_tokens_by_piece_equal_the_whole_texts_tokens(text: str) -> None:
     """The local model tokenizes word by word (cached): the same tokens as the whole text."""
-    whole = LOCAL._tokenizer.encode(text, add_special_tokens=False).ids
+    whole = LOCAL.whole_tokens(text)
     assert sorted(LOCAL.tokens(text)) == sorted(whole)
 
 
@@ -261,7 +250,7 @@ def test_a_full_word_cache_starts_over_without_losing_a_word(monkeypatch) -> Non
     monkeypatch.setattr(local, "WORD_CACHE", 4)
     texts = ["Upgrade the DNS", "Upgrade routers and switches", "Upgrade the DNS again"]
     for text in texts:
-        whole = model._tokenizer.encode(text, add_special_tokens=False).ids
+        whole = model.whole_tokens(text)
         assert sorted(model.tokens(text)) == sorted(whole), text
 
 
@@ -272,7 +261,7 @@ def test_tokens_by_piece_on_the_example_vault() -> None:
     for note in read_vault(vault).notes.values():
         d = note.data
         text = concept_text(d.title, d.aliases, d.tags, d.text)[:4000]
-        whole = LOCAL._tokenizer.encode(text, add_special_tokens=False).ids
+        whole = LOCAL.whole_tokens(text)
         assert sorted(LOCAL.tokens(text)) == sorted(whole), d.title
 
 

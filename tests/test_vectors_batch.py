@@ -4,8 +4,6 @@ how the log was batched; applying events embeds nothing."""
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,9 +14,10 @@ from kbgraph.events import Event
 from kbgraph.graphalgo.nearest import quantize
 from kbgraph.projection import Projections
 from kbgraph.projection import kb as kb_module
+from tests.embedders import HashEmbedder
+from tests.histories import KB, deliveries_st
 from tests.kb_events import upsert
 from tests.reference_model import FakeStore
-from tests.test_projection import KB, deliveries_st
 
 floats = st.floats(-4.0, 4.0, width=32, allow_subnormal=False) | st.sampled_from([0.0, -0.0])
 
@@ -38,18 +37,6 @@ def test_a_batch_quantised_at_once_equals_each_row_alone(batch: np.ndarray) -> N
         assert q8[row].tobytes() == alone[0][0].tobytes()
         assert scale[row].tobytes() == alone[1][0].tobytes()
         assert codes[row].tobytes() == alone[2][0].tobytes()
-
-
-class HashEmbedder:
-    """A deterministic stand-in model: each text's unit vector from its bytes."""
-
-    name = "hash-64"
-    remote = False
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        digests = b"".join(hashlib.sha512(text.encode()).digest() for text in texts)
-        out = np.frombuffer(digests, np.int8).astype(np.float32).reshape(len(texts), 64) + 0.5
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
 
 
 def vector_rows(p: Projections) -> dict[str, tuple[bytes, bytes, bytes]] | None:

@@ -32,11 +32,9 @@ from kbgraph.embeddings import EmbeddingRefused, concept_text, embed_each
 from kbgraph.embeddings.openai import OpenAIEmbedder
 from kbgraph.projection import Projections, checkpoint
 from kbgraph.store import Store
-from tests.conftest import ADMIN, INFRA, OTHER, Service, write_config
+from tests.embedders import FakeServer, HashEmbedder, config, vectors_of
 from tests.kb_events import delete, upsert
-from tests.test_embeddings_openai import FakeServer, config
-from tests.test_vectors import vectors_of
-from tests.test_vectors_batch import HashEmbedder
+from tests.support import ADMIN, INFRA, OTHER, Service, write_config
 
 KB = "homelab"
 LIMIT = 60  # characters the refusing model takes

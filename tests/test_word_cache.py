@@ -12,9 +12,8 @@ import pytest
 
 from kbgraph.search import analysis
 from tests import webhook_client as wc
-from tests.conftest import ADMIN, INFRA, SECRET, Service, write_config
 from tests.kb_events import upsert
-from tests.test_crash import start_server, stop
+from tests.support import ADMIN, INFRA, SECRET, Service, start_server, stop, write_config
 
 KB = "homelab"
 LEAD = "Filler words come first here. " * 20  # the match sits 600 characters in
@@ -25,15 +24,15 @@ def test_a_word_flood_grows_no_cache_and_later_snippets_find_the_match(
 ) -> None:
     seq = service.write(KB, [upsert("infra/a", title="A", text="alpha beta")])
     assert service.tool(INFRA, KB, "graph_context", {"query": "alpha"}, seq).status_code == 200
-    before = len(analysis._terms)  # the KB indexed
+    before = analysis.stems_cached()  # the KB indexed
     for batch in range(4):
         words = " ".join(f"w{batch}x{i}q" for i in range(5000))
         flood = service.tool(INFRA, KB, "graph_context", {"query": words}, seq)
         assert flood.status_code == 200
         assert service.call(INFRA, "GET", f"/v1/kbs/{KB}/search", params={"q": words}).is_success
-    assert len(analysis._terms) == before  # queries stem and forget
+    assert analysis.stems_cached() == before  # queries stem and forget
     # the stem cache full (as a flood of writes could leave it): answers are the same
-    monkeypatch.setattr(analysis, "STEM_CACHE_MAX", len(analysis._terms))
+    monkeypatch.setattr(analysis, "STEM_CACHE_MAX", analysis.stems_cached())
     seq = service.write(KB, [upsert("infra/z", title="Z", text=LEAD + "the zeugmatron sits here")])
     hits = service.call(
         ADMIN, "GET", f"/v1/kbs/{KB}/search", seq, params={"q": "zeugmatrons", "mode": "lexical"}

@@ -94,7 +94,7 @@ def _share_kernel(  # pragma: no cover - compiled
     node: int,
     acc: np.ndarray,
 ) -> None:
-    """``_shares`` over key k's holders ``nodes[off[k]:off[k + 1]]``, keys in order."""
+    """``shares`` over key k's holders ``nodes[off[k]:off[k + 1]]``, keys in order."""
     total = 0.0
     for k in range(off.shape[0] - 1):
         df = 0
@@ -114,7 +114,7 @@ def _share_kernel(  # pragma: no cover - compiled
             acc[v] /= total
 
 
-def _shares(
+def shares(
     keys: Sequence[str],
     nodes_of: Callable[[str], np.ndarray],
     mask: np.ndarray,
@@ -143,7 +143,7 @@ def warm_up() -> None:
     for writeable in (True, False):
         mask = np.ones(2, np.uint8)
         mask.flags.writeable = writeable
-        _shares(["warm"], index.term_nodes, mask, 0, 2, 2.0, 2)
+        shares(["warm"], index.term_nodes, mask, 0, 2, 2.0, 2)
 
 
 def gather(
@@ -161,6 +161,6 @@ def gather(
     tags = index.doc_tags(node)
     return Evidence(
         mention=mentions(index, text, mask, node, linked),
-        terms=_shares(terms, index.term_nodes, mask, node, n_visible, rare, size),
-        tags=_shares(tags, index.tag_nodes, mask, node, n_visible, n_visible, size),
+        terms=shares(terms, index.term_nodes, mask, node, n_visible, rare, size),
+        tags=shares(tags, index.tag_nodes, mask, node, n_visible, n_visible, size),
     )

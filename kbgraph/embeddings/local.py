@@ -121,6 +121,11 @@ class LocalEmbedder:
         """The token ids of ``text`` (cut to MAX_CHARS)."""
         return self._token_lists([text])[0]
 
+    def whole_tokens(self, text: str) -> list[int]:
+        """The token ids of all of ``text`` tokenized at once, without the word cache: the
+        same tokens ``tokens`` gives word by word (what the tests hold it to)."""
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
     def _token_lists(self, texts: list[str]) -> list[list[int]]:
         """Each text's token ids, the words new to the cache tokenized in one batch."""
         pieces = [_pieces(text[:MAX_CHARS]) for text in texts]

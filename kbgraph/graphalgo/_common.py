@@ -68,6 +68,12 @@ class Scratch:
 _local = threading.local()
 
 
+def thread_scratch() -> Scratch | None:
+    """This thread's scratch, if it has one (at rest between calls: the tests check)."""
+    scratch: Scratch | None = getattr(_local, "scratch", None)
+    return scratch
+
+
 def with_scratch(n: int, fn: Callable[[Scratch], T]) -> T:
     """Run ``fn`` with this thread's scratch (grown to hold ``n`` nodes).
 

@@ -80,7 +80,7 @@ def compact(
 
 
 @numba.njit(cache=True, inline="always")
-def _find(
+def find(
     off: np.ndarray,
     ln: np.ndarray,
     pool: np.ndarray,
@@ -139,7 +139,7 @@ def _index(
             if pool[o + i] == v:
                 return i
         return -1
-    pos, found = _find(off, ln, pool, kpre, kdata, koff, u, v)
+    pos, found = find(off, ln, pool, kpre, kdata, koff, u, v)
     return pos if found else -1
 
 
@@ -220,7 +220,7 @@ def declare(
     """
     for i in range(src.shape[0]):
         u, t = src[i], dst[i]
-        pos, found = _find(oo, ol, op, kpre, kdata, koff, u, t)
+        pos, found = find(oo, ol, op, kpre, kdata, koff, u, t)
         if found:
             flags[i] = 0
             continue
@@ -228,7 +228,7 @@ def declare(
             return i
         # u does not declare t: the edge u-t exists iff t declares u. Asked of u's own
         # undirected block (in cache: it is being patched), not of t's out-block.
-        upos, had_edge = _find(uo, ul, up, kpre, kdata, koff, u, t)
+        upos, had_edge = find(uo, ul, up, kpre, kdata, koff, u, t)
         if not had_edge and um[0] + _room(ul, uc, u) + _room(ul, uc, t) > up.shape[0]:
             return i
         _insert_at(oo, ol, oc, op, om, u, t, pos)
@@ -236,7 +236,7 @@ def declare(
             flags[i] = 1
         else:
             _insert_at(uo, ul, uc, up, um, u, t, upos)
-            _insert_at(uo, ul, uc, up, um, t, u, _find(uo, ul, up, kpre, kdata, koff, t, u)[0])
+            _insert_at(uo, ul, uc, up, um, t, u, find(uo, ul, up, kpre, kdata, koff, t, u)[0])
             flags[i] = 2
     return len(src)
 

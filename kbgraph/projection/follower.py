@@ -83,7 +83,7 @@ WRITER_SECONDS: Final = 600.0
 MAX_FD: Final = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
 
 
-def _fork() -> int:
+def fork() -> int:
     """``os.fork()``, deliberately past Python 3.12's DeprecationWarning about forking a process
     that runs threads (the server always does: uvicorn, the store's writer, this follower). The
     warning is about a child that needs a lock another thread held at the fork. One such lock
@@ -298,7 +298,7 @@ class Projections:
             return
         folder, lock, store_id, mark = claim
         gid = self.gid
-        pid = _fork()
+        pid = fork()
         if pid == 0:  # pragma: no cover - the child (coverage does not follow it)
             code = 1
             try:
@@ -319,7 +319,7 @@ class Projections:
         lock.close()  # the child's copy of it holds the lock until the child exits
         self._writer = (pid, gid, time.monotonic())
 
-    def _reap_checkpoint(self) -> bool:
+    def reap_checkpoint(self) -> bool:
         """True while a forked writer is still writing; once it exits, cut the log. A writer
         still running after ``WRITER_SECONDS`` is killed (whatever held it, the checkpoints
         and the log's cut must not stop for good); another is tried after as many records."""
@@ -348,8 +348,17 @@ class Projections:
             self.checkpoint_gid = gid  # try again after as many records
         return False
 
-    def _maybe_checkpoint(self) -> None:
-        if self._reap_checkpoint() or (
+    @property
+    def checkpoint_writer(self) -> tuple[int, int] | None:
+        """(pid, gid) of the forked checkpoint writer still to be reaped, or None."""
+        return None if self._writer is None else self._writer[:2]
+
+    def maybe_checkpoint(self) -> None:
+        """What the follower thread does between batches: reap a finished checkpoint writer,
+        and start one when ``checkpoint_every`` records have passed since the last (forked, or
+        here without ``os.fork``). Call from the thread that applies the log (or with it
+        stopped)."""
+        if self.reap_checkpoint() or (
             self.checkpoints is None
             or self.store.read_only
             or self.gid - self.checkpoint_gid < self.checkpoint_every
@@ -404,6 +413,11 @@ class Projections:
     def add_listener(self, fn: Callable[[str, int], None]) -> None:
         """``fn(kb, seq)`` runs in the follower thread after each applied batch."""
         self._listeners.append(fn)
+
+    def waiting(self) -> dict[str, int]:
+        """Each KB with ``wait_for`` calls waiting at this instant: how many."""
+        with self._waiters_lock:
+            return {kb: len(waiters) for kb, waiters in self._waiters.items()}
 
     async def wait_for(self, kb: str, seq: int, timeout: float) -> bool:
         """True once ``kb`` has applied ``seq``; False after ``timeout`` seconds."""
@@ -477,7 +491,7 @@ class Projections:
                 while self.follow_once() >= READ_LOG_LIMIT and not self._stopping.is_set():
                     pass
                 backoff = 0.0
-                self._maybe_checkpoint()
+                self.maybe_checkpoint()
             except LogCut as exc:
                 log.warning("the log was cut past this process (%s): loading again", exc)
                 self.reload()

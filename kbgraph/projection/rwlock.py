@@ -62,6 +62,11 @@ class RWLock:
             self._generation += 1
             self._cond.notify_all()
 
+    def queued(self) -> tuple[int, int]:
+        """(readers, writers) waiting for the lock at this instant."""
+        with self._cond:
+            return self._readers_waiting, self._writers_waiting
+
     @contextmanager
     def read(self) -> Iterator[None]:
         self.acquire_read()

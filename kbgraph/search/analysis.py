@@ -94,6 +94,11 @@ _stemmers = _Stemmers()
 _terms: dict[str, str] = dict.fromkeys(STOP_WORDS, "")
 
 
+def stems_cached() -> int:
+    """How many tokens the stem cache holds (it only grows, up to STEM_CACHE_MAX)."""
+    return len(_terms)
+
+
 def term(token: str) -> str:
     """The term of one folded token: its stem, or "" for a stop word (cached: indexing)."""
     found = _terms.get(token)

@@ -238,6 +238,10 @@ class SearchIndex:
         """The distinct terms of ``node``, its text's in text order first."""
         return self.terms.node_keys_of(node)
 
+    def lengths(self, node: int) -> tuple[float, float]:
+        """(title length, text length) of ``node`` as BM25F weighs them."""
+        return float(self._title_len[node]), float(self._text_len[node])
+
     def doc_tags(self, node: int) -> list[str]:
         return self.tags.node_keys_of(node)
 

@@ -12,7 +12,7 @@ from kbgraph.store.model import ColumnSnapshot, ConceptState, KBColumns, KBState
 from kbgraph.store.statements import tags_decoder, tags_encoder
 
 EMPTY: Final[list[str]] = []  # every empty tags/aliases list of a columnar load: never mutated
-_FETCH_ROWS: Final = 1 << 15
+FETCH_ROWS: Final = 1 << 15
 _COLUMNS: Final = (
     "SELECT id, version, title, type, status, tags, text, aliases, links FROM concept"
     " WHERE kid = ? ORDER BY id"
@@ -77,7 +77,7 @@ def load_columns(conn: sqlite3.Connection) -> ColumnSnapshot:
         links: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         shared: dict[str, str] = {}
         cursor = conn.execute(_COLUMNS, (kid,))
-        while rows := cursor.fetchmany(_FETCH_ROWS):  # a chunk of row tuples at a time
+        while rows := cursor.fetchmany(FETCH_ROWS):  # a chunk of row tuples at a time
             chunk = list(zip(*rows, strict=True))
             del rows
             ids.append(encode_strings(list(chunk[0])))

@@ -174,6 +174,8 @@ class Store:
             with self._readers_lock:
                 self._idle_readers.append(conn)
 
+    reading = _reader  # for a caller that reads the file's SQL itself (a test of the pragmas)
+
     def _init_schema(self, conn: sqlite3.Connection) -> None:
         with self._write_lock():
             self._begin_immediate(conn)
@@ -384,6 +386,10 @@ class Store:
                 if late is not None:
                     with contextlib.suppress(Exception):
                         late.resolve(None, StoreClosed("store closed"))
+
+    def commit_group(self, group: list[Pending]) -> None:
+        """The writer's commit of ``group``, in this thread: only while nothing is appended."""
+        self._commit_group(self._writer_conn, group)
 
     def _commit_group(self, conn: sqlite3.Connection, group: list[Pending]) -> None:
         """One transaction, one fsync for the group; each caller gets its own outcome.

@@ -69,7 +69,8 @@ def lock_path(store: str | Path) -> Path:
     return Path(f"{store}.applier.lock")
 
 
-def _write_status(path: Path, status: Status) -> None:
+def write_status(path: Path, status: Status) -> None:
+    """Replace the status file at ``path`` with ``status`` at once (what ``ApplierProbe`` reads)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(msgspec.json.encode(status))
     os.replace(tmp, path)
@@ -107,7 +108,7 @@ async def run(config_path: str, parent: int) -> None:
                     stuck,
                     stream_metrics_text(),
                 )
-                await asyncio.to_thread(_write_status, status_path(path), status)
+                await asyncio.to_thread(write_status, status_path(path), status)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), STATUS_SECONDS)
         finally:
@@ -153,6 +154,11 @@ class Supervisor:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the supervising thread runs (it only ends at ``stop``)."""
+        return self._thread.is_alive()
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -207,10 +213,11 @@ class ApplierProbe:
         now = time.monotonic()
         if now - self._read_at >= PROBE_SECONDS:
             self._read_at = now
-            self._seen = self._look()
+            self._seen = self.look()
         return self._seen
 
-    def _look(self) -> tuple[str | None, Status | None]:
+    def look(self) -> tuple[str | None, Status | None]:
+        """What ``read`` gives, looked at now (``read`` looks at most every PROBE_SECONDS)."""
         try:
             fcntl.flock(self._lock.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -267,6 +274,17 @@ def serve_applier_metrics(probe: ApplierProbe) -> None:
         REGISTRY.unregister(_serving)
     REGISTRY.register(probe)
     _serving = probe
+
+
+def stop_serving_applier_metrics() -> None:
+    """Undo ``serve_applier_metrics``: this process's ``/metrics`` shows its own stream
+    metrics again."""
+    global _serving
+    if _serving is not None:
+        REGISTRY.unregister(_serving)
+        for collector in STREAM_METRICS:
+            REGISTRY.register(collector)
+        _serving = None
 
 
 if __name__ == "__main__":
