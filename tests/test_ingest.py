@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 from kbgraph.config import Config, parse_config
 from kbgraph.http import ingest
 from kbgraph.http.context import AppContext
-from kbgraph.log import StoreLog
+from kbgraph.log.sqlite import StoreLog
 from kbgraph.service import Service
 from kbgraph.store import Store, StoreBusy
 from tests import webhook_client as wc

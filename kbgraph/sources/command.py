@@ -89,13 +89,14 @@ def open_sink(args: argparse.Namespace) -> Sink | str:
         config = load_config(args.config)
     except ConfigError as exc:
         return f"config {args.config}: {exc}"
-    if config.log.kind == "jetstream":  # writing a node's store directly would fork it
+    from kbgraph.log.backends import writes_locally
+    from kbgraph.store.opening import open_store, store_folder_problem
+
+    if not writes_locally(config):  # writing a node's store directly would fork it
         return (
-            f"config {args.config}: [log] kind = jetstream: a node's store follows the stream;"
-            " send with --url to a node instead"
+            f"config {args.config}: [log] kind = {config.log.kind}: a node's store follows the"
+            " stream; send with --url to a node instead"
         )
-    from kbgraph.http.health import store_folder_problem
-    from kbgraph.service import open_store  # the store as the service opens it
 
     return store_folder_problem(config.store.path) or LocalSink(open_store(config))
 
