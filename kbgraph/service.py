@@ -13,7 +13,7 @@ from typing import Final
 from kbgraph import graphalgo, search
 from kbgraph.agent import evidence
 from kbgraph.config import Config
-from kbgraph.embeddings import make_embedder
+from kbgraph.embeddings.providers import make_embedder
 from kbgraph.graphalgo import nearest as vector_kernels
 from kbgraph.log import DeliveryLog
 from kbgraph.log.backends import open_log
