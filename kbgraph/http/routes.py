@@ -14,7 +14,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
@@ -27,6 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from kbgraph.access import RuleSet
 from kbgraph.agent import retrieval, shapes, tools, toolspecs
+from kbgraph.agent.calls import Caller, call
 from kbgraph.agent.retrieval import Meaning, needs_meaning
 from kbgraph.config import TokenGrant
 from kbgraph.events import Refused
@@ -49,7 +50,6 @@ REQUEST_SECONDS = Histogram(
 )
 
 encode_json = msgspec.json.Encoder().encode
-Req = TypeVar("Req")
 
 
 class ConceptIdConvertor(Convertor[str]):
@@ -134,13 +134,6 @@ async def gate(context: AppContext, request: Request) -> tuple[KBProjection, Rul
     return await open_kb(context, request, kb), rules
 
 
-def decode_body(body: bytes, request_type: type[Req]) -> Req:
-    try:
-        return tools.decode_request(body, request_type)
-    except tools.ToolError as exc:
-        raise HTTPError(exc.status, exc.message) from None
-
-
 # --- endpoints -----------------------------------------------------------------------------
 
 
@@ -198,15 +191,18 @@ async def meaning_of(
     return await retrieval.embed_meaning(projection.vectors, question, seconds)
 
 
-def tool_route(context: AppContext, spec: toolspecs.ToolSpec) -> Route:
+def encoded(seq: int, answer: msgspec.Struct) -> tuple[int, bytes]:
+    """A tool's answer as the HTTP body, made in its tool thread."""
+    return seq, encode_json(answer)
+
+
+def tool_route(context: AppContext, spec: toolspecs.ToolSpec[Any, Any]) -> Route:
     async def handler(request: Request) -> Response:
         projection, rules = await gate(context, request)  # 404 for a missing KB before the body
         body = await read_body(request, context.config.limits.max_request_bytes)
-        req = decode_body(body, spec.request_type)
-        meaning = await meaning_of(context, projection, spec.question(req))
-        return await run_on_snapshot(
-            context, projection, rules, lambda snap, view: spec.run(snap, view, req, meaning)
-        )
+        caller = Caller(projection, rules, context.config.embeddings.query_timeout_seconds)
+        seq, answer = await call(spec, caller, body, context.service.tool_threads, encoded)
+        return Response(answer, headers={"X-KB-Seq": str(seq)}, media_type="application/json")
 
     path = f"/v1/kbs/{{kb}}/tools/{spec.name}"
     return Route(path, observed(spec.name, handler), methods=["POST"])
@@ -305,7 +301,7 @@ class MCPEndpoint:
             await error_response(exc.status, exc.message, exc.headers)(scope, receive, send)
             return
         seconds = context.config.embeddings.query_timeout_seconds
-        scope[mcp_out.SCOPE_KEY] = mcp_out.Caller(projection, rules, seconds)
+        scope[mcp_out.SCOPE_KEY] = Caller(projection, rules, seconds)
         await manager.handle_request(scope, receive, send)
 
 
