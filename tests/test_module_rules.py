@@ -24,6 +24,7 @@ name or module imported from ``kbgraph``), each one a face too narrow to widen f
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -250,7 +251,8 @@ def import_graph(sources: dict[str, tuple[bool, str]]) -> dict[str, set[str]]:
 
 
 def test_no_import_circle_among_the_packages_modules() -> None:
-    sources = {module_name(p): (p.name == "__init__.py", p.read_text()) for p in _modules()}
+    modules = sorted(PACKAGE.rglob("*.py"))  # kbgraph's own (loadtest/ is a user of it)
+    sources = {module_name(p): (p.name == "__init__.py", p.read_text()) for p in modules}
     assert circles(import_graph(sources)) == []
 
 
@@ -382,3 +384,14 @@ def test_the_checker_finds_what_it_should(owner: str, reader: str, expected: boo
 )
 def test_the_test_counter_counts_what_it_should(test: str, expected: list[str]) -> None:
     assert [what for _line, what in private_reads(ast.parse(test))] == expected
+
+
+def test_the_jetstream_package_names_its_modules() -> None:
+    """``kbgraph/log/jetstream/__init__``'s list of its jobs names each of its modules, and
+    only modules that exist (it once named a ``follower`` that was ``consumer.py``)."""
+    package = PACKAGE / "log" / "jetstream"
+    text = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    jobs = text.split("Along its jobs:", 1)[1].split("\n\n", 1)[0]
+    named = set(re.findall(r"``([a-z_]+)``", jobs))
+    modules = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    assert named == modules
