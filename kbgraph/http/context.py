@@ -1,6 +1,7 @@
 """What every route is handed: one typed ``AppContext``, built once by the composition root
 (``kbgraph.api.create_app``) and passed explicitly to the agent routes, the MCP endpoint and
-the webhook, so that no route reads Starlette's untyped ``app.state`` and mypy checks each use.
+the webhook, so that no route reads Starlette's untyped application state and mypy checks each
+use.
 
 The context is frozen; what the app's lifespan changes while it runs (whether it is ready, the
 MCP SDK's session manager, made anew for each run of the lifespan) is in ``Running``.
