@@ -1,5 +1,6 @@
-"""The application factory: the routes of ``kbgraph/http/``, the service's lifespan (store,
-projections, the JetStream log, warm-ups) and its middlewares.
+"""The application factory, the composition root: the service and the one ``AppContext``
+(``kbgraph.http.context``) every route of ``kbgraph/http/`` is handed, the service's lifespan
+(store, projections, the delivery log, warm-ups) and its middlewares.
 """
 
 from __future__ import annotations
