@@ -1,5 +1,6 @@
-"""The application factory: the routes of ``kbgraph/http/``, the service's lifespan (store,
-projections, the JetStream log, warm-ups) and its middlewares.
+"""The application factory, the composition root: the service and the one ``AppContext``
+(``kbgraph.http.context``) every route of ``kbgraph/http/`` is handed, the service's lifespan
+(store, projections, the delivery log, warm-ups) and its middlewares.
 """
 
 from __future__ import annotations
@@ -15,31 +16,16 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from kbgraph.agent import toolspecs
 from kbgraph.config import CONFIG_ENV, Config, load_config
-from kbgraph.events import SignatureVerifier
-from kbgraph.http import explorer, ingest
+from kbgraph.http import explorer, ingest, routes
 from kbgraph.http import mcp as mcp_out
-from kbgraph.http.health import WriteProbe
+from kbgraph.http.context import AppContext
 from kbgraph.http.openapi import document as openapi_document
 from kbgraph.http.origins import HostOriginCheck
-from kbgraph.http.routes import (
-    MCPEndpoint,
-    concept_handler,
-    encode_json,
-    healthz,
-    internal_error,
-    kbs_handler,
-    log,
-    metrics,
-    observed,
-    readyz,
-    search_handler,
-    starlette_error,
-    status_handler,
-    tool_route,
-)
+from kbgraph.http.routes import encode_json, internal_error, log, starlette_error
 from kbgraph.service import Service
 
 
@@ -47,30 +33,25 @@ def create_app(config: Config) -> Starlette:
     """The whole service: agent API, webhook ingest, health and metrics."""
     openapi = encode_json(openapi_document(explorer.OPENAPI_PATHS))
     listing = encode_json(toolspecs.http_listing())
-
     service = Service(config)
+    context = AppContext.build(config, service)  # the one thing every route is handed
+    running = context.running
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         for door in config.open_doors():  # loud: a config taken as written may be a mistake
             log.warning("door open: %s (served on loopback names only)", door)
         await anyio.to_thread.run_sync(service.open)  # kbgraph.service: built in one place
-        app.state.store = service.store
-        app.state.projections = service.projections
-        app.state.tool_threads = service.tool_threads
         await service.follow()
-        mcp_manager = mcp_out.http_session_manager(lambda: service.tool_threads)
-        app.state.mcp = mcp_manager
-        app.state.ready = True
+        running.mcp = mcp_out.http_session_manager(lambda: service.tool_threads)
+        running.ready = True
         try:
-            async with mcp_manager.run():  # the SDK's task group lives as long as the app
+            async with running.mcp.run():  # the SDK's task group lives as long as the app
                 yield
         finally:
-            app.state.ready = False
+            running.ready = False
+            running.mcp = None
             await service.close()
-
-    async def ready(request: Request) -> Response:
-        return await readyz(request, service)
 
     async def openapi_json(request: Request) -> Response:
         return Response(openapi, media_type="application/json")
@@ -78,27 +59,14 @@ def create_app(config: Config) -> Starlette:
     async def tools_json(request: Request) -> Response:
         return Response(listing, media_type="application/json")
 
-    routes = [
-        *[tool_route(spec) for spec in toolspecs.HTTP_TOOLS],
-        Route("/v1/kbs", observed("kbs", kbs_handler), methods=["GET"]),
-        Route("/v1/kbs/{kb}/search", observed("search", search_handler), methods=["GET"]),
-        Route(
-            "/v1/kbs/{kb}/concepts/{concept_id:concept_id}",
-            observed("concept", concept_handler),
-            methods=["GET"],
-        ),
-        Route("/v1/kbs/{kb}/status", observed("status", status_handler), methods=["GET"]),
-        Route("/v1/kbs/{kb}/mcp", MCPEndpoint(), methods=["GET", "POST", "DELETE"]),
-        Route("/v1/tools", tools_json, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", ready, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/openapi.json", openapi_json, methods=["GET"]),
-        *ingest.routes(service),
-        *explorer.routes,
-    ]
     app = Starlette(
-        routes=routes,
+        routes=[
+            *routes.routes(context),
+            Route("/v1/tools", tools_json, methods=["GET"]),
+            Route("/openapi.json", openapi_json, methods=["GET"]),
+            *ingest.routes(context),
+            *explorer.routes,
+        ],
         lifespan=lifespan,
         exception_handlers={
             HTTPException: starlette_error,  # routing's 404/405, in JSON
@@ -112,16 +80,17 @@ def create_app(config: Config) -> Starlette:
         ingest_open=lambda kb: not config.webhooks.secrets_for(kb),
         allowed_origins=frozenset(config.server.allowed_origins),
     )
-    app.state.config = config
-    app.state.write_probe = WriteProbe(config.store.path)
-    app.state.tokens = config.token_index()
-    app.state.verifier = SignatureVerifier(list(config.webhooks.secrets))
-    app.state.kb_verifiers = {
-        kb: SignatureVerifier(list(own.secrets)) for kb, own in config.webhooks.kbs.items()
-    }
-    app.state.inflight = ingest.InflightBytes(config.limits.max_inflight_ingest_bytes)
-    app.state.ready = False
+    app.state.context = context  # for context_of: the one use of app.state
     return app
+
+
+def context_of(app: ASGIApp) -> AppContext:
+    """The context ``create_app`` built ``app`` around, for a test or tool holding the app (a
+    test client's ``app``, say)."""
+    if not isinstance(app, Starlette):
+        raise TypeError(f"not an app create_app made: {app!r}")
+    context: AppContext = app.state.context
+    return context
 
 
 def app_from_env() -> Starlette:

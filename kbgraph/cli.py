@@ -31,9 +31,9 @@ from kbgraph import __version__
 from kbgraph.config import CONFIG_ENV, Config, ConfigError, load_config
 from kbgraph.extras import EXIT_USAGE, add_unavailable, config_problem, missing
 from kbgraph.extras import problem as extra_problem
-from kbgraph.http.health import store_folder_problem, store_problem
 from kbgraph.http.port import port_problem
 from kbgraph.sources.demokb import demo_concepts, example_vault
+from kbgraph.store.opening import store_folder_problem, store_problem
 
 APP_FACTORY: Final = "kbgraph.cli:app_factory"
 # The event loop, the store's writer thread and the projection follower share the GIL. At
@@ -172,29 +172,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _fail(problem)
     if args.workers < 1:
         return _fail("--workers: expected at least 1")
-    if config.log.kind == "jetstream":
-        from kbgraph.log.jetstream.connect import secrets_problem
+    from kbgraph.log import backends
 
-        problem = secrets_problem(config.log)
-        if problem:
-            return _fail(problem)
-        from kbgraph.log.jetstream.admin import restore_before_serving
-
-        problem = restore_before_serving(config)
-        if problem:
-            return _fail(problem)
-    problem = store_problem(config.store.path)
+    problem = backends.serving_problem(config) or store_problem(config.store.path)
     if problem:
         return _fail(problem)
-    supervisor = None
-    if args.workers > 1 and config.log.kind == "jetstream":
-        # one applier process writes the node's store from the stream; the workers follow it
-        from kbgraph.log.jetstream.applier import Supervisor
-        from kbgraph.service import APPLIER_ENV
-
-        supervisor = Supervisor(Path(args.config), args.log_level)
-        supervisor.start()
-        os.environ[APPLIER_ENV] = "1"
+    stop_helpers = backends.start_helpers(config, Path(args.config), args.workers, args.log_level)
     try:
         run_server(
             config,
@@ -206,8 +189,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             args.access_log,
         )
     finally:
-        if supervisor is not None:
-            supervisor.stop()
+        if stop_helpers is not None:
+            stop_helpers()
     return 0
 
 
@@ -343,7 +326,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     config = _load(str(config_path))
     if config is None:
         return EXIT_USAGE
-    if config.log.kind == "jetstream":  # the demo seeds its store directly
+    from kbgraph.log.backends import writes_locally
+
+    if not writes_locally(config):  # the demo seeds its store directly
         return _fail(f"config {config_path}: the demo runs on [log] kind = sqlite")
     problem = unsigned_problem(config) or store_problem(config.store.path)
     if problem:

@@ -76,8 +76,9 @@ def require(extra: str, need: str) -> None:
 
 def config_problem(config: Config) -> str | None:
     """The first setting of ``config`` whose extra is missing, said with the extra, or None."""
-    if config.log.kind == "jetstream":
-        found = problem("jetstream", '[log] kind = "jetstream"')
+    kind = config.log.kind  # a log backend's extra is named as its kind
+    if kind in EXTRAS:
+        found = problem(kind, f'[log] kind = "{kind}"')
         if found:
             return found
     provider = config.embeddings.provider

@@ -43,7 +43,7 @@ import asyncio, json, sys, tempfile, time
 from pathlib import Path
 from kbgraph.http.binding import decode_events
 from kbgraph.config import EmbeddingsConfig
-from kbgraph.embeddings import make_embedder
+from kbgraph.embeddings.providers import make_embedder
 from kbgraph.events import SignatureVerifier
 from kbgraph.projection import Projections, warm_up
 from kbgraph.search import SearchIndex

@@ -56,14 +56,13 @@ from typing import Any, Final
 import msgspec
 from starlette.testclient import TestClient
 
-from kbgraph.api import create_app
+from kbgraph.api import context_of, create_app
 from kbgraph.cli import main as kbgraph_main
 from kbgraph.config import load_config
 from kbgraph.events import ConceptUpserted, Event, UpsertData
 from kbgraph.sources.vault.markdown import LinkRef
 from kbgraph.sources.vault.reader import read_vault, walk
 from kbgraph.sources.vault.resolve import Resolver
-from kbgraph.store import Store
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 VAULT: Final = ROOT / "examples" / "vault"
@@ -141,8 +140,7 @@ class Vault:
     def __init__(self, client: TestClient, root: Path, kb: str, vector_timeout: float) -> None:
         self.client = client
         self.kb = kb
-        app: Any = client.app  # the kbgraph app create_app made
-        self.store: Store = app.state.store
+        self.store = context_of(client.app).service.store
         read = read_vault(root)
         self.notes: dict[str, UpsertData] = {nid: note.data for nid, note in read.notes.items()}
         _, files = walk(root)

@@ -26,6 +26,7 @@ from urllib.parse import quote
 import httpx
 from starlette.testclient import TestClient
 
+from kbgraph.api import context_of
 from kbgraph.events import Event
 from tests import webhook_client as wc
 
@@ -97,13 +98,13 @@ class Service:
         """Append a delivery durably and return the KB's seq after it; with ``vectors``, once
         it is applied and the KB's vectors are settled too (they follow in the background, so
         an answer ranked by them is only determined then)."""
-        seq = self.app.state.store.append(kb, events).seq
+        seq = context_of(self.app).service.store.append(kb, events).seq
         if vectors:
             self.vectors_settled(kb, seq)
         return seq
 
     def vectors_settled(self, kb: str, seq: int, timeout: float = 120.0) -> None:
-        projections = self.app.state.projections
+        projections = context_of(self.app).service.projections
         deadline = time.monotonic() + timeout
         while seq:
             p = projections.get(kb)

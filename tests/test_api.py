@@ -15,6 +15,7 @@ from kbgraph.agent.ranking import (
 )
 from kbgraph.agent.tools import PPR_ALPHA as ALPHA
 from kbgraph.agent.tools import SEED_VECTOR_WEIGHT
+from kbgraph.api import context_of
 from kbgraph.config import parse_config
 from tests.kb_events import delete, upsert
 from tests.support import ADMIN, INFRA, OTHER, RUNBOOKS, Service
@@ -427,7 +428,7 @@ def test_search_endpoint(service: Service) -> None:
     )
     scores = [hit["score"] for hit in body["hits"]]
     assert scores == sorted(scores, reverse=True) and all(round(s, 4) == s for s in scores)
-    index = service.app.state.projections.get(KB)
+    index = context_of(service.app).service.projections.get(KB)
     with index.read() as snap:  # the same BM25 the seeds use, rounded to 4 decimals
         _, raw = snap.index.search("dns and", snap.view(None).mask)
         expected = sorted((round(float(x), 4) for x in raw), reverse=True)
@@ -543,7 +544,7 @@ def test_an_unexpected_failure_is_a_json_500_that_reveals_nothing(
 
 def test_readyz_fails_when_the_follower_stopped(service: Service) -> None:
     assert service.client.get("/readyz").status_code == 200
-    service.app.state.projections.error = RuntimeError("apply failed")
+    context_of(service.app).service.projections.error = RuntimeError("apply failed")
     response = service.client.get("/readyz")
     assert response.status_code == 503
     assert "projection stopped following the log" in response.json()["error"]

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from kbgraph.access import Rule, canonical, visible
-from kbgraph.api import create_app
+from kbgraph.api import context_of, create_app
 from kbgraph.config import TokenGrant, load_config
 from kbgraph.names import collection_of
 from tests.kb_events import delete, upsert
@@ -112,7 +112,7 @@ def test_narrowed_equals_hidden_never_written(
     full_kb, ref_kb = f"full-{n}", f"ref-{n}"
     rule_set = canonical(rules)
     token = f"narrow-{n}"
-    service.app.state.tokens[hashlib.sha256(token.encode()).hexdigest()] = TokenGrant(
+    context_of(service.app).tokens[hashlib.sha256(token.encode()).hexdigest()] = TokenGrant(
         name=token, admin=False, rules={full_kb: rule_set}
     )
 
@@ -157,7 +157,7 @@ def test_ties_and_the_shortlist_cut_do_not_follow_hidden_concepts(shared_service
     n = next(_counter)
     full_kb, ref_kb, token = f"full-{n}", f"ref-{n}", f"narrow-{n}"
     rules = canonical([Rule(frozenset({"pub"}), frozenset())])
-    service.app.state.tokens[hashlib.sha256(token.encode()).hexdigest()] = TokenGrant(
+    context_of(service.app).tokens[hashlib.sha256(token.encode()).hexdigest()] = TokenGrant(
         name=token, admin=False, rules={full_kb: rules}
     )
     text = "dns router backup owner"

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from kbgraph.api import create_app
+from kbgraph.api import context_of, create_app
 from kbgraph.config import load_config
 from tests import webhook_client as wc
 from tests.kb_events import upsert
@@ -95,7 +95,7 @@ def test_reads_with_arbitrary_strings(
     if not (sent.isascii() and sent.isdigit()):
         assert status.status_code == 422, status.text
         assert status.json()["error"].startswith("X-Min-Seq: expected up to 19 digits 0-9")
-    elif int(sent) > fuzz_service.app.state.store.kb_seq(KB):
+    elif int(sent) > context_of(fuzz_service.app).service.store.kb_seq(KB):
         # A seq the KB has not reached: the contract's 503 after the bounded wait.
         assert status.status_code == 503 and status.headers["Retry-After"] == "1"
         assert status.json() == {"error": f"not yet at seq {int(sent)}: try again"}
@@ -115,12 +115,12 @@ def test_signed_garbage_deliveries_store_nothing(
     fuzz_service: Service, body: bytes, content_type: str
 ) -> None:
     before = state(fuzz_service)
-    seq = fuzz_service.app.state.store.kb_seq(KB)
+    seq = context_of(fuzz_service.app).service.store.kb_seq(KB)
     headers = wc.signed_headers(SECRET, body, content_type)
     response = fuzz_service.client.post(f"/v1/kbs/{KB}/events", content=body, headers=headers)
     assert_clean_answer(response)
     if response.status_code != 200 or response.json()["applied"] == 0:
-        assert fuzz_service.app.state.store.kb_seq(KB) == seq
+        assert context_of(fuzz_service.app).service.store.kb_seq(KB) == seq
         assert state(fuzz_service) == before
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from kbgraph.api import context_of
 from tests.kb_events import upsert
 from tests.support import ADMIN, Service
 
@@ -29,7 +30,7 @@ def test_queries_see_whole_deliveries_while_they_stream_in(service: Service) -> 
         try:
             for g in range(1, DELIVERIES):
                 service.write(KB, group(g))
-                service.app.state.projections.kick()
+                context_of(service.app).service.projections.kick()
         finally:
             done.set()
 

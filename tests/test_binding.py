@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from kbgraph.api import create_app
+from kbgraph.api import context_of, create_app
 from kbgraph.config import load_config
 from kbgraph.http.binding import decode_events
 from tests import webhook_client as wc
@@ -34,8 +34,8 @@ def post(svc: Service, body: bytes, headers: dict[str, str], kb: str = KB):
 
 
 def state(svc: Service, kb: str = KB) -> tuple:
-    snapshot = svc.app.state.store.load()
-    log = [(r.seq, r.event) for r in svc.app.state.store.read_log(0) if r.kb == kb]
+    snapshot = context_of(svc.app).service.store.load()
+    log = [(r.seq, r.event) for r in context_of(svc.app).service.store.read_log(0) if r.kb == kb]
     return snapshot.kbs.get(kb), log
 
 

@@ -13,9 +13,10 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from kbgraph.config import Config, parse_config
-from kbgraph.events import SignatureVerifier
 from kbgraph.http import ingest
-from kbgraph.log import DeliveryLog, StoreLog
+from kbgraph.http.context import AppContext
+from kbgraph.log.sqlite import StoreLog
+from kbgraph.service import Service
 from kbgraph.store import Store, StoreBusy
 from tests import webhook_client as wc
 from tests.support import SECRET
@@ -24,13 +25,14 @@ OLD_SECRET = "whsec_c2VjcmV0LXRoYXQtd2FzLXJvdGF0ZWQtb3V0"
 
 
 class Harness:
-    def __init__(self, client: TestClient, commits: list[int]) -> None:
+    def __init__(self, client: TestClient, service: Service, commits: list[int]) -> None:
         self.client = client
+        self.service = service
         self.commits = commits
 
     @property
     def store(self) -> Store:
-        return self.client.app.state.store  # type: ignore[attr-defined]
+        return self.service.store
 
     def post(self, kb: str, body: bytes, headers: dict[str, str]):
         return self.client.post(f"/v1/kbs/{kb}/events", content=body, headers=headers)
@@ -40,30 +42,20 @@ class Harness:
         return self.post(kb, body, headers)
 
 
-class Spine:
-    """What the route is given (``kbgraph.service.Service`` in the real service): the log."""
-
-    log: DeliveryLog
-
-
-def make_app(config: Config, commits: list[int]) -> Starlette:
+def make_app(config: Config, service: Service, commits: list[int]) -> Starlette:
     """The ingest routes over the SQLite delivery log, as the real service builds them
     (``kbgraph.service``), with the projection's wake-up counted instead."""
-    spine = Spine()
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
-        app.state.store = store = Store(config.store.path)
-        spine.log = StoreLog(store, lambda: commits.append(1))
+        service.store = store = Store(config.store.path)
+        service.log = StoreLog(store, lambda: commits.append(1))
         try:
             yield
         finally:
             store.close()
 
-    app = Starlette(routes=ingest.routes(spine), lifespan=lifespan)
-    app.state.config = config
-    app.state.verifier = SignatureVerifier(list(config.webhooks.secrets))
-    return app
+    return Starlette(routes=ingest.routes(AppContext.build(config, service)), lifespan=lifespan)
 
 
 def harness_for(tmp_path: Path, secrets: list[str], extra: str = "") -> Iterator[Harness]:
@@ -72,8 +64,9 @@ def harness_for(tmp_path: Path, secrets: list[str], extra: str = "") -> Iterator
         f'[store]\npath = "kb.db"\n[webhooks]\nsecrets = [{listed}]\n{extra}', base_dir=tmp_path
     )
     commits: list[int] = []
-    with TestClient(make_app(config, commits)) as client:
-        yield Harness(client, commits)
+    service = Service(config)
+    with TestClient(make_app(config, service, commits)) as client:
+        yield Harness(client, service, commits)
 
 
 @pytest.fixture
@@ -291,11 +284,10 @@ class _FailingStore:
 )
 def test_store_failures_are_not_acknowledged(tmp_path: Path, exc: Exception, status: int) -> None:
     commits: list[int] = []
-    spine = Spine()
-    spine.log = StoreLog(_FailingStore(exc), lambda: commits.append(1))  # type: ignore[arg-type]
-    app = Starlette(routes=ingest.routes(spine))
-    app.state.config = parse_config("", base_dir=tmp_path)
-    app.state.verifier = SignatureVerifier([])
+    config = parse_config("", base_dir=tmp_path)
+    service = Service(config)
+    service.log = StoreLog(_FailingStore(exc), lambda: commits.append(1))  # type: ignore[arg-type]
+    app = Starlette(routes=ingest.routes(AppContext.build(config, service)))
     with TestClient(app) as client:
         body, headers = wc.delivery(None, [wc.upsert("x")])
         response = client.post("/v1/kbs/kb/events", content=body, headers=headers)

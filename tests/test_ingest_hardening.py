@@ -16,7 +16,7 @@ import msgspec
 import pytest
 from starlette.testclient import TestClient
 
-from kbgraph.api import create_app
+from kbgraph.api import context_of, create_app
 from kbgraph.config import load_config
 from kbgraph.events import MAX_JSON_DEPTH, TOO_DEEP, ConceptUpserted, UpsertData
 from kbgraph.store import ReplayRefused, Store, WebhookMessage
@@ -67,7 +67,7 @@ def send(svc: Service, kb: str, events, secret: str = SECRET):
 
 
 def kb_seq(svc: Service, kb: str) -> int:
-    return svc.app.state.store.kb_seq(kb)
+    return context_of(svc.app).service.store.kb_seq(kb)
 
 
 def test_a_kb_with_its_own_secrets_takes_only_those(svc: Service) -> None:
@@ -105,7 +105,7 @@ def test_a_webhook_id_stays_bound_while_its_timestamp_verifies(svc: Service) -> 
     now = int(time.time())
     body = wc.encode([wc.upsert("infra/dns")])
     headers = wc.signed_headers(SECRET, body, wc.BATCH, timestamp=now - 110)
-    store = svc.app.state.store
+    store = context_of(svc.app).service.store
     store.clock = lambda: time.time() - 400  # accepted 400 s ago, stamped 290 s ahead of it
     assert post(svc, "one", body, headers).json()["applied"] == 1
     store.clock = time.time
@@ -127,7 +127,9 @@ def test_a_binary_resend_with_other_attributes_is_refused(svc: Service) -> None:
     assert refused.status_code == 401
     assert "was accepted before for other events: refused as a replay" in refused.json()["error"]
     assert kb_seq(svc, "homelab") == seq
-    assert "notes/b" in {c.id for c in svc.app.state.store.load().kbs["homelab"].concepts}
+    assert "notes/b" in {
+        c.id for c in context_of(svc.app).service.store.load().kbs["homelab"].concepts
+    }
     retry = post(svc, "homelab", body, headers)  # the sender's own retry: a duplicate
     assert (retry.status_code, retry.json()["duplicates"]) == (200, 1)
 
@@ -194,7 +196,7 @@ def test_kb_creation_is_capped(svc: Service) -> None:
     assert refused.json() == {
         "error": "kb k4 not created: 3 KBs exist, the limit ([limits] max_kbs)"
     }
-    assert kb_seq(svc, "k4") == 0 and "k4" not in svc.app.state.store.load().kbs
+    assert kb_seq(svc, "k4") == 0 and "k4" not in context_of(svc.app).service.store.load().kbs
     assert send(svc, "k1", [wc.upsert("a/y")]).json()["applied"] == 1  # existing KBs go on
 
 
@@ -261,7 +263,7 @@ def test_ids_are_nfc_and_format_characters_refused(svc: Service) -> None:
                 ).json()["applied"] == 1  # fmt: skip
     # the NFC spelling is the same concept: version 1 again is stale
     assert send(svc, "homelab", [wc.upsert(nfc)]).json()["stale"] == 1
-    (stored,) = svc.app.state.store.load().kbs["homelab"].concepts
+    (stored,) = context_of(svc.app).service.store.load().kbs["homelab"].concepts
     assert (stored.id, stored.links) == (nfc, [unicodedata.normalize("NFC", "x/é")])
     seq = kb_seq(svc, "homelab")
     for spelling in (nfc, nfd):  # reads find it by either spelling

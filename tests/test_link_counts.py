@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from kbgraph.api import create_app
+from kbgraph.api import context_of, create_app
 from kbgraph.config import load_config
 from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sync import sync_once
@@ -31,7 +31,7 @@ def counts_seen(root: Path, folder: Path) -> tuple[int, int, int, str]:
     app = create_app(load_config(write_config(folder)))
     with TestClient(app, base_url="http://127.0.0.1") as client:
         with Manifest(folder / "manifest.sqlite") as manifest:
-            report = sync_once(root, "kb", AppSink(app.state.store), manifest)
+            report = sync_once(root, "kb", AppSink(context_of(app).service.store), manifest)
         headers = {"Authorization": f"Bearer {ADMIN}", "X-Min-Seq": "1"}
         status = client.get("/v1/kbs/kb/status", headers=headers).json()
         listed = client.get("/v1/kbs", headers=headers).json()["kbs"]

@@ -7,7 +7,10 @@ with ``ast``:
   the accessing module does not;
 - nor imports one (``from kbgraph.x import _name``; a package's private module, as
   ``kbgraph.graphalgo._kernels``, is its package's own to import from);
-- every module is at most ``MAX_LINES`` lines long.
+- every module is at most ``MAX_LINES`` lines long;
+- no import circle among the package's modules, an import inside a function or under
+  ``TYPE_CHECKING`` counted as any other (``from kbgraph.a import b`` is an import of the
+  module ``kbgraph.a.b`` when there is one, else of ``kbgraph.a``).
 
 Underscore names of other libraries (``os._exit``) are theirs to allow; dunders are public.
 
@@ -21,6 +24,7 @@ name or module imported from ``kbgraph``), each one a face too narrow to widen f
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -170,6 +174,132 @@ def test_no_module_reads_another_modules_underscore_names() -> None:
     assert violations(_sources()) == []
 
 
+def module_name(path: Path) -> str:
+    """``kbgraph/a/b.py`` -> ``kbgraph.a.b``; a package's ``__init__.py`` is the package."""
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(name: str, is_package: bool, tree: ast.Module, known: set[str]) -> set[str]:
+    """The modules of ``known`` that module ``name`` imports, anywhere in its text."""
+    package = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def add(target: str) -> None:
+        while target and target not in known:  # an attribute of a module: that module
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found.add(target)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            for alias in node.names:
+                add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+    return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm), each
+    sorted: every import circle lies within one."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def import_graph(sources: dict[str, tuple[bool, str]]) -> dict[str, set[str]]:
+    """module name -> the modules it imports, of ``sources`` (name -> (is package, text))."""
+    known = set(sources)
+    return {
+        name: imported(name, is_package, ast.parse(text), known)
+        for name, (is_package, text) in sources.items()
+    }
+
+
+def test_no_import_circle_among_the_packages_modules() -> None:
+    modules = sorted(PACKAGE.rglob("*.py"))  # kbgraph's own (loadtest/ is a user of it)
+    sources = {module_name(p): (p.name == "__init__.py", p.read_text()) for p in modules}
+    assert circles(import_graph(sources)) == []
+
+
+@pytest.mark.parametrize(
+    ("sources", "expected"),
+    [
+        # a circle through a function-level import, and one under TYPE_CHECKING
+        (
+            {
+                "k.a": (False, "from k.b import f\n"),
+                "k.b": (False, "def f():\n    from k.a import g\n"),
+                "k.c": (False, "import k.a\n"),
+            },
+            [["k.a", "k.b"]],
+        ),
+        (
+            {
+                "k.a": (
+                    False,
+                    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from k.b import B\n",
+                ),
+                "k.b": (False, "from k import a\n"),
+            },
+            [["k.a", "k.b"]],
+        ),
+        # a package's __init__ importing a module that imports the package back
+        (
+            {"k": (True, "from .b import f\n"), "k.b": (False, "from k import X\n")},
+            [["k", "k.b"]],
+        ),
+        # downhill only: a package's module importing a sibling through the package's name
+        (
+            {
+                "k": (True, ""),
+                "k.a": (False, "from k import b\n"),
+                "k.b": (False, "import os\n"),
+            },
+            [],
+        ),
+    ],
+)
+def test_the_circle_finder_finds_what_it_should(
+    sources: dict[str, tuple[bool, str]], expected: list[list[str]]
+) -> None:
+    assert circles(import_graph(sources)) == expected
+
+
 def test_every_module_is_at_most_600_lines() -> None:
     long = {
         name: n for name, text in _sources().items() if (n := len(text.splitlines())) > MAX_LINES
@@ -254,3 +384,14 @@ def test_the_checker_finds_what_it_should(owner: str, reader: str, expected: boo
 )
 def test_the_test_counter_counts_what_it_should(test: str, expected: list[str]) -> None:
     assert [what for _line, what in private_reads(ast.parse(test))] == expected
+
+
+def test_the_jetstream_package_names_its_modules() -> None:
+    """``kbgraph/log/jetstream/__init__``'s list of its jobs names each of its modules, and
+    only modules that exist (it once named a ``follower`` that was ``consumer.py``)."""
+    package = PACKAGE / "log" / "jetstream"
+    text = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    jobs = text.split("Along its jobs:", 1)[1].split("\n\n", 1)[0]
+    named = set(re.findall(r"``([a-z_]+)``", jobs))
+    modules = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    assert named == modules

@@ -19,7 +19,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from kbgraph import cli
-from kbgraph.api import create_app
+from kbgraph.api import context_of, create_app
 from kbgraph.config import MIN_TOKEN_CHARS, ConfigError, load_config, parse_config
 from tests import webhook_client as wc
 from tests.support import ADMIN, SECRET
@@ -46,7 +46,7 @@ def tokens_unsigned(tmp_path: Path) -> Iterator[TestClient]:
 
 def _seq(client: TestClient, kb: str) -> int:
     """The KB's seq in the store (0: never written), whatever the projection caught up with."""
-    return int(client.app.state.store.kb_seq(kb))  # type: ignore[attr-defined]
+    return int(context_of(client.app).service.store.kb_seq(kb))
 
 
 def test_rebinding_page_cannot_write_unsigned_deliveries_beside_tokens(

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from kbgraph.config import load_config
-from kbgraph.log import DeliveryLog, StoreLog
+from kbgraph.log import DeliveryLog
+from kbgraph.log.sqlite import StoreLog
 from tests.support import write_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,10 +60,12 @@ def test_a_sqlite_service_never_imports_nats(tmp_path: Path) -> None:
 def test_the_log_is_chosen_by_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """sqlite: the store's own log; jetstream: a node's log, or a worker's beside an applier.
     Each is a ``DeliveryLog`` (the protocol's methods, with their signatures)."""
+    from kbgraph.log.backends import open_log
+    from kbgraph.log.jetstream.backend import APPLIER_ENV
     from kbgraph.log.jetstream.node import JetStreamLog
     from kbgraph.log.jetstream.worker import WorkerLog
     from kbgraph.projection import Projections
-    from kbgraph.service import APPLIER_ENV, make_log, open_store
+    from kbgraph.store.opening import open_store
 
     sqlite = load_config(write_config(tmp_path))
     monkeypatch.setenv("KBGRAPH_TEST_MAC", "a cluster secret of 32 bytes....")
@@ -74,9 +77,9 @@ def test_the_log_is_chosen_by_the_config(tmp_path: Path, monkeypatch: pytest.Mon
     store = open_store(sqlite)
     try:
         projections = Projections(store)
-        chosen = [make_log(sqlite, store, projections), make_log(jetstream, store, projections)]
+        chosen = [open_log(sqlite, store, projections), open_log(jetstream, store, projections)]
         monkeypatch.setenv(APPLIER_ENV, "1")
-        chosen.append(make_log(jetstream, store, projections))
+        chosen.append(open_log(jetstream, store, projections))
         assert [type(log) for log in chosen] == [StoreLog, JetStreamLog, WorkerLog]
         for log in chosen:
             for name in ("follow", "append", "problem", "close"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import quote
 
+from kbgraph.api import context_of
 from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sync import sync_once
 from kbgraph.store import Store
@@ -14,7 +15,7 @@ from tests.vault_files import VAULT, AppSink
 
 
 def test_example_vault(service: Service, tmp_path: Path) -> None:
-    store = service.app.state.store
+    store = context_of(service.app).service.store
     with Manifest(tmp_path / "manifest.sqlite") as manifest:
         report = sync_once(VAULT, "homelab", AppSink(store), manifest)
     read = report.read

@@ -26,7 +26,7 @@ from starlette.testclient import TestClient
 
 from kbgraph.access import Rule, canonical
 from kbgraph.agent import retrieval, tools
-from kbgraph.api import create_app
+from kbgraph.api import context_of, create_app
 from kbgraph.config import ConfigError, load_config, parse_config
 from kbgraph.embeddings import EmbeddingRefused, concept_text, embed_each
 from kbgraph.embeddings.openai import OpenAIEmbedder
@@ -104,9 +104,13 @@ def test_events_are_applied_and_readable_while_the_provider_hangs(tmp_path: Path
             assert vector.json() == {"error": retrieval.UNAVAILABLE}  # no URL (case 9)
             server.gate.set()
             s.vectors_settled(KB, seq)
-            config = client.app.state.config  # from now on a question waits for its vector
+            app_context = context_of(client.app)  # from now on a question waits for its vector
+            config = app_context.config
             embeddings = msgspec.structs.replace(config.embeddings, query_timeout_seconds=120)
-            client.app.state.config = msgspec.structs.replace(config, embeddings=embeddings)
+            # the context is frozen for the service; the test alone changes it while it runs
+            object.__setattr__(
+                app_context, "config", msgspec.structs.replace(config, embeddings=embeddings)
+            )
             hybrid = s.call(ADMIN, "GET", f"/v1/kbs/{KB}/search?q=dns", seq).json()
             assert hybrid["mode"] == "hybrid"
             context = s.tool(ADMIN, KB, "graph_context", {"query": "dns"}, seq).json()

@@ -1,77 +1,143 @@
 """The tools as served: one catalogue that the HTTP API, MCP and the OpenAPI document all read.
 
 Each ``ToolSpec`` names a tool, its msgspec request and response types (whose field metadata
-carries every description, default, bound and allowed value: ``kbgraph.agent.tools``), the function
-that answers it and the description an agent reads. Nothing here is written twice: the JSON
-Schemas of ``/v1/tools``, ``/openapi.json`` and MCP's ``tools/list`` are generated from it.
+carries every description, default, bound and allowed value: ``kbgraph.agent.shapes``), the
+function that answers it (typed: mypy checks it takes the request and gives the response), the
+text MCP shows of its answer (``kbgraph.agent.render``), the description an agent reads and the
+route the docs name it by (``docs/agents.md``'s endpoints table; ``tests/test_toolspecs.py``
+checks each is there). Nothing here is written twice: the JSON Schemas of ``/v1/tools``,
+``/openapi.json`` and MCP's ``tools/list`` are generated from it, and HTTP and MCP run a tool
+through one sequence (``kbgraph.agent.calls``).
+
+A new tool is its request and response types (``shapes``), its function and its renderer (a
+module of its own, or ``tools`` and ``render``), and one ``ToolSpec`` below.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 import msgspec
 
-from kbgraph.agent import retrieval, shapes, tools
+from kbgraph.agent import render, retrieval, shapes, tools
+from kbgraph.graphalgo import View
+from kbgraph.projection.snapshot import Snapshot
+
+Req = TypeVar("Req", bound=msgspec.Struct)
+Resp = TypeVar("Resp", bound=msgspec.Struct)
+
+
+def no_question(request: object) -> None:
+    """A tool that wants no vector."""
+    return None
 
 
 @dataclass(frozen=True, slots=True)
-class ToolSpec:
+class ToolSpec(Generic[Req, Resp]):
     name: str
-    request_type: type[msgspec.Struct]
-    response_type: type[msgspec.Struct]
-    run: Callable[[Any, Any, Any, Any], Any]  # (snapshot, view, request, meaning) -> response
+    request_type: type[Req]
+    response_type: type[Resp]
+    run: Callable[[Snapshot, View, Req, retrieval.Meaning], Resp]
+    render: Callable[[dict[str, Any]], list[str]]  # MCP's text: lines of the body's JSON values
     description: str
+    route: str  # "METHOD path" as docs/agents.md's endpoints table names it
     advanced: bool = False
     http_post: bool = True  # served at POST /v1/kbs/{kb}/tools/{name} (else a GET route)
     # the text whose vector the tool wants (embedded before the lock: kbgraph.agent.retrieval)
-    question: Callable[[Any], str | None] = lambda req: None
+    question: Callable[[Req], str | None] = no_question
+
+
+def _post(name: str) -> str:
+    return f"POST /v1/kbs/{{kb}}/tools/{name}"
+
+
+# Each tool's function as a spec runs it, (snapshot, view, request, meaning) -> response, typed
+# so that mypy checks the request's fields and the response against the spec's types.
+
+
+def _search(
+    snap: Snapshot, view: View, req: shapes.SearchRequest, meaning: retrieval.Meaning
+) -> shapes.SearchResponse:
+    return tools.search(snap, view, req.query, req.limit, req.mode, meaning)
+
+
+def _concept(
+    snap: Snapshot, view: View, req: shapes.ConceptRequest, meaning: retrieval.Meaning
+) -> shapes.ConceptResponse:
+    return tools.concept(snap, view, req.id)
+
+
+def _link_suggest(
+    snap: Snapshot, view: View, req: shapes.LinkSuggestRequest, meaning: retrieval.Meaning
+) -> shapes.LinkSuggestResponse:
+    return tools.link_suggest(snap, view, req)
+
+
+def _graph_path(
+    snap: Snapshot, view: View, req: shapes.GraphPathRequest, meaning: retrieval.Meaning
+) -> shapes.GraphPathResponse:
+    return tools.graph_path(snap, view, req)
+
+
+def _context_question(req: shapes.GraphContextRequest) -> str | None:
+    return req.query
+
+
+def _search_question(req: shapes.SearchRequest) -> str | None:
+    return req.query if retrieval.needs_meaning(req.mode) else None
 
 
 SPECS: Final = (
     ToolSpec(
         "graph_context", shapes.GraphContextRequest, shapes.GraphContextResponse,
-        tools.graph_context,
+        tools.graph_context, render.render_context,
         "The concepts around a question or given concept ids: 'ranked' is the list to read, "
         "the best matches (seeds, hops 0) and the concepts personalized PageRank finds around "
         "them on the link graph in one order, each with its score, hop count, the concept it "
         "was reached through (via) and a text snippet; 'seeds' and 'results' are its parts. "
         "Start here.",
-        question=lambda req: req.query,
+        _post("graph_context"),
+        question=_context_question,
     ),
     ToolSpec(
         "search", shapes.SearchRequest, shapes.SearchResponse,
-        lambda snap, view, req, meaning: tools.search(
-            snap, view, req.query, req.limit, req.mode, meaning
-        ),
+        _search,
+        render.render_search,
         "Search made for questions (BM25F over titles and aliases, then texts; stop words, "
         "stems): hits with score and snippet.",
+        "GET /v1/kbs/{kb}/search?q=&limit=&mode=",
         http_post=False,
-        question=lambda req: req.query if retrieval.needs_meaning(req.mode) else None,
+        question=_search_question,
     ),
     ToolSpec(
         "get_concept", shapes.ConceptRequest, shapes.ConceptResponse,
-        lambda snap, view, req, meaning: tools.concept(snap, view, req.id),
+        _concept,
+        render.render_concept,
         "One concept in full: title, aliases, type, status, tags, text, its links and backlinks.",
+        "GET /v1/kbs/{kb}/concepts/{id}",
         http_post=False,
     ),
     ToolSpec(
         "link_suggest", shapes.LinkSuggestRequest, shapes.LinkSuggestResponse,
-        lambda snap, view, req, meaning: tools.link_suggest(snap, view, req),
+        _link_suggest,
+        render.render_suggest,
         "Links a concept is probably missing: concepts its text mentions or shares rare terms "
         "and tags with, and concepts it shares neighbours with (method hybrid, the default), "
         "or shared neighbours alone (method structure); each with its evidence.",
+        _post("link_suggest"),
     ),
     ToolSpec(
         "graph_path", shapes.GraphPathRequest, shapes.GraphPathResponse,
-        lambda snap, view, req, meaning: tools.graph_path(snap, view, req),
+        _graph_path,
+        render.render_path,
         "Advanced: the shortest chain of links between two concepts.",
+        _post("graph_path"),
         advanced=True,
     ),
 )  # fmt: skip
-BY_NAME: Final = {spec.name: spec for spec in SPECS}
+BY_NAME: Final[dict[str, ToolSpec[Any, Any]]] = {spec.name: spec for spec in SPECS}
 HTTP_TOOLS: Final = tuple(spec for spec in SPECS if spec.http_post)
 
 

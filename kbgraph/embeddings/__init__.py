@@ -6,7 +6,8 @@
 - ``openai`` (``kbgraph.embeddings.openai``): any OpenAI-compatible ``/v1/embeddings``.
 - ``none``: no vectors; search is lexical only.
 
-A provider raises ``EmbeddingUnavailable`` when it cannot answer now; vectors are derived data,
+The configured provider is made by ``kbgraph.embeddings.providers.make_embedder``. A provider
+raises ``EmbeddingUnavailable`` when it cannot answer now; vectors are derived data,
 so the caller serves without them and tries again later (``kbgraph.projection.filler``). It
 raises ``EmbeddingRefused`` when it answered that a text of the batch cannot be embedded (too
 long for its context): ``embed_each`` then splits the batch until the refusal belongs to one
@@ -19,9 +20,6 @@ import hashlib
 from typing import Protocol
 
 import numpy as np
-
-from kbgraph.config import EmbeddingsConfig
-from kbgraph.extras import missing
 
 
 class EmbeddingUnavailable(Exception):
@@ -42,26 +40,6 @@ class Embedder(Protocol):
     def embed(self, texts: list[str]) -> np.ndarray:
         """Unit float32 rows, one per text, in order; raises EmbeddingUnavailable."""
         ...
-
-
-def local_available() -> bool:
-    return not missing("local")
-
-
-def make_embedder(config: EmbeddingsConfig) -> Embedder | None:
-    """The configured provider, or None for ``none`` (and ``local`` without its package)."""
-    provider = config.provider
-    if provider == "default":
-        provider = "local" if local_available() else "none"
-    if provider == "local":
-        from kbgraph.embeddings.local import LocalEmbedder
-
-        return LocalEmbedder()
-    if provider == "openai":
-        from kbgraph.embeddings.openai import OpenAIEmbedder
-
-        return OpenAIEmbedder(config)
-    return None
 
 
 def concept_text(title: str, aliases: list[str], tags: list[str], text: str) -> str:

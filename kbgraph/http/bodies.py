@@ -18,9 +18,8 @@ class BodyRefused(Refused):
     """A body the API will not take."""
 
 
-async def read_body(request: Request) -> bytes:
-    """The body, or ``BodyRefused`` (413 past the limit, 400 on a client gone midway)."""
-    limit: int = request.app.state.config.limits.max_request_bytes
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, or ``BodyRefused`` (413 past ``limit`` bytes, 400 on a client gone midway)."""
     too_large = BodyRefused(
         413, f"request body over the limit of {limit} bytes", {"Connection": "close"}
     )

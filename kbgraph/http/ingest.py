@@ -13,10 +13,9 @@ only after the store's commit is durable (over JetStream: after a quorum of the 
 replicas stored the delivery and this node's follower applied it, ``kbgraph.log.jetstream``);
 the log wakes this process's projection follower when the delivery applied at least one event.
 
-Where the delivery goes is the process's one ``kbgraph.log.DeliveryLog``, given to
-the route (``routes(service)``: anything with a ``log``), whatever ``[log] kind`` says. The
-route reads its settings from ``request.app.state``: ``verifier`` (the default
-SignatureVerifier) and ``kb_verifiers`` (per KB), ``inflight`` (InflightBytes) and ``config``.
+Where the delivery goes is the process's one ``kbgraph.log.DeliveryLog`` (the service's
+``log``), whatever ``[log] kind`` says. The route is handed the app's ``AppContext``
+(``routes(context)``): the service, the KB's verifier, the bytes in flight and the limits.
 
 The endpoint is a plain ASGI app (``PostEvents``), not a Starlette request function: it reads
 the scope, the body messages and answers with two ``send`` calls, without a ``Request``, a
@@ -31,7 +30,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from typing import Final, Protocol
+from typing import Final
 
 import anyio.to_thread
 import msgspec
@@ -41,9 +40,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from kbgraph.config import DEFAULT_MAX_BODY_BYTES
 from kbgraph.events import DeliveryError, Event, SignatureVerifier
 from kbgraph.http.binding import decode_events
+from kbgraph.http.context import AppContext
+from kbgraph.http.inflight import Reservation
 from kbgraph.log import DeliveryLog, DeliverySkipped, DeliveryTooLarge, LogUnavailable
 from kbgraph.names import KB_NAME_PATTERN, is_kb_name
 from kbgraph.store import (
@@ -115,52 +115,13 @@ class _Busy(Exception):
     pass
 
 
-class InflightBytes:
-    """Delivery bodies being read or decoded in this process, bounded (event loop only).
-
-    A delivery takes its bytes as they arrive (``Reservation``), not what it declares, so a
-    client that declares a large body and trickles it holds only what it sent (and the server's
-    body deadline, ``kbgraph.http.server``, ends it); one delivery alone is always let in.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def reservation(self) -> Reservation:
-        return Reservation(self)
-
-
-class Reservation:
-    """One delivery's share of ``InflightBytes``: ``take`` as bytes arrive, ``release`` once."""
-
-    def __init__(self, pool: InflightBytes) -> None:
-        self.pool = pool
-        self.held = 0
-
-    def take(self, size: int) -> bool:
-        """Hold ``size`` more bytes; False when other deliveries hold the room."""
-        pool = self.pool
-        if pool.used > self.held and pool.used + size > pool.limit:
-            return False
-        pool.used += size
-        self.held += size
-        return True
-
-    def release(self) -> None:
-        self.pool.used -= self.held
-        self.held = 0
-
-
 def error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
     return Response(
         _result_encoder.encode({"error": message}), status, headers=headers, media_type=_JSON
     )
 
 
-async def _read_body(
-    receive: Receive, headers: Headers, limit: int, room: Reservation | None
-) -> bytes:
+async def _read_body(receive: Receive, headers: Headers, limit: int, room: Reservation) -> bytes:
     """The body, refusing it (``_TooLarge``) as soon as it passes ``limit`` bytes, or
     (``_Busy``) as soon as the deliveries in flight hold the room it needs."""
     declared = headers.get("content-length")
@@ -184,7 +145,7 @@ async def _read_body(
             size += len(chunk)
             if size > limit:
                 raise _TooLarge
-            if room is not None and not room.take(len(chunk)):
+            if not room.take(len(chunk)):
                 raise _Busy
             chunks.append(chunk)
         if not message.get("more_body", False):
@@ -212,15 +173,6 @@ def _verify_and_decode(
     return decode_events(body, headers), message
 
 
-def verifier_for(state: object, kb: str) -> SignatureVerifier:
-    """The KB's own secrets' verifier, else the default one (none configured: unsigned)."""
-    own: SignatureVerifier | None = getattr(state, "kb_verifiers", {}).get(kb)
-    if own is not None:
-        return own
-    default: SignatureVerifier | None = getattr(state, "verifier", None)
-    return default or SignatureVerifier([])
-
-
 class _Answer:
     """What a delivery is answered: status, JSON body and extra headers."""
 
@@ -245,24 +197,16 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return _Answer(status, _result_encoder.encode({"error": message}), headers)
 
 
-class HasLog(Protocol):
-    """What the route is given: the process's log (``kbgraph.service.Service``), read per
-    delivery since a service opens its log once the app starts."""
-
-    @property
-    def log(self) -> DeliveryLog: ...
-
-
 class PostEvents:
     """``POST /v1/kbs/{kb}/events`` as a plain ASGI app (see the module's docstring)."""
 
-    def __init__(self, service: HasLog) -> None:
-        self.service = service
+    def __init__(self, context: AppContext) -> None:
+        self.context = context
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Take one delivery: answer 200 with the DeliveryResult once it is durable."""
         started = time.perf_counter()
-        answer = await _handle(scope, receive, self.service.log)
+        answer = await _handle(scope, receive, self.context)
         await answer.send_to(send)
         counter = _delivery_counter.get(answer.status_code)
         if counter is None:
@@ -273,30 +217,25 @@ class PostEvents:
         ACK_SECONDS.observe(time.perf_counter() - started)
 
 
-async def _handle(scope: Scope, receive: Receive, delivery_log: DeliveryLog) -> _Answer:
+async def _handle(scope: Scope, receive: Receive, context: AppContext) -> _Answer:
     kb: str = scope["path_params"]["kb"]
     if not is_kb_name(kb):
         return _error(422, f'invalid kb name "{kb}": expected {KB_NAME_PATTERN}')
-    state = scope["app"].state
     headers = Headers(scope)
-    verifier = verifier_for(state, kb)
+    verifier = context.verifier_for(kb)
     if verifier.enabled:
         problem = verifier.header_problem(headers, time.time())
         if problem is not None:
             return _error(401, problem)
-    config = getattr(state, "config", None)
-    server = getattr(config, "server", None)
-    limit: int = getattr(server, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+    limit = context.config.server.max_body_bytes
     declared = headers.get("content-length", "")
     if declared.isdigit() and (len(declared) >= 19 or int(declared) > limit):
         return _error(413, f"body over the limit of {limit} bytes")
-    inflight: InflightBytes | None = getattr(state, "inflight", None)
-    room = None if inflight is None else inflight.reservation()
+    room = context.inflight.reservation()
     try:
-        return await _take(receive, headers, delivery_log, kb, verifier, limit, room)
+        return await _take(receive, headers, context.service.log, kb, verifier, limit, room)
     finally:
-        if room is not None:
-            room.release()
+        room.release()
 
 
 async def _take(
@@ -306,14 +245,13 @@ async def _take(
     kb: str,
     verifier: SignatureVerifier,
     limit: int,
-    room: Reservation | None,
+    room: Reservation,
 ) -> _Answer:
     try:
         body = await _read_body(receive, headers, limit, room)
     except _TooLarge:
         return _error(413, f"body over the limit of {limit} bytes")
     except _Busy:
-        assert room is not None
         pool = room.pool
         return _error(
             503,
@@ -365,6 +303,6 @@ async def _take(
     return _Answer(200, _result_encoder.encode(result))
 
 
-def routes(service: HasLog) -> list[Route]:
-    """The webhook route, appending to ``service.log``."""
-    return [Route("/v1/kbs/{kb}/events", PostEvents(service), methods=["POST"])]
+def routes(context: AppContext) -> list[Route]:
+    """The webhook route, appending to the context's service's log."""
+    return [Route("/v1/kbs/{kb}/events", PostEvents(context), methods=["POST"])]

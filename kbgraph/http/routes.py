@@ -13,7 +13,8 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from functools import partial
+from typing import Any, Final
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
@@ -26,15 +27,16 @@ from starlette.types import Receive, Scope, Send
 
 from kbgraph.access import RuleSet
 from kbgraph.agent import retrieval, shapes, tools, toolspecs
+from kbgraph.agent.calls import Caller, call
 from kbgraph.agent.retrieval import Meaning, needs_meaning
 from kbgraph.config import TokenGrant
 from kbgraph.events import Refused
 from kbgraph.http import mcp as mcp_out
 from kbgraph.http.bodies import BodyRefused, read_body, replay
+from kbgraph.http.context import AppContext
 from kbgraph.http.ingest import error_response
 from kbgraph.names import is_kb_name
-from kbgraph.projection import KBProjection, Projections, Snapshot
-from kbgraph.service import Service
+from kbgraph.projection import KBProjection, Snapshot
 
 MAX_SEQ_DIGITS: Final = 19  # X-Min-Seq: plain decimal digits only
 _ADMIN: Final = TokenGrant(name="anonymous-admin", admin=True, rules={})
@@ -48,7 +50,6 @@ REQUEST_SECONDS = Histogram(
 )
 
 encode_json = msgspec.json.Encoder().encode
-Req = TypeVar("Req")
 
 
 class ConceptIdConvertor(Convertor[str]):
@@ -78,8 +79,8 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 # --- who is calling, and what may they see -------------------------------------------------
 
 
-def authenticate(request: Request) -> TokenGrant:
-    tokens: dict[str, TokenGrant] = request.app.state.tokens
+def authenticate(context: AppContext, request: Request) -> TokenGrant:
+    tokens = context.tokens
     if not tokens:
         return _ADMIN  # authentication off: allowed on loopback only (the CLI refuses others)
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
@@ -107,16 +108,16 @@ def rules_for(grant: TokenGrant, kb: str) -> RuleSet | None:
     return rules
 
 
-async def open_kb(request: Request, kb: str) -> KBProjection:
+async def open_kb(context: AppContext, request: Request, kb: str) -> KBProjection:
     """The KB's projection, once it has applied ``X-Min-Seq`` (bounded wait, else 503)."""
-    projections: Projections = request.app.state.projections
+    projections = context.service.projections
     raw = request.headers.get("x-min-seq")
     if raw is not None:
         if not (raw.isascii() and raw.isdigit() and len(raw) <= MAX_SEQ_DIGITS):
             shown = raw if len(raw) <= 40 else raw[:40] + "…"
             raise HTTPError(422, f"X-Min-Seq: expected up to 19 digits 0-9, got {shown!r}")
         min_seq = int(raw)
-        timeout = request.app.state.config.server.min_seq_wait_seconds
+        timeout = context.config.server.min_seq_wait_seconds
         if min_seq > 0 and not await projections.wait_for(kb, min_seq, timeout):
             raise HTTPError(503, f"not yet at seq {min_seq}: try again", {"Retry-After": "1"})
     projection = projections.get(kb)
@@ -125,25 +126,19 @@ async def open_kb(request: Request, kb: str) -> KBProjection:
     return projection
 
 
-async def gate(request: Request) -> tuple[KBProjection, RuleSet | None]:
+async def gate(context: AppContext, request: Request) -> tuple[KBProjection, RuleSet | None]:
     """Token, the caller's rules for the path's KB, ``X-Min-Seq``: every read's first steps."""
-    grant = authenticate(request)
+    grant = authenticate(context, request)
     kb = request.path_params["kb"]
     rules = rules_for(grant, kb)
-    return await open_kb(request, kb), rules
-
-
-def decode_body(body: bytes, request_type: type[Req]) -> Req:
-    try:
-        return tools.decode_request(body, request_type)
-    except tools.ToolError as exc:
-        raise HTTPError(exc.status, exc.message) from None
+    return await open_kb(context, request, kb), rules
 
 
 # --- endpoints -----------------------------------------------------------------------------
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+ContextHandler = Callable[[AppContext, Request], Awaitable[Response]]
 
 
 def observed(route: str, handler: Handler) -> Handler:
@@ -169,7 +164,7 @@ def observed(route: str, handler: Handler) -> Handler:
 
 
 async def run_on_snapshot(
-    request: Request,
+    context: AppContext,
     projection: KBProjection,
     rules: RuleSet | None,
     compute: Callable[[Snapshot, Any], Any],
@@ -184,34 +179,40 @@ async def run_on_snapshot(
             body = compute(snap, snap.view(rules))
             return snap.seq, encode_json(body)
 
-    seq, body = await request.app.state.tool_threads.run(work)
+    seq, body = await context.service.tool_threads.run(work)
     return Response(body, headers={"X-KB-Seq": str(seq)}, media_type="application/json")
 
 
-async def meaning_of(request: Request, projection: KBProjection, question: str | None) -> Meaning:
+async def meaning_of(
+    context: AppContext, projection: KBProjection, question: str | None
+) -> Meaning:
     """The question's vector, before a tool thread or the KB's lock is taken (or none in time)."""
-    seconds = request.app.state.config.embeddings.query_timeout_seconds
+    seconds = context.config.embeddings.query_timeout_seconds
     return await retrieval.embed_meaning(projection.vectors, question, seconds)
 
 
-def tool_route(spec: toolspecs.ToolSpec) -> Route:
+def encoded(seq: int, answer: msgspec.Struct) -> tuple[int, bytes]:
+    """A tool's answer as the HTTP body, made in its tool thread."""
+    return seq, encode_json(answer)
+
+
+def tool_route(context: AppContext, spec: toolspecs.ToolSpec[Any, Any]) -> Route:
     async def handler(request: Request) -> Response:
-        projection, rules = await gate(request)  # 404 for a missing KB before the body
-        req = decode_body(await read_body(request), spec.request_type)
-        meaning = await meaning_of(request, projection, spec.question(req))
-        return await run_on_snapshot(
-            request, projection, rules, lambda snap, view: spec.run(snap, view, req, meaning)
-        )
+        projection, rules = await gate(context, request)  # 404 for a missing KB before the body
+        body = await read_body(request, context.config.limits.max_request_bytes)
+        caller = Caller(projection, rules, context.config.embeddings.query_timeout_seconds)
+        seq, answer = await call(spec, caller, body, context.service.tool_threads, encoded)
+        return Response(answer, headers={"X-KB-Seq": str(seq)}, media_type="application/json")
 
     path = f"/v1/kbs/{{kb}}/tools/{spec.name}"
     return Route(path, observed(spec.name, handler), methods=["POST"])
 
 
-async def kbs_handler(request: Request) -> Response:
+async def kbs_handler(context: AppContext, request: Request) -> Response:
     """``GET /v1/kbs``: the KBs this token may see (a KB it has no rule for is not named),
     each with its visible concept and link counts."""
-    grant = authenticate(request)
-    projections: Projections = request.app.state.projections
+    grant = authenticate(context, request)
+    projections = context.service.projections
     names = projections.names() if grant.admin else sorted(grant.rules)
 
     def work() -> bytes:
@@ -225,12 +226,12 @@ async def kbs_handler(request: Request) -> Response:
                 listed.append(tools.status(snap, view, name))
         return encode_json(shapes.KBsResponse(kbs=listed, count=len(listed)))
 
-    body = await request.app.state.tool_threads.run(work)
+    body = await context.service.tool_threads.run(work)
     return Response(body, media_type="application/json")
 
 
-async def search_handler(request: Request) -> Response:
-    projection, rules = await gate(request)
+async def search_handler(context: AppContext, request: Request) -> Response:
+    projection, rules = await gate(context, request)
     query = request.query_params.get("q")
     if query is None:
         raise HTTPError(422, "'q' is required")
@@ -240,28 +241,28 @@ async def search_handler(request: Request) -> Response:
     except ValueError:
         raise HTTPError(422, f"limit: Expected int, got {raw_limit!r}") from None
     mode = request.query_params.get("mode") or None
-    meaning = await meaning_of(request, projection, query if needs_meaning(mode) else None)
+    meaning = await meaning_of(context, projection, query if needs_meaning(mode) else None)
     return await run_on_snapshot(
-        request,
+        context,
         projection,
         rules,
         lambda snap, view: tools.search(snap, view, query, limit, mode, meaning),
     )
 
 
-async def concept_handler(request: Request) -> Response:
-    projection, rules = await gate(request)
+async def concept_handler(context: AppContext, request: Request) -> Response:
+    projection, rules = await gate(context, request)
     concept_id = request.path_params["concept_id"]
     return await run_on_snapshot(
-        request, projection, rules, lambda snap, view: tools.concept(snap, view, concept_id)
+        context, projection, rules, lambda snap, view: tools.concept(snap, view, concept_id)
     )
 
 
-async def status_handler(request: Request) -> Response:
-    projection, rules = await gate(request)
+async def status_handler(context: AppContext, request: Request) -> Response:
+    projection, rules = await gate(context, request)
     kb = request.path_params["kb"]
     return await run_on_snapshot(
-        request, projection, rules, lambda snap, view: tools.status(snap, view, kb)
+        context, projection, rules, lambda snap, view: tools.status(snap, view, kb)
     )
 
 
@@ -273,10 +274,14 @@ class MCPEndpoint:
     session) answer ``405`` as the MCP specification allows, so no stream can be held open.
     """
 
+    def __init__(self, context: AppContext) -> None:
+        self.context = context
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        context = self.context
         request = Request(scope, receive)
         try:
-            projection, rules = await gate(request)
+            projection, rules = await gate(context, request)
             if scope["method"] != "POST":
                 raise HTTPError(
                     405,
@@ -287,13 +292,17 @@ class MCPEndpoint:
             content_type = request.headers.get("content-type", "")
             if content_type.split(";")[0].strip().lower() != "application/json":
                 raise HTTPError(415, f"Content-Type {content_type!r}: expected application/json")
-            receive = replay(await read_body(request), receive)  # the SDK would read any size
+            body = await read_body(request, context.config.limits.max_request_bytes)
+            receive = replay(body, receive)  # the SDK would read any size
+            manager = context.running.mcp
+            if manager is None:  # only between two runs of the app's lifespan
+                raise HTTPError(503, "starting: the MCP endpoint is not running yet")
         except (HTTPError, BodyRefused) as exc:
             await error_response(exc.status, exc.message, exc.headers)(scope, receive, send)
             return
-        seconds = request.app.state.config.embeddings.query_timeout_seconds
-        scope[mcp_out.SCOPE_KEY] = mcp_out.Caller(projection, rules, seconds)
-        await request.app.state.mcp.handle_request(scope, receive, send)
+        seconds = context.config.embeddings.query_timeout_seconds
+        scope[mcp_out.SCOPE_KEY] = Caller(projection, rules, seconds)
+        await manager.handle_request(scope, receive, send)
 
 
 async def starlette_error(request: Request, exc: Exception) -> Response:
@@ -320,18 +329,19 @@ async def healthz(request: Request) -> Response:
     return json_response({"status": "ok"})
 
 
-async def readyz(request: Request, service: Service) -> Response:
+async def readyz(context: AppContext, request: Request) -> Response:
     """Ready once the projection is built and the kernels compiled; not ready again if the
     follower stopped (it does when applying a record fails, rather than serve a stale graph)
     or while the store cannot write (``kbgraph.http.health.WriteProbe``), or while the delivery
     log says why it cannot take deliveries (over JetStream: until this node has applied the
     stream as far as it reached when the node started, among others)."""
-    if not getattr(request.app.state, "ready", False):
+    if not context.running.ready:
         return error_response(503, "starting: building the projection")
+    service = context.service
     failure = service.projections.error
     if failure is not None:
         return error_response(503, f"projection stopped following the log: {failure!r}")
-    problem = await request.app.state.write_probe.problem()
+    problem = await context.write_probe.problem()
     if problem is not None:
         return error_response(503, problem)
     problem = service.log.problem()
@@ -340,13 +350,36 @@ async def readyz(request: Request, service: Service) -> Response:
     return json_response({"status": "ready"})
 
 
-async def metrics(request: Request) -> Response:
+async def metrics(context: AppContext, request: Request) -> Response:
     """Prometheus's exposition: its counts are over every KB, so with authentication on only
     an admin token or one with ``metrics = true`` reads them (a scraper's bearer token)."""
     try:
-        grant = authenticate(request)
+        grant = authenticate(context, request)
     except HTTPError as exc:
         return error_response(exc.status, exc.message, exc.headers)
     if not grant.metrics and not grant.admin:
         return error_response(403, "this token may not read /metrics: needs admin or metrics")
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+def routes(context: AppContext) -> list[Route]:
+    """The agent API's routes, health and metrics, each handed ``context``."""
+
+    def bound(handler: ContextHandler) -> Handler:
+        return partial(handler, context)
+
+    return [
+        *[tool_route(context, spec) for spec in toolspecs.HTTP_TOOLS],
+        Route("/v1/kbs", observed("kbs", bound(kbs_handler)), methods=["GET"]),
+        Route("/v1/kbs/{kb}/search", observed("search", bound(search_handler)), methods=["GET"]),
+        Route(
+            "/v1/kbs/{kb}/concepts/{concept_id:concept_id}",
+            observed("concept", bound(concept_handler)),
+            methods=["GET"],
+        ),
+        Route("/v1/kbs/{kb}/status", observed("status", bound(status_handler)), methods=["GET"]),
+        Route("/v1/kbs/{kb}/mcp", MCPEndpoint(context), methods=["GET", "POST", "DELETE"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", bound(readyz), methods=["GET"]),
+        Route("/metrics", bound(metrics), methods=["GET"]),
+    ]

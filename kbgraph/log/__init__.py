@@ -7,10 +7,11 @@ A delivery's way, for a newcomer reading the code in order:
    ``DeliveryResult`` it returns: nothing else of the service is reached from the route.
 2. ``append`` makes the delivery durable and decided, in one of three ways:
 
-   - ``StoreLog`` (``[log] kind = "sqlite"``): ``Store.append_async`` hands it to the store's
-     writer thread, which decides each event (``kbgraph.store.decide``), writes the state and
-     appends the applied events to the log table (``kbgraph.store.eventlog.SqliteLog.append``) in
-     one transaction, fsynced before the future resolves;
+   - ``StoreLog`` (``[log] kind = "sqlite"``, ``kbgraph.log.sqlite``): ``Store.append_async``
+     hands it to the store's writer thread, which decides each event (``kbgraph.store.decide``),
+     writes the state and appends the applied events to the log table
+     (``kbgraph.store.eventlog.SqliteLog.append``) in one transaction, fsynced before the future
+     resolves;
    - ``JetStreamLog`` (``kind = "jetstream"``, one process per node): publishes it as one
      message to the stream; this node's follower applies the stream in order through
      ``Store.submit_from_log`` (the same writer, the same decision code, the same log table)
@@ -26,24 +27,21 @@ A delivery's way, for a newcomer reading the code in order:
 and, on a node, the stream's follower); ``problem`` is what ``/readyz`` says about the log;
 ``close`` stops it. ``vector_share`` says who embeds when several stores follow one log
 (JetStream: one process of the cluster, ``kbgraph.log.jetstream.embedder``; the SQLite log has one
-store, whose embedder lock suffices). The service builds exactly one log from its config
-(``kbgraph.service``); the rest depends on this protocol only. The refusals every
-implementation raises are defined here so that a SQLite service never imports nats-py.
+store, whose embedder lock suffices). Exactly one log is chosen from the config, in one
+function (``kbgraph.log.backends.open_log``); the rest depends on this protocol only. The
+refusals every implementation raises are defined here so that a SQLite service never imports
+nats-py.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from kbgraph.events import Event
-from kbgraph.store import DeliveryResult, Store, WebhookMessage
+from kbgraph.store import DeliveryResult, WebhookMessage
 
 if TYPE_CHECKING:
     from kbgraph.projection.filler import VectorShare
-
-log = logging.getLogger("kbgraph.http.ingest")
 
 
 class LogUnavailable(RuntimeError):
@@ -89,37 +87,3 @@ class DeliveryLog(Protocol):
         """Who computes vectors with a provider outside the process when several stores
         follow this log, started by ``follow``; None: this store's own embedder lock."""
         ...
-
-
-class StoreLog:
-    """``[log] kind = "sqlite"``: the store's own log table is the log; ``append`` commits
-    the delivery with its state in one transaction and wakes the projection's follower."""
-
-    def __init__(self, store: Store, on_commit: Callable[[], None]) -> None:
-        self.store = store
-        self.on_commit = on_commit
-
-    async def follow(self) -> None:
-        """Nothing to start: the projection reads the table the writer appends to."""
-
-    async def append(
-        self, kb: str, events: list[Event], message: WebhookMessage | None
-    ) -> DeliveryResult:
-        result = await self.store.append_async(kb, events, message=message)
-        if result.applied:
-            try:
-                self.on_commit()
-            except Exception:  # the delivery is durable: the follower catches up on its own
-                log.exception("on_commit hook failed")
-        return result
-
-    def problem(self) -> str | None:
-        """Always None: whether the store can write is ``kbgraph.http.health.WriteProbe``'s."""
-        return None
-
-    async def close(self) -> None:
-        """Nothing to stop."""
-
-    def vector_share(self) -> None:
-        """None: one store, one embedder lock."""
-        return None

@@ -87,7 +87,7 @@ class KBProjection:
         """Hold the read lock for the whole request; the snapshot is valid inside only."""
         self.lock.acquire_read()
         try:
-            yield Snapshot(self)
+            yield Snapshot(self.seq, self.nodes, self.links, self.index, self.vectors, self.mask)
         finally:
             self.lock.release_read()
 

@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from kbgraph.access import RuleSet
 from kbgraph.graphalgo.graph import Graph, View
+from kbgraph.projection.links import Links
+from kbgraph.projection.masks import Mask
+from kbgraph.projection.nodes import Nodes
+from kbgraph.projection.vectors import Vectors
 from kbgraph.search import SearchIndex
-
-if TYPE_CHECKING:
-    from kbgraph.projection.kb import KBProjection
 
 
 class Snapshot:
     """A consistent state of one KB; valid only inside ``KBProjection.read()``'s with-block."""
 
     __slots__ = (
-        "_kb",
+        "_links",
+        "_mask",
+        "_nodes",
         "aliases",
         "graph",
         "ids",
@@ -35,11 +37,20 @@ class Snapshot:
         "versions",
     )
 
-    def __init__(self, kb: KBProjection) -> None:
-        nodes, links = kb.nodes, kb.links
+    def __init__(
+        self,
+        seq: int,
+        nodes: Nodes,
+        links: Links,
+        index: SearchIndex,
+        vectors: Vectors | None,
+        mask: Callable[[RuleSet], Mask],
+    ) -> None:
+        """The KB's parts as they are under its read lock; ``mask`` gives the cached
+        visibility mask of a set of rules (``KBProjection.mask``)."""
         n = len(nodes)
-        self._kb = kb
-        self.seq: int = kb.seq
+        self._nodes, self._links, self._mask = nodes, links, mask
+        self.seq = seq
         und, out = links.und, links.out
         self.graph = Graph(
             und_off=und.off[:n],
@@ -50,7 +61,7 @@ class Snapshot:
             out=out.pool,
             ids=nodes.ids,
         )
-        self.index: SearchIndex = kb.index
+        self.index = index
         self.ids: Sequence[str] = nodes.ids
         self.titles: Sequence[str] = nodes.titles
         self.aliases: Sequence[list[str]] = nodes.aliases
@@ -59,22 +70,21 @@ class Snapshot:
         self.tags: Sequence[list[str]] = nodes.tags
         self.texts: Sequence[str] = nodes.texts
         self.versions: Sequence[int] = nodes.versions
-        self.vectors = kb.vectors  # kbgraph.projection.vectors.Vectors, or None
+        self.vectors = vectors  # None: no provider
 
     def view(self, rules: RuleSet | None) -> View:
         """The subgraph visible under ``rules`` (None = admin: every existing concept)."""
         n = len(self.ids)
-        kb = self._kb
         if rules is None:
-            return View(self.graph, kb.nodes.alive[:n], kb.links.und.len[:n])
-        entry = kb.mask(rules)
+            return View(self.graph, self._nodes.alive[:n], self._links.und.len[:n])
+        entry = self._mask(rules)
         return View(self.graph, entry.mask[:n], entry.deg[:n])
 
     def node(self, concept_id: str) -> int | None:
         """The int of an existing concept, else None. Ingest stores ids in NFC, so an id not
         found as spelled is looked up in NFC too: an NFD spelling (a macOS file name) finds the
         same concept, while an id stored before normalisation still finds itself."""
-        nodes = self._kb.nodes
+        nodes = self._nodes
         u = nodes.find(concept_id)
         if u is None and not concept_id.isascii():
             u = nodes.find(unicodedata.normalize("NFC", concept_id))
@@ -86,7 +96,7 @@ class Snapshot:
     def declared_links(self, node: int) -> list[str]:
         """Sorted ids of the node's declared out-links, missing targets included."""
         ids = self.ids
-        return sorted(ids[t] for t in self._kb.links.declared(node))
+        return sorted(ids[t] for t in self._links.declared(node))
 
     def counts(self, view: View) -> tuple[int, int]:
         """(visible concepts, visible undirected edges)."""

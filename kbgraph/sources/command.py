@@ -14,16 +14,21 @@ import sqlite3
 import sys
 import threading
 from pathlib import Path
+from typing import Final
 
 from kbgraph.config import ConfigError, load_config, secret_problem
 from kbgraph.extras import EXIT_FAILED, EXIT_USAGE
 from kbgraph.names import KB_NAME_PATTERN, is_kb_name
+from kbgraph.sources.hook import SourceHook
 from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.mediawiki import command as mediawiki
 from kbgraph.sources.progress import Progress
 from kbgraph.sources.sinks import SECRET_ENV, LocalSink, Sink, SyncError, WebhookSink
 from kbgraph.sources.sync import SyncReport, sync_once, watch
 from kbgraph.sources.vault.reader import walk
+
+# the sources a command line may name in place of the vault folder (kbgraph.sources.hook)
+SOURCES: Final[tuple[SourceHook, ...]] = (mediawiki.HOOK,)
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,7 +66,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         )
         if name == "sync":
             command.add_argument("--watch", action="store_true", help="keep syncing on changes")
-        mediawiki.add_arguments(command, name)
+        for source in SOURCES:
+            source.add_arguments(command, name)
         command.set_defaults(func=run_command, watch=False)
 
 
@@ -89,22 +95,24 @@ def open_sink(args: argparse.Namespace) -> Sink | str:
         config = load_config(args.config)
     except ConfigError as exc:
         return f"config {args.config}: {exc}"
-    if config.log.kind == "jetstream":  # writing a node's store directly would fork it
+    from kbgraph.log.backends import writes_locally
+    from kbgraph.store.opening import open_store, store_folder_problem
+
+    if not writes_locally(config):  # writing a node's store directly would fork it
         return (
-            f"config {args.config}: [log] kind = jetstream: a node's store follows the stream;"
-            " send with --url to a node instead"
+            f"config {args.config}: [log] kind = {config.log.kind}: a node's store follows the"
+            " stream; send with --url to a node instead"
         )
-    from kbgraph.http.health import store_folder_problem
-    from kbgraph.service import open_store  # the store as the service opens it
 
     return store_folder_problem(config.store.path) or LocalSink(open_store(config))
 
 
 def run_command(args: argparse.Namespace, stop_event: threading.Event | None = None) -> int:
-    if args.report and mediawiki.wanted(args):
-        return _fail("--report: written for a folder's import or sync only")
-    if mediawiki.wanted(args):  # a wiki in place of the folder (kbgraph.sources.mediawiki)
-        return mediawiki.run(args, open_sink, stop_event)
+    for source in SOURCES:  # a source named in place of the folder (a wiki, say)
+        if source.wanted(args):
+            if args.report:
+                return _fail("--report: written for a folder's import or sync only")
+            return source.run(args, open_sink, stop_event)
     if args.dir is None:
         return _fail("DIR: expected the vault folder (or a wiki: see --help)")
     root = Path(args.dir)

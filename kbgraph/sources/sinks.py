@@ -44,7 +44,7 @@ class Sink(Protocol):
 
 class LocalSink:
     """A store of this machine: ``kbgraph import --config`` hands it the store as the service
-    opens it (``kbgraph.service.open_store``: the same KB limit, names and key retention);
+    opens it (``kbgraph.store.opening.open_store``: the same KB limit, names and key retention);
     a bare path opens one with the store's defaults (tests, the demo)."""
 
     def __init__(self, store: Store | str | Path) -> None:

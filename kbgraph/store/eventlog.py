@@ -1,11 +1,11 @@
 """The event log: every applied event, in order, for every process to follow.
 
-``LogRecord`` is what a follower reads; ``EventLog`` is the whole interface the projection
-needs from a log (ordered reads of whole deliveries). ``SqliteLog`` is the embedded one: a
-table in the store's SQLite file, appended inside the very transaction that changes the state,
-so one commit makes both durable. Beyond one machine (``kbgraph.log.jetstream``), a NATS
-JetStream stream orders the deliveries and each node's store applies it, keeping this local
-log too, so the projection follows the store the same way on every node.
+``LogRecord`` is what a follower reads (``SqliteLog.read``: ordered reads of whole
+deliveries). ``SqliteLog`` is a table in the store's SQLite file, appended inside the very
+transaction that changes the state, so one commit makes both durable. Beyond one machine
+(``kbgraph.log.jetstream``), a NATS JetStream stream orders the deliveries and each node's
+store applies it, keeping this local log too, so the projection follows the store the same
+way on every node.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Callable, Iterator
-from typing import Final, NamedTuple, Protocol
+from typing import Final, NamedTuple
 
 import msgspec
 
@@ -61,16 +61,6 @@ def read_transaction(conn: sqlite3.Connection) -> Iterator[None]:
         yield
     finally:
         conn.execute("COMMIT")
-
-
-class EventLog(Protocol):
-    """What the rest of kbgraph needs from a log: gapless per-KB append and ordered reads.
-
-    ``SqliteLog`` appends inside the state transaction (one commit makes both durable); over
-    NATS JetStream the stream is followed into the store, which appends here as it applies.
-    """
-
-    def read(self, after_gid: int, limit: int) -> list[LogRecord]: ...
 
 
 class SqliteLog:

@@ -12,9 +12,13 @@ reaches the same state and the same per-KB ``seq``, and the node that took a del
 with the result its own follower computed for that message.
 
 Along its jobs: ``wire`` (what a message carries), ``connect`` (the NATS connection, the
-stream and its decision rules), ``follower`` (reading and applying, failures and operators'
-decisions), ``node`` (``JetStreamLog``: a node's lifecycle and publishing), ``admin``
-(``kbgraph cluster`` commands), ``commands`` (their command line, without nats-py).
+stream and its decision rules), ``consumer`` (reading and applying, failures and operators'
+decisions), ``node`` (``JetStreamLog``: a node's lifecycle), ``publisher`` (one delivery to
+the stream), ``applier`` and ``worker`` (a node of several workers: one applier process, the
+workers' ``WorkerLog``), ``embedder`` (one embedder for the cluster), ``lease`` (which
+process it is: signed claims and their rule), ``snapshots`` (taking and restoring them,
+trimming the stream), ``admin`` (``kbgraph cluster`` commands), ``commands`` (their command
+line, without nats-py), ``backend`` (the package's face to ``kbgraph.log.backends``).
 
 The names below are loaded on first use: importing the package (``kbgraph.log.jetstream.commands``
 does, for ``kbgraph --help``) must not import nats-py, which only ``[log] kind =

@@ -39,7 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kbgraph.config import load_config
 from kbgraph.log.jetstream.consumer import STREAM_METRICS, stream_metrics_text
 from kbgraph.log.jetstream.node import JetStreamLog
-from kbgraph.service import open_store
+from kbgraph.store.opening import open_store
 
 log = logging.getLogger("kbgraph.log.jetstream")
 

@@ -14,7 +14,6 @@ import contextlib
 import sqlite3
 import sys
 import threading
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Final
 from kbgraph.extras import EXIT_FAILED, EXIT_USAGE
 from kbgraph.extras import problem as extra_problem
 from kbgraph.names import KB_NAME_PATTERN, is_kb_name
+from kbgraph.sources.hook import OpenSink, SourceHook
 
 if TYPE_CHECKING:
     from kbgraph.sources.manifest import Manifest
@@ -63,9 +63,7 @@ def _fail(message: str, code: int = EXIT_USAGE) -> int:
 
 
 def run(
-    args: argparse.Namespace,
-    open_sink: Callable[[argparse.Namespace], Sink | str],
-    stop_event: threading.Event | None = None,
+    args: argparse.Namespace, open_sink: OpenSink, stop_event: threading.Event | None = None
 ) -> int:
     dump = getattr(args, "mediawiki_dump", None)
     flag = "--mediawiki-dump" if dump else "--mediawiki"
@@ -188,3 +186,6 @@ def _print(lines: list[str], quiet: bool) -> None:
         lines = lines[1:]
     if lines:
         print("\n".join(lines), file=sys.stderr if quiet else sys.stdout)
+
+
+HOOK: Final = SourceHook(add_arguments, wanted, run)  # listed in kbgraph.sources.command

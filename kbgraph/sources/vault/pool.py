@@ -1,6 +1,6 @@
 """Reading a vault's notes on every core, the results in the order asked for (issue 26).
 
-Reading a note (``reader.read_chunk``: read, hash, parse, resolve its links, hash its state) is
+Reading a note (``notes.read_chunk``: read, hash, parse, resolve its links, hash its state) is
 a pure function of its file, the vault's ids and files and the parse cache, so it runs on a
 pool of spawned processes, each given those once when it starts: ``PARALLEL_CHUNK`` notes a
 task, results yielded in job order as they come, so the caller sends the first notes while
@@ -21,7 +21,7 @@ from typing import Final
 import msgspec
 
 from kbgraph.events import Status, UpsertData
-from kbgraph.sources.vault.reader import NoteFields, NoteRead, NoteState, ReadContext, read_chunk
+from kbgraph.sources.vault.notes import NoteFields, NoteRead, NoteState, ReadContext, read_chunk
 from kbgraph.sources.vault.resolve import Resolver
 
 PARALLEL_MIN_NOTES: Final = 256  # fewer notes are read here
