@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from kbgraph.events import Event
+from kbgraph.embeddings.carried import Carrier
+from kbgraph.events import ConceptUpserted, Event
 from kbgraph.store import statements as sql
 from kbgraph.store import vectorrows
 from kbgraph.store.decide import AcceptedKeys, Subject, decide
@@ -79,20 +80,39 @@ class Pending:
     note: tuple[str, str] | None = None  # (kind, detail): a logged message that applies nothing
     vectors: LoggedVectors | None = None  # its note is made when its rows are taken
     analyses: dict[int, bytes] = field(default_factory=dict)  # id(event) -> its log analysis
+    # id(event) -> its carried vector's row for the store's ``vector`` table (the local
+    # model's, kbgraph.embeddings.carried), under ``carried_model``
+    carried_rows: dict[int, vectorrows.VectorRow] = field(default_factory=dict)
+    carried_model: str = ""
 
-    def analyse(self) -> None:
-        """Each upsert's text analysis for the log (``eventlog.analysis_of``), by the store's
-        analyser thread before the writer takes the delivery: never inside a transaction
-        other processes' writers wait for, nor on the writer's serial path. Never a refusal:
-        a delivery whose analysis raises is decided by its writes alone, its rows carrying
-        none."""
+    def analyse(self, carrier: Carrier | None = None) -> None:
+        """Each upsert's text analysis for the log (``eventlog.analysis_of``) and, with
+        ``carrier`` (the local model), its vector, by the store's analyser thread before the
+        writer takes the delivery: never inside a transaction other processes' writers wait
+        for, nor on the writer's serial path. Never a refusal: a delivery whose analysis
+        raises is decided by its writes alone, its rows carrying none (a vector that fails
+        leaves the rows without one: the followers embed them as before)."""
+        upserts = [e for e in self.events if isinstance(e, ConceptUpserted)]
+        carried: list[tuple[str, bytes] | None] = [None] * len(upserts)
+        if carrier is not None and upserts:
+            try:
+                made = carrier.vectors([e.data for e in upserts])
+            except Exception:  # e.g. text the tokenizer refuses: the followers' fallback
+                made = []
+            self.carried_model = carrier.model
+            for i, (event, made_one) in enumerate(zip(upserts, made, strict=False)):
+                carried[i] = (carrier.key, made_one.packed)
+                self.carried_rows[id(event)] = vectorrows.VectorRow(
+                    event.subject, made_one.text_hash, made_one.vector, ""
+                )
         try:
-            for event in self.events:
-                analysis = analysis_of(event)
+            for event, vector in zip(upserts, carried, strict=True):
+                analysis = analysis_of(event, vector)
                 if analysis is not None:
                     self.analyses[id(event)] = analysis
         except Exception:  # e.g. a value its write refuses too: the transaction says so
             self.analyses.clear()
+            self.carried_rows.clear()
 
 
 class GroupWriter:
@@ -220,6 +240,7 @@ class GroupWriter:
                 per_kb.setdefault(pending.kb, []).append(pending.events)
         works = {kb: self.load_kb(conn, kb, deliveries) for kb, deliveries in per_kb.items()}
         entries: list[tuple[str, int, Event, bool, bytes | None]] = []
+        vectors: dict[tuple[str, str], list[vectorrows.VectorRow]] = {}
         results = []
         for pending in group:
             if pending.note is not None:  # recorded with the positions, applies nothing
@@ -242,6 +263,10 @@ class GroupWriter:
                 entries.append(
                     (kb, work.seq + 1 + index, event, index == last, analyses.get(id(event)))
                 )
+            if pending.carried_rows:
+                rows = vectors.setdefault((kb, pending.carried_model), [])
+                carried = pending.carried_rows
+                rows.extend(v for e in applied if (v := carried.get(id(e))) is not None)
             work.seq += len(applied)
             results.append(
                 DeliveryResult(len(events), len(applied), duplicates, stale, ignored, work.seq)
@@ -255,4 +280,6 @@ class GroupWriter:
                 conn.execute(sql.KB_SET_SEQ, (work.seq, work.kid))
         if entries:
             SqliteLog.append(conn, entries)
+        for (kb, model), rows in vectors.items():  # in order: a concept's last text wins
+            vectorrows.write(conn, kb, model, rows)
         return results

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final, TypeVar
 
+from kbgraph.embeddings.carried import Carrier
 from kbgraph.events import Event
 from kbgraph.store import logcut, positions, schema, vectorrows
 from kbgraph.store import statements as sql
@@ -88,17 +89,21 @@ class Store:
         max_kbs: int | None = None,
         named_kbs: frozenset[str] = frozenset(),
         dedupe_keys: int = DEDUPE_KEYS,
+        carrier: Carrier | None = None,
     ) -> None:
         """Open (creating) the store; ``read_only`` opens an existing one for reading only
         (``load``, ``read_log``: what a process that only follows the log needs). A delivery
         that would create a KB beyond ``max_kbs`` is refused with ``KBLimitReached``, unless
-        the config names that KB (``named_kbs``: a flood of new KBs cannot lock them out)."""
+        the config names that KB (``named_kbs``: a flood of new KBs cannot lock them out).
+        ``carrier`` (the local model): each upsert's vector is made once, here, and carried
+        in its log row (``kbgraph.embeddings.carried``)."""
         self.path = Path(path)
         self.read_only = read_only
         self.max_kbs = max_kbs
         self.clock: Callable[[], float] = time.time  # webhook-id bindings' time (tests move it)
         self.named_kbs = named_kbs
         self.dedupe_keys = dedupe_keys
+        self.carrier = carrier
         self._group = GroupWriter(self)
         self._closed = False
         self._inbox: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()  # to analyse
@@ -349,7 +354,7 @@ class Store:
         while True:
             pending = self._inbox.get()
             if pending is not None:
-                pending.analyse()
+                pending.analyse(self.carrier)
             self._queue.put(pending)
             if pending is None:
                 return
