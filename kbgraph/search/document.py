@@ -4,7 +4,7 @@ in the log beside it.
 The analysis (terms with their packed field hits, name keys, tag keys, the two lengths) is a
 pure function of the concept's title, text, aliases and tags, and it was most of what every
 process's projection follower spent per upsert. The store computes it once per delivery
-(``kbgraph.store.group.Pending.analyse``, in its analyser thread), its writer stores it in the
+(``kbgraph.store.group.analyse``, in its analyser thread), its writer stores it in the
 event's log row (``kbgraph.store.eventlog.SqliteLog.append``: once per store, however many workers
 follow it) and the followers decode it (``SearchIndex.put(..., analysed=...)``); a
 log row without it (written before, or by older code) or of another ``ANALYSIS_VERSION`` is

@@ -9,6 +9,7 @@ subjects it loads, the decisions and the writes.
 
 from __future__ import annotations
 
+import queue
 import sqlite3
 import time
 from collections.abc import Callable
@@ -85,34 +86,63 @@ class Pending:
     carried_rows: dict[int, vectorrows.VectorRow] = field(default_factory=dict)
     carried_model: str = ""
 
-    def analyse(self, carrier: Carrier | None = None) -> None:
-        """Each upsert's text analysis for the log (``eventlog.analysis_of``) and, with
-        ``carrier`` (the local model), its vector, by the store's analyser thread before the
-        writer takes the delivery: never inside a transaction other processes' writers wait
-        for, nor on the writer's serial path. Never a refusal: a delivery whose analysis
-        raises is decided by its writes alone, its rows carrying none (a vector that fails
-        leaves the rows without one: the followers embed them as before)."""
-        upserts = [e for e in self.events if isinstance(e, ConceptUpserted)]
-        carried: list[tuple[str, bytes] | None] = [None] * len(upserts)
-        if carrier is not None and upserts:
-            try:
-                made = carrier.vectors([e.data for e in upserts])
-            except Exception:  # e.g. text the tokenizer refuses: the followers' fallback
-                made = []
-            self.carried_model = carrier.model
-            for i, (event, made_one) in enumerate(zip(upserts, made, strict=False)):
-                carried[i] = (carrier.key, made_one.packed)
-                self.carried_rows[id(event)] = vectorrows.VectorRow(
-                    event.subject, made_one.text_hash, made_one.vector, ""
-                )
+
+ANALYSE_EVENTS: Final = 2_000  # deliveries analysed together, until they hold this many events
+
+
+def take_waiting(inbox: queue.SimpleQueue[Pending | None]) -> list[Pending | None]:
+    """The next delivery and those waiting behind it, until they hold ``ANALYSE_EVENTS``
+    events, in order (a None, the store closing, ends the list): analysed together."""
+    batch = [inbox.get()]
+    events = 0 if batch[0] is None else len(batch[0].events)
+    while batch[-1] is not None and events < ANALYSE_EVENTS:
         try:
-            for event, vector in zip(upserts, carried, strict=True):
-                analysis = analysis_of(event, vector)
-                if analysis is not None:
-                    self.analyses[id(event)] = analysis
+            batch.append(inbox.get_nowait())
+        except queue.Empty:
+            break
+        events += 0 if batch[-1] is None else len(batch[-1].events)
+    return batch
+
+
+def analyse(group: list[Pending], carrier: Carrier | None = None) -> None:
+    """Each upsert's text analysis for the log (``eventlog.analysis_of``) and, with
+    ``carrier`` (the local model), its vector, the group's texts embedded in one call; by the
+    store's analyser thread before the writer takes the deliveries: never inside a transaction
+    other processes' writers wait for, nor on the writer's serial path. Never a refusal: a
+    delivery whose analysis raises is decided by its writes alone, its rows carrying none (a
+    vector that fails leaves the rows without one: the followers embed them as before)."""
+    upserts = [
+        (pending, e)
+        for pending in group
+        if pending.note is None
+        for e in pending.events
+        if isinstance(e, ConceptUpserted)
+    ]
+    carried: list[tuple[str, bytes] | None] = [None] * len(upserts)
+    if carrier is not None and upserts:
+        try:
+            made = carrier.vectors([e.data for _, e in upserts])
+        except Exception:  # e.g. text the tokenizer refuses: the followers' fallback
+            made = []
+        for i, ((pending, event), one) in enumerate(zip(upserts, made, strict=False)):
+            carried[i] = (carrier.key, one.packed)
+            pending.carried_model = carrier.model
+            pending.carried_rows[id(event)] = vectorrows.VectorRow(
+                event.subject, one.text_hash, one.vector, ""
+            )
+    failed: set[int] = set()
+    for (pending, event), vector in zip(upserts, carried, strict=True):
+        if id(pending) in failed:
+            continue
+        try:
+            analysis = analysis_of(event, vector)
         except Exception:  # e.g. a value its write refuses too: the transaction says so
-            self.analyses.clear()
-            self.carried_rows.clear()
+            failed.add(id(pending))
+            pending.analyses.clear()
+            pending.carried_rows.clear()
+            continue
+        if analysis is not None:
+            pending.analyses[id(event)] = analysis
 
 
 class GroupWriter:

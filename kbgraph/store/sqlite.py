@@ -51,7 +51,7 @@ from kbgraph.events import Event
 from kbgraph.store import logcut, positions, schema, vectorrows
 from kbgraph.store import statements as sql
 from kbgraph.store.eventlog import LogRecord, SqliteLog, read_transaction
-from kbgraph.store.group import GroupWriter, LoggedVectors, Pending
+from kbgraph.store.group import GroupWriter, LoggedVectors, Pending, analyse, take_waiting
 from kbgraph.store.load import load_columns, load_snapshot
 from kbgraph.store.model import (
     ColumnSnapshot,
@@ -348,15 +348,16 @@ class Store:
         self._inbox.put(pending)
 
     def _analyser_loop(self) -> None:
-        """Each delivery's text analysis for the log (``Pending.analyse``) on its way to the
-        writer: a stage of its own, so that it runs while the writer waits on SQLite and the
-        disk (the GIL released) instead of lengthening the writer's serial path."""
+        """Deliveries' text analysis (with the local model, vectors) for the log, on their way
+        to the writer: a stage of its own, run while the writer waits on SQLite and the disk
+        (the GIL released), not on its serial path; those waiting are analysed together
+        (``group.take_waiting``, ``group.analyse``: one model call for their texts)."""
         while True:
-            pending = self._inbox.get()
-            if pending is not None:
-                pending.analyse(self.carrier)
-            self._queue.put(pending)
-            if pending is None:
+            batch = take_waiting(self._inbox)
+            analyse([p for p in batch if p is not None], self.carrier)
+            for pending in batch:
+                self._queue.put(pending)
+            if batch[-1] is None:
                 return
 
     def _writer_loop(self) -> None:
