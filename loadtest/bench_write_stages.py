@@ -30,6 +30,7 @@ embedded in it, the store alone ≥ 50,000 events/s in 500-event deliveries and 
 deliveries/s; in process, without HTTP: ``bench_ingest`` measures those over HTTP).
 
     .venv/bin/python -m loadtest.bench_write_stages --peer CHECKOUT [--rounds 2] [--embeddings none]
+        [--heap 2000000]
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ except ImportError:
     Carrier = Vectors = None
 
 batches, singles, provider = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+heap = [[i] for i in range(int(sys.argv[4]))]  # long-lived containers, as a big KB's lists
 SPENT = ("index", "embed", "read", "vectors", "follower_texts", "store_embed")
 spent = dict.fromkeys(SPENT, 0.0)
 
@@ -180,10 +182,12 @@ print(json.dumps(out))
 """
 
 
-def run(checkout: Path, batches: int, singles: int, provider: str) -> dict[str, Any]:
+def run(checkout: Path, batches: int, singles: int, provider: str, heap: int) -> dict[str, Any]:
     own = checkout / ".venv/bin/python"
     python = str(own) if own.exists() else sys.executable
-    return child_json([python, "-c", CHILD, str(batches), str(singles), provider], checkout)
+    return child_json(
+        [python, "-c", CHILD, str(batches), str(singles), provider, str(heap)], checkout
+    )
 
 
 def main() -> None:
@@ -202,11 +206,17 @@ def main() -> None:
         choices=["default", "local", "none"],
         help="[embeddings] provider of the follower (none: the follower without vectors)",
     )
+    parser.add_argument(
+        "--heap",
+        type=int,
+        default=0,
+        help="long-lived lists held by the process (the cyclic GC walks them as a big KB's)",
+    )
     args = parser.parse_args()
     runs: dict[str, list[dict[str, Any]]] = {"peer": [], "this": []}
     for _ in range(args.rounds):
         for name, checkout in (("peer", args.peer), ("this", ROOT)):
-            runs[name].append(run(checkout, args.batches, args.singles, args.embeddings))
+            runs[name].append(run(checkout, args.batches, args.singles, args.embeddings, args.heap))
             print(name, json.dumps(runs[name][-1]), flush=True)
     med: dict[str, dict[str, dict[str, float]]] = {}
     for name, rs in runs.items():
