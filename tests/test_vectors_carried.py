@@ -20,9 +20,9 @@ from kbgraph.events import Event
 from kbgraph.projection import Projections
 from kbgraph.search import document
 from kbgraph.store import Store
+from tests.bulk_histories import history_event, history_events
+from tests.embedders import HashEmbedder
 from tests.kb_events import upsert
-from tests.test_bulk_build import history_event, history_events
-from tests.test_vectors_batch import HashEmbedder, vector_rows
 
 KB = "kb"
 MAX_CHARS = 8000
@@ -38,6 +38,21 @@ class Counting(HashEmbedder):
     def embed(self, texts: list[str]) -> np.ndarray:
         self.texts += len(texts)
         return super().embed(texts)
+
+
+def vector_rows(p: Projections) -> dict[str, tuple[bytes, bytes, bytes]] | None:
+    """Each concept's installed vector (int8 row, scale, code) by id; None without the KB."""
+    kb = p.get(KB)
+    if kb is None:
+        return None
+    v = kb.vectors
+    assert v is not None
+    ids = kb.nodes.ids
+    return {
+        ids[u]: (v.q8[u].tobytes(), v.scale[u].tobytes(), v.codes[u].tobytes())
+        for u in range(len(ids))
+        if u < v.cap and v.have[u]
+    }
 
 
 def follower(store: Store, embedder: Counting, *, max_chars: int = MAX_CHARS) -> Projections:

@@ -104,6 +104,25 @@ def take_waiting(inbox: queue.SimpleQueue[Pending | None]) -> list[Pending | Non
     return batch
 
 
+def analyser(
+    inbox: queue.SimpleQueue[Pending | None],
+    out: queue.SimpleQueue[Pending | None],
+    carrier: Carrier | None,
+) -> None:
+    """The store's analyser thread: deliveries' text analysis (with the local model,
+    vectors) for the log, on their way to the writer: a stage of its own, run while the
+    writer waits on SQLite and the disk (the GIL released), not on its serial path; those
+    waiting are analysed together (``take_waiting``: one model call for their texts). A
+    None (the store closing) is passed on after what came before it."""
+    while True:
+        batch = take_waiting(inbox)
+        analyse([p for p in batch if p is not None], carrier)
+        for pending in batch:
+            out.put(pending)
+        if batch[-1] is None:
+            return
+
+
 def analyse(group: list[Pending], carrier: Carrier | None = None) -> None:
     """Each upsert's text analysis for the log (``eventlog.analysis_of``) and, with
     ``carrier`` (the local model), its vector, the group's texts embedded in one call; by the

@@ -51,7 +51,7 @@ from kbgraph.events import Event
 from kbgraph.store import logcut, positions, schema, vectorrows
 from kbgraph.store import statements as sql
 from kbgraph.store.eventlog import LogRecord, SqliteLog, read_transaction
-from kbgraph.store.group import GroupWriter, LoggedVectors, Pending, analyse, take_waiting
+from kbgraph.store.group import GroupWriter, LoggedVectors, Pending, analyser
 from kbgraph.store.load import load_columns, load_snapshot
 from kbgraph.store.model import (
     ColumnSnapshot,
@@ -132,8 +132,11 @@ class Store:
             target=self._writer_loop, name=f"kbgraph-store-writer:{self.path.name}", daemon=True
         )
         self._thread.start()
-        self._analyser = threading.Thread(
-            target=self._analyser_loop, name=f"kbgraph-store-analyser:{self.path.name}", daemon=True
+        self._analyser = threading.Thread(  # group.analyser: each delivery's analysis
+            target=analyser,
+            args=(self._inbox, self._queue, carrier),
+            name=f"kbgraph-store-analyser:{self.path.name}",
+            daemon=True,
         )
         self._analyser.start()
 
@@ -346,19 +349,6 @@ class Store:
         if self.read_only:
             raise StoreClosed("store opened read-only")
         self._inbox.put(pending)
-
-    def _analyser_loop(self) -> None:
-        """Deliveries' text analysis (with the local model, vectors) for the log, on their way
-        to the writer: a stage of its own, run while the writer waits on SQLite and the disk
-        (the GIL released), not on its serial path; those waiting are analysed together
-        (``group.take_waiting``, ``group.analyse``: one model call for their texts)."""
-        while True:
-            batch = take_waiting(self._inbox)
-            analyse([p for p in batch if p is not None], self.carrier)
-            for pending in batch:
-                self._queue.put(pending)
-            if batch[-1] is None:
-                return
 
     def _writer_loop(self) -> None:
         conn = self._writer_conn
