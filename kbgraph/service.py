@@ -51,13 +51,14 @@ class Service:
         """Open the store, build the log and the projections, load or build them and start
         following the store; compile the kernels."""
         config = self.config
-        self.store = open_store(config, read_only=self.read_only)
+        embedder = make_embedder(config.embeddings)  # one model for the store and projections
+        self.store = open_store(config, read_only=self.read_only, embedder=embedder)
         self.projections = Projections(
             self.store,
             checkpoints=config.store.checkpoint_folder,
             checkpoint_every=config.store.checkpoint_every_events,
             log_retain=config.store.log_retain_events,
-            embedder=make_embedder(config.embeddings),
+            embedder=embedder,
             vector_max_chars=config.embeddings.max_chars,
         )
         self.log = open_log(config, self.store, self.projections, read_only=self.read_only)

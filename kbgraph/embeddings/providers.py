@@ -12,6 +12,11 @@ def local_available() -> bool:
     return not missing("local")
 
 
+def local_model(config: EmbeddingsConfig) -> bool:
+    """Whether the configured provider is the model that runs in the process."""
+    return config.provider == "local" or (config.provider == "default" and local_available())
+
+
 def make_embedder(config: EmbeddingsConfig) -> Embedder | None:
     """The configured provider, or None for ``none`` (and ``local`` without its package)."""
     provider = config.provider

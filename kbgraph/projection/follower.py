@@ -32,7 +32,8 @@ waiting; the filler's own thread settles it from the store's vector rows or the 
 is kicked after each batch that changed something. Nothing remote runs in this thread; a model
 that runs in this process (the local one) is settled here, after the batch and before its seq
 is announced, so that an answer asked at that seq (``X-Min-Seq``) and a checkpoint written
-after it hold the batch's vectors.
+after it hold the batch's vectors; the store's log rows carry those vectors, made once by the
+store (``kbgraph.embeddings.carried``), so this settles only rows that came without one.
 
 Failure: if reading the log raises (SQLite busy, I/O), nothing was applied and the follower
 retries with a growing pause (up to 1 s). If applying a record raises (a bug), the follower
@@ -64,7 +65,7 @@ import numpy as np
 from numba.core.compiler_lock import global_compiler_lock
 
 from kbgraph.config import EmbeddingsConfig
-from kbgraph.embeddings import Embedder
+from kbgraph.embeddings import Embedder, carried
 from kbgraph.events import ConceptDeleted, ConceptUpserted, DeleteData, UpsertData
 from kbgraph.projection import checkpoint
 from kbgraph.projection.adjacency import compact
@@ -128,6 +129,12 @@ class Projections:
     ) -> None:
         self.store = store
         self.embedder = embedder  # vectors for every KB (kbgraph.projection.vectors)
+        # the key of the vectors the store's log rows carry (the local model's), if any
+        self.carried_key = (
+            carried.key(embedder.name, vector_max_chars)
+            if embedder is not None and not embedder.remote
+            else ""
+        )
         self.filler = (
             None
             if embedder is None
@@ -190,7 +197,7 @@ class Projections:
         start = time.perf_counter()
         kbs, gid = self._checkpointed_or_built()
         for kb in kbs.values():
-            kb.attach_vectors(self.embedder)
+            kb.attach_vectors(self.embedder, self.carried_key)
         log.info(
             "projection of %d KB(s) at gid %d %s in %.2f s",
             len(kbs),
@@ -444,7 +451,15 @@ class Projections:
     # --- following ----------------------------------------------------------------------
 
     def follow_once(self) -> int:
-        """Read and apply what the log holds after ``gid``; returns the records applied."""
+        """Read and apply what the log holds after ``gid``; returns the records applied. The
+        cyclic GC is paused for the batch (``gc_paused``: its records and patches make no
+        cycle): it walks the young objects once a batch instead of every 700 allocations, and
+        its full collections (the whole heap: a million concepts' lists) come that much
+        rarer; what fell due runs at the next allocation after it, in any thread."""
+        with gc_paused():
+            return self._follow_batch()
+
+    def _follow_batch(self) -> int:
         try:
             records = self.store.read_log(self.gid, READ_LOG_LIMIT)
         except LogCut:
@@ -460,7 +475,7 @@ class Projections:
             kb = self._kbs.get(name)
             if kb is None:
                 kb = KBProjection(name, index_factory=self._index_factory)
-                kb.attach_vectors(self.embedder)
+                kb.attach_vectors(self.embedder, self.carried_key)
             deliveries = _deliveries(recs)
             while deliveries:
                 done = kb.apply(deliveries)

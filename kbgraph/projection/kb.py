@@ -113,16 +113,18 @@ class KBProjection:
 
     # --- vectors (kbgraph.projection.filler settles them, from its own thread) ------------
 
-    def attach_vectors(self, embedder: Embedder | None) -> None:
+    def attach_vectors(self, embedder: Embedder | None, carried_key: str = "") -> None:
         """Keep vectors with ``embedder`` (a checkpoint's of the same model are reused); every
-        concept without one waits for the filler. Before the KB is shared."""
+        concept without one waits for the filler. ``carried_key``: log rows carrying a
+        vector under that key have it installed (``Vectors.changed``). Before the KB is
+        shared."""
         if embedder is None:
             self.vectors = None
         elif self.saved_vectors is not None:
             model, dim, arrays = self.saved_vectors
-            self.vectors = Vectors.from_arrays(embedder, model, dim, arrays)
+            self.vectors = Vectors.from_arrays(embedder, model, dim, arrays, carried_key)
         else:
-            self.vectors = Vectors(embedder)
+            self.vectors = Vectors(embedder, carried_key=carried_key)
         self.saved_vectors = None
         if self.vectors is not None:
             self.vectors.mark_missing(self.nodes.alive, len(self.nodes))
@@ -239,6 +241,8 @@ class KBProjection:
                 if events >= MAX_BATCH_EVENTS or clock() - start >= MAX_BATCH_SECONDS:
                     bounded = True
                     break
+            if self.vectors is not None:
+                self.vectors.install_carried()
         # Only a batch that ran out of head before its bounds asks for more: one ended by them
         # asks for what it managed, so the head is not prepared twice as often as it is used.
         self._batch_hint = min(MAX_BATCH_EVENTS, max(64, events if bounded else 2 * events))
@@ -329,7 +333,7 @@ class KBProjection:
         if reindex:
             self.index.put(u, data.title, data.text, data.aliases, data.tags, analysed=analysis)
             if self.vectors is not None:
-                self.vectors.changed(u)
+                self.vectors.changed(u, analysis)
 
     def _delete(self, event: ConceptDeleted) -> None:
         nodes = self.nodes

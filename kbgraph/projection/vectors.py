@@ -4,8 +4,11 @@ Rows are the projection's node ints. ``have[u]`` says row u holds the vector of 
 current names and text; ``failed[u]`` that the provider refused that text (it is served by its
 words). A concept whose names or text changed (or that appeared) is ``dirty`` until either is
 settled. Applying an event only marks it dirty (``changed``, under the write lock): nothing
-remote is called there. The filler thread (``kbgraph.projection.filler``) settles dirty rows
-from the store's vector rows, embedding only what no row holds.
+remote is called there; an event whose log row carries its vector of this model
+(``kbgraph.embeddings.carried``: the local model, made once by the store) has it installed at
+the end of the batch instead (``install_carried``), the model never run here. The filler
+thread (``kbgraph.projection.filler``) settles dirty rows from the store's vector rows,
+embedding only what no row holds.
 
 Status (``/status``, ``GET /v1/kbs``, computed over the caller's visible rows only): ``off``
 (no provider), ``complete``, ``filling``. Checkpoints carry the arrays and the model's name; a
@@ -19,16 +22,20 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kbgraph.embeddings import Embedder, EmbeddingUnavailable
+from kbgraph.embeddings import Embedder, EmbeddingUnavailable, carried
 from kbgraph.graphalgo.nearest import CODE_BITS, quantize
+from kbgraph.search.document import Analysed
 
 ARRAYS = ("q8", "scale", "codes", "have")
 
 
 class Vectors:
-    def __init__(self, embedder: Embedder, dim: int = 0) -> None:
+    def __init__(self, embedder: Embedder, dim: int = 0, carried_key: str = "") -> None:
         self.embedder = embedder
         self.model = embedder.name
+        # the key (``carried.key``) of the vectors a log row may carry for this model ("": none)
+        self.carried_key = carried_key
+        self._carried: dict[int, bytes] = {}  # row -> packed vector, installed with the batch
         self.dim = dim  # 0 until the first vector arrives (an openai model's size is its own)
         self.cap = 0
         self.q8 = np.zeros((0, 0), np.int8)
@@ -69,13 +76,28 @@ class Vectors:
         """Rows' vectors."""
         if not len(rows):
             return
-        q8, scale, codes = quantize(vectors)
-        self._ensure(max(rows), vectors.shape[1])
+        self._put(rows, *quantize(vectors))
+
+    def _put(
+        self, rows: Sequence[int], q8: np.ndarray, scale: np.ndarray, codes: np.ndarray
+    ) -> None:
+        self._ensure(max(rows), q8.shape[1])
         r = np.asarray(rows, np.int64)
         self.q8[r], self.scale[r], self.codes[r] = q8, scale, codes
         self.have[r] = 1
         self.failed[r] = 0
         self.dirty.difference_update(rows)
+
+    def install_carried(self) -> None:
+        """The vectors the batch's log rows carried (``changed``), in one step; a batch of
+        another width than this KB's rows stays waiting for the filler."""
+        if not self._carried:
+            return
+        rows, blobs = list(self._carried), list(self._carried.values())
+        self._carried = {}
+        unpacked = carried.unpack(blobs)
+        if unpacked is not None and self.dim in (0, unpacked[0].shape[1]):
+            self._put(rows, *unpacked)
 
     def refuse(self, rows: Sequence[int]) -> None:
         """Rows whose text the provider refused: no vector, served by their words."""
@@ -101,11 +123,18 @@ class Vectors:
     def remove(self, u: int) -> None:
         self._clear(u)
         self.dirty.discard(u)
+        self._carried.pop(u, None)
 
-    def changed(self, u: int) -> None:
-        """Concept u's names or text changed: its vector is computed again, in the background."""
+    def changed(self, u: int, analysis: Analysed | None = None) -> None:
+        """Concept u's names or text changed: its vector is computed again, in the background,
+        unless its log row carried it (``analysis``, of this model's key): then it is
+        installed with the batch (``install_carried``)."""
         self._clear(u)
         self.dirty.add(u)
+        if analysis is not None and analysis.vector and analysis.vector_model == self.carried_key:
+            self._carried[u] = analysis.vector
+        else:
+            self._carried.pop(u, None)
 
     def mark_missing(self, alive: np.ndarray, n: int) -> None:
         """Every alive row of the first n without a vector becomes dirty (after build or load)."""
@@ -138,10 +167,15 @@ class Vectors:
 
     @classmethod
     def from_arrays(
-        cls, embedder: Embedder, model: str, dim: int, arrays: dict[str, np.ndarray]
+        cls,
+        embedder: Embedder,
+        model: str,
+        dim: int,
+        arrays: dict[str, np.ndarray],
+        carried_key: str = "",
     ) -> Vectors:
         """Stored vectors of the same model are kept; another model's are dropped."""
-        vectors = cls(embedder)
+        vectors = cls(embedder, carried_key=carried_key)
         if model == embedder.name and arrays:
             vectors.dim = dim
             for name in ARRAYS:

@@ -4,11 +4,15 @@ in the log beside it.
 The analysis (terms with their packed field hits, name keys, tag keys, the two lengths) is a
 pure function of the concept's title, text, aliases and tags, and it was most of what every
 process's projection follower spent per upsert. The store computes it once per delivery
-(``kbgraph.store.group.Pending.analyse``, in its analyser thread), its writer stores it in the
+(``kbgraph.store.group.analyse``, in its analyser thread), its writer stores it in the
 event's log row (``kbgraph.store.eventlog.SqliteLog.append``: once per store, however many workers
 follow it) and the followers decode it (``SearchIndex.put(..., analysed=...)``); a
 log row without it (written before, or by older code) or of another ``ANALYSIS_VERSION`` is
 analysed by the follower as before.
+
+With the local model, the row also carries the concept's vector, made in the same thread
+(``kbgraph.embeddings.carried``): ``vector_model`` and ``vector``, trailing fields that a row
+without them decodes to empty (and that code before them skips).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ def parts(
     return freq, list(name_keys), tag_keys, title_len, len(text_terms)
 
 
-class Analysed(msgspec.Struct, array_like=True, frozen=True):
+class Analysed(msgspec.Struct, array_like=True, frozen=True, omit_defaults=True):
     """``parts`` as carried: ``terms[i]`` with ``hits[i]`` (packed), in ``parts``'s order."""
 
     version: int
@@ -61,14 +65,24 @@ class Analysed(msgspec.Struct, array_like=True, frozen=True):
     tags: list[str]
     title_len: int
     text_len: int
+    vector_model: str = ""  # kbgraph.embeddings.carried.key of the model that made ``vector``
+    vector: bytes = b""  # the concept's vector, packed (kbgraph.embeddings.carried.pack)
 
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Analysed).decode
 
 
-def encode(title: str, text: str, aliases: Sequence[str], tags: Sequence[str]) -> bytes:
-    """The document's analysis as the log carries it."""
+def encode(
+    title: str,
+    text: str,
+    aliases: Sequence[str],
+    tags: Sequence[str],
+    vector: tuple[str, bytes] | None = None,
+) -> bytes:
+    """The document's analysis as the log carries it, with ``vector`` (its model's key, the
+    packed row) when one was made."""
+    model, packed = vector if vector is not None else ("", b"")
     freq, names, tag_keys, title_len, text_len = parts(title, text, aliases, tags)
     return _encode(
         Analysed(
@@ -79,6 +93,8 @@ def encode(title: str, text: str, aliases: Sequence[str], tags: Sequence[str]) -
             list(tag_keys),
             title_len,
             text_len,
+            model,
+            packed,
         )
     )
 

@@ -44,13 +44,15 @@ class LogRecord(NamedTuple):
     analysis: Analysed | None = None  # an upsert's text analysed once, by the appender
 
 
-def analysis_of(event: Event) -> bytes | None:
-    """What the log carries beside ``event`` for the search index: an upsert's analysis
-    (``kbgraph.search.document``), computed once by the process that appends it."""
+def analysis_of(event: Event, vector: tuple[str, bytes] | None = None) -> bytes | None:
+    """What the log carries beside ``event`` for the projection: an upsert's analysis
+    (``kbgraph.search.document``) and, with the local model, its vector (``vector``: the
+    model's key and the packed row, ``kbgraph.embeddings.carried``), computed once by the
+    process that appends it."""
     if not isinstance(event, ConceptUpserted):
         return None
     data = event.data
-    return document.encode(data.title, data.text, data.aliases, data.tags)
+    return document.encode(data.title, data.text, data.aliases, data.tags, vector)
 
 
 @contextlib.contextmanager

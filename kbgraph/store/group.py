@@ -9,13 +9,15 @@ subjects it loads, the decisions and the writes.
 
 from __future__ import annotations
 
+import queue
 import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from kbgraph.events import Event
+from kbgraph.embeddings.carried import Carrier
+from kbgraph.events import ConceptUpserted, Event
 from kbgraph.store import statements as sql
 from kbgraph.store import vectorrows
 from kbgraph.store.decide import AcceptedKeys, Subject, decide
@@ -79,20 +81,87 @@ class Pending:
     note: tuple[str, str] | None = None  # (kind, detail): a logged message that applies nothing
     vectors: LoggedVectors | None = None  # its note is made when its rows are taken
     analyses: dict[int, bytes] = field(default_factory=dict)  # id(event) -> its log analysis
+    # id(event) -> its carried vector's row for the store's ``vector`` table (the local
+    # model's, kbgraph.embeddings.carried), under ``carried_model``
+    carried_rows: dict[int, vectorrows.VectorRow] = field(default_factory=dict)
+    carried_model: str = ""
 
-    def analyse(self) -> None:
-        """Each upsert's text analysis for the log (``eventlog.analysis_of``), by the store's
-        analyser thread before the writer takes the delivery: never inside a transaction
-        other processes' writers wait for, nor on the writer's serial path. Never a refusal:
-        a delivery whose analysis raises is decided by its writes alone, its rows carrying
-        none."""
+
+ANALYSE_EVENTS: Final = 2_000  # deliveries analysed together, until they hold this many events
+
+
+def take_waiting(inbox: queue.SimpleQueue[Pending | None]) -> list[Pending | None]:
+    """The next delivery and those waiting behind it, until they hold ``ANALYSE_EVENTS``
+    events, in order (a None, the store closing, ends the list): analysed together."""
+    batch = [inbox.get()]
+    events = 0 if batch[0] is None else len(batch[0].events)
+    while batch[-1] is not None and events < ANALYSE_EVENTS:
         try:
-            for event in self.events:
-                analysis = analysis_of(event)
-                if analysis is not None:
-                    self.analyses[id(event)] = analysis
+            batch.append(inbox.get_nowait())
+        except queue.Empty:
+            break
+        events += 0 if batch[-1] is None else len(batch[-1].events)
+    return batch
+
+
+def analyser(
+    inbox: queue.SimpleQueue[Pending | None],
+    out: queue.SimpleQueue[Pending | None],
+    carrier: Carrier | None,
+) -> None:
+    """The store's analyser thread: deliveries' text analysis (with the local model,
+    vectors) for the log, on their way to the writer: a stage of its own, run while the
+    writer waits on SQLite and the disk (the GIL released), not on its serial path; those
+    waiting are analysed together (``take_waiting``: one model call for their texts). A
+    None (the store closing) is passed on after what came before it."""
+    while True:
+        batch = take_waiting(inbox)
+        analyse([p for p in batch if p is not None], carrier)
+        for pending in batch:
+            out.put(pending)
+        if batch[-1] is None:
+            return
+
+
+def analyse(group: list[Pending], carrier: Carrier | None = None) -> None:
+    """Each upsert's text analysis for the log (``eventlog.analysis_of``) and, with
+    ``carrier`` (the local model), its vector, the group's texts embedded in one call; by the
+    store's analyser thread before the writer takes the deliveries: never inside a transaction
+    other processes' writers wait for, nor on the writer's serial path. Never a refusal: a
+    delivery whose analysis raises is decided by its writes alone, its rows carrying none (a
+    vector that fails leaves the rows without one: the followers embed them as before)."""
+    upserts = [
+        (pending, e)
+        for pending in group
+        if pending.note is None
+        for e in pending.events
+        if isinstance(e, ConceptUpserted)
+    ]
+    carried: list[tuple[str, bytes] | None] = [None] * len(upserts)
+    if carrier is not None and upserts:
+        try:
+            made = carrier.vectors([e.data for _, e in upserts])
+        except Exception:  # e.g. text the tokenizer refuses: the followers' fallback
+            made = []
+        for i, ((pending, event), one) in enumerate(zip(upserts, made, strict=False)):
+            carried[i] = (carrier.key, one.packed)
+            pending.carried_model = carrier.model
+            pending.carried_rows[id(event)] = vectorrows.VectorRow(
+                event.subject, one.text_hash, one.vector, ""
+            )
+    failed: set[int] = set()
+    for (pending, event), vector in zip(upserts, carried, strict=True):
+        if id(pending) in failed:
+            continue
+        try:
+            analysis = analysis_of(event, vector)
         except Exception:  # e.g. a value its write refuses too: the transaction says so
-            self.analyses.clear()
+            failed.add(id(pending))
+            pending.analyses.clear()
+            pending.carried_rows.clear()
+            continue
+        if analysis is not None:
+            pending.analyses[id(event)] = analysis
 
 
 class GroupWriter:
@@ -220,6 +289,7 @@ class GroupWriter:
                 per_kb.setdefault(pending.kb, []).append(pending.events)
         works = {kb: self.load_kb(conn, kb, deliveries) for kb, deliveries in per_kb.items()}
         entries: list[tuple[str, int, Event, bool, bytes | None]] = []
+        vectors: dict[tuple[str, str], list[vectorrows.VectorRow]] = {}
         results = []
         for pending in group:
             if pending.note is not None:  # recorded with the positions, applies nothing
@@ -242,6 +312,10 @@ class GroupWriter:
                 entries.append(
                     (kb, work.seq + 1 + index, event, index == last, analyses.get(id(event)))
                 )
+            if pending.carried_rows:
+                rows = vectors.setdefault((kb, pending.carried_model), [])
+                carried = pending.carried_rows
+                rows.extend(v for e in applied if (v := carried.get(id(e))) is not None)
             work.seq += len(applied)
             results.append(
                 DeliveryResult(len(events), len(applied), duplicates, stale, ignored, work.seq)
@@ -255,4 +329,6 @@ class GroupWriter:
                 conn.execute(sql.KB_SET_SEQ, (work.seq, work.kid))
         if entries:
             SqliteLog.append(conn, entries)
+        for (kb, model), rows in vectors.items():  # in order: a concept's last text wins
+            vectorrows.write(conn, kb, model, rows)
         return results

@@ -14,18 +14,33 @@ import sqlite3
 from pathlib import Path
 
 from kbgraph.config import Config
+from kbgraph.embeddings import Embedder
+from kbgraph.embeddings.carried import Carrier
+from kbgraph.embeddings.providers import local_model, make_embedder
 from kbgraph.store.sqlite import Store
 
 
-def open_store(config: Config, *, read_only: bool = False) -> Store:
-    """The store as the config says (a read-only one for ``kbgraph mcp``)."""
+def open_store(
+    config: Config, *, read_only: bool = False, embedder: Embedder | None = None
+) -> Store:
+    """The store as the config says (a read-only one for ``kbgraph mcp``). With the local
+    model (``embedder``, else the config's), the store makes each upsert's vector once and
+    carries it in the log (``kbgraph.embeddings.carried``); a remote provider's are not."""
     if read_only:
         return Store(config.store.path, read_only=True)
+    if embedder is None and local_model(config.embeddings):
+        embedder = make_embedder(config.embeddings)
+    carrier = (
+        Carrier(embedder, config.embeddings.max_chars)
+        if embedder is not None and not embedder.remote
+        else None
+    )
     return Store(
         config.store.path,
         max_kbs=config.limits.max_kbs,
         named_kbs=frozenset(config.webhooks.kbs),
         dedupe_keys=config.store.dedupe_keys,
+        carrier=carrier,
     )
 
 

@@ -46,11 +46,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final, TypeVar
 
+from kbgraph.embeddings.carried import Carrier
 from kbgraph.events import Event
 from kbgraph.store import logcut, positions, schema, vectorrows
 from kbgraph.store import statements as sql
 from kbgraph.store.eventlog import LogRecord, SqliteLog, read_transaction
-from kbgraph.store.group import GroupWriter, LoggedVectors, Pending
+from kbgraph.store.group import GroupWriter, LoggedVectors, Pending, analyser
 from kbgraph.store.load import load_columns, load_snapshot
 from kbgraph.store.model import (
     ColumnSnapshot,
@@ -88,17 +89,21 @@ class Store:
         max_kbs: int | None = None,
         named_kbs: frozenset[str] = frozenset(),
         dedupe_keys: int = DEDUPE_KEYS,
+        carrier: Carrier | None = None,
     ) -> None:
         """Open (creating) the store; ``read_only`` opens an existing one for reading only
         (``load``, ``read_log``: what a process that only follows the log needs). A delivery
         that would create a KB beyond ``max_kbs`` is refused with ``KBLimitReached``, unless
-        the config names that KB (``named_kbs``: a flood of new KBs cannot lock them out)."""
+        the config names that KB (``named_kbs``: a flood of new KBs cannot lock them out).
+        ``carrier`` (the local model): each upsert's vector is made once, here, and carried
+        in its log row (``kbgraph.embeddings.carried``)."""
         self.path = Path(path)
         self.read_only = read_only
         self.max_kbs = max_kbs
         self.clock: Callable[[], float] = time.time  # webhook-id bindings' time (tests move it)
         self.named_kbs = named_kbs
         self.dedupe_keys = dedupe_keys
+        self.carrier = carrier
         self._group = GroupWriter(self)
         self._closed = False
         self._inbox: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()  # to analyse
@@ -127,8 +132,11 @@ class Store:
             target=self._writer_loop, name=f"kbgraph-store-writer:{self.path.name}", daemon=True
         )
         self._thread.start()
-        self._analyser = threading.Thread(
-            target=self._analyser_loop, name=f"kbgraph-store-analyser:{self.path.name}", daemon=True
+        self._analyser = threading.Thread(  # group.analyser: each delivery's analysis
+            target=analyser,
+            args=(self._inbox, self._queue, carrier),
+            name=f"kbgraph-store-analyser:{self.path.name}",
+            daemon=True,
         )
         self._analyser.start()
 
@@ -341,18 +349,6 @@ class Store:
         if self.read_only:
             raise StoreClosed("store opened read-only")
         self._inbox.put(pending)
-
-    def _analyser_loop(self) -> None:
-        """Each delivery's text analysis for the log (``Pending.analyse``) on its way to the
-        writer: a stage of its own, so that it runs while the writer waits on SQLite and the
-        disk (the GIL released) instead of lengthening the writer's serial path."""
-        while True:
-            pending = self._inbox.get()
-            if pending is not None:
-                pending.analyse()
-            self._queue.put(pending)
-            if pending is None:
-                return
 
     def _writer_loop(self) -> None:
         conn = self._writer_conn
