@@ -6,16 +6,28 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbgraph.cli import main
+from kbgraph.events import Event
+from kbgraph.sources import deliver as deliver_module
 from kbgraph.sources.beir import corpus as corpus_module
-from kbgraph.store import Store
+from kbgraph.sources.beir.command import SOURCE
+from kbgraph.sources.deliver import SourceConcept
+from kbgraph.sources.manifest import Manifest
+from kbgraph.sources.sinks import SECRET_ENV, LocalSink
+from kbgraph.store import DeliveryResult, Store
+from tests.support import ADMIN, SECRET, running, served_config
 
 ROWS = [
     {"_id": "doc1", "title": "Teutberga", "text": "A queen of Lotharingia.", "metadata": {}},
@@ -211,3 +223,68 @@ def test_imports_in_turn_equal_a_fresh_import(corpora: list[list[dict]]) -> None
             seen.update(now)
         assert run(tmp / "fresh", corpus, "--quiet") == 0
         assert state(tmp / "synced") == state(tmp / "fresh")
+
+
+class WatchedSink:
+    """A local sink that records, at each delivery, how many lines the reader had yielded."""
+
+    def __init__(self, inner: LocalSink, read: list[int]) -> None:
+        self.inner, self.dest, self.read, self.seen = inner, inner.dest, read, []
+
+    def send(self, kb: str, events: list[Event]) -> DeliveryResult:
+        self.seen.append((self.read[0], len(events)))
+        return self.inner.send(kb, events)
+
+    def kb_seq(self, kb: str) -> int | None:
+        return self.inner.kb_seq(kb)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_deliveries_go_while_the_file_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streaming: a delivery is sent once full, before the reader has gone further; the
+    deletes go last."""
+    monkeypatch.setattr(deliver_module, "BATCH_EVENTS", 4)
+    rows = [{"_id": f"p{i}", "text": f"passage {i}"} for i in range(10)]
+    corpus = write(tmp_path / "corpus.jsonl", rows)
+    read = [0]
+
+    def counted() -> Iterator[SourceConcept]:
+        for concept in corpus_module.concepts(corpus):
+            read[0] += 1
+            yield concept
+
+    sink = WatchedSink(LocalSink(tmp_path / "kb.db"), read)
+    with Manifest(tmp_path / "manifest.sqlite") as manifest:
+        sent = deliver_module.deliver("kb", sink, manifest, counted(), source=SOURCE)
+        assert (sent.upserted, sink.seen) == (10, [(5, 4), (9, 4), (10, 2)])
+        write(corpus, rows[:3])
+        sink.seen.clear()
+        read[0] = 0
+        sent = deliver_module.deliver(
+            "kb", sink, manifest, counted(), source=SOURCE, everything=True
+        )
+        assert (sent.unchanged, sent.deleted, sink.seen) == (3, 7, [(3, 4), (3, 3)])
+    sink.close()
+    assert sorted(state(tmp_path)) == ["p0", "p1", "p2"]
+
+
+@pytest.mark.slow
+def test_import_over_the_signed_webhook(tmp_path: Path) -> None:
+    corpus = write(tmp_path / "corpus.jsonl", ROWS)
+    env = {**os.environ, SECRET_ENV: SECRET}
+    with running(served_config(tmp_path)) as url:
+        command = [sys.executable, "-m", "kbgraph", "import", "--beir", str(corpus), "--kb",
+                   "remote", "--url", url, "--manifest", str(tmp_path / "m.sqlite")]  # fmt: skip
+        for expected in ("sent 3 upserts", "sent 0 upserts and 0 deletes, 3 passages unchanged"):
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0 and expected in done.stdout, done.stderr
+        answer = httpx.get(
+            f"{url}/v1/kbs/remote/concepts/wiki/Lothair II",
+            headers={"Authorization": f"Bearer {ADMIN}"},
+            timeout=10,
+        )
+        assert (answer.json()["title"], answer.json()["links"]) == ("Lothair II", [])
