@@ -20,7 +20,7 @@ over the questions, k = 2 and 5; per question type too.
   from one import. ``--limit N``: the first N questions of each half.
 - ``--model local`` (the config's default embedder) or ``minilm`` (all-MiniLM-L6-v2 over the
   ``openai`` provider, served by ``python -m loadtest.minilm_server --port 18765``; ``--url``).
-- ``--mentions on|off`` sets the KB's mentions (``MENTIONS``) when the service has that
+- ``--mentions on|off`` sets ``[mentions] enabled`` (``MENTIONS``) when the service has that
   setting; a service without it is measured as it is and the JSON says ``"mentions": null``.
 
 The last line is one JSON object with every figure, per half, tool and question type, and issue
@@ -57,8 +57,8 @@ HALVES: Final = ("tune", "held-out")
 KS: Final = (2, 5)
 SEARCH_MODES: Final = ("lexical", "vector", "hybrid")
 MINILM_URL: Final = "http://127.0.0.1:18765/v1"
-# The mentions setting of issue 44, as a config section and key (absent before it lands)
-MENTIONS: Final = ("graph", "mentions")
+# The mention edges of issue 44 on or off: a config section and key (absent before they land)
+MENTIONS: Final = ("mentions", "enabled")
 MIN_NAME_CHARS: Final = 3  # --linked: a shorter name ("AA", "Io") links nothing
 _PARENTHETICAL: Final = re.compile(r"\s*\([^()]*\)$")
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
