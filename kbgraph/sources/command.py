@@ -34,7 +34,11 @@ SOURCES: Final[tuple[SourceHook, ...]] = (mediawiki.HOOK, beir.HOOK)
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for name, text in (
-        ("import", "load a folder of markdown notes (an Obsidian vault, a Logseq graph) into a KB"),
+        (
+            "import",
+            "load a folder of markdown notes (an Obsidian vault, a Logseq graph), a MediaWiki"
+            " dump (--mediawiki-dump) or a BEIR corpus (--beir) into a KB",
+        ),
         ("sync", "send a folder's changes since the last run; --watch keeps it current"),
     ):
         command = sub.add_parser(name, help=text, description=text)
