@@ -288,3 +288,13 @@ def test_import_over_the_signed_webhook(tmp_path: Path) -> None:
             timeout=10,
         )
         assert (answer.json()["title"], answer.json()["links"]) == ("Lothair II", [])
+
+
+def test_a_line_gone_bad_after_the_check_stops_the_reading(tmp_path: Path) -> None:
+    """The file changed between the check and the sending: the reader stops at the bad line,
+    naming it (what was sent before it stays recorded; a re-run checks the file again)."""
+    corpus = write(tmp_path / "corpus.jsonl", [ROWS[0], '{"_id": ""}', ROWS[2]])
+    read = corpus_module.concepts(corpus)
+    assert next(read).id == "doc1"
+    with pytest.raises(corpus_module.CorpusError, match="line 2: `_id` '': invalid concept id"):
+        next(read)
