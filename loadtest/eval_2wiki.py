@@ -267,7 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mentions", choices=("on", "off"), help="the KB's mentions setting")
     parser.add_argument("--linked", action="store_true", help="links written in (reference)")
     parser.add_argument("--details", action="store_true", help="each tune question's answer")
-    parser.add_argument("--vector-timeout", type=float, default=1800.0)
+    parser.add_argument(
+        "--vector-timeout",
+        type=float,
+        default=7200.0,
+        help="seconds to wait for the passages' vectors (MiniLM in numpy is slow when busy)",
+    )
     args = parser.parse_args(argv)
     halves = HALVES if args.half == "all" else (args.half,)
     questions = [
