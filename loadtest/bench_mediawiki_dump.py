@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
+from kbgraph.sources.deliver import deliver
 from kbgraph.sources.manifest import Manifest
-from kbgraph.sources.mediawiki.deliver import deliver
+from kbgraph.sources.mediawiki.concepts import SOURCE
 from kbgraph.sources.mediawiki.dump import read_dump
 from kbgraph.sources.sinks import LocalSink
 
@@ -163,11 +164,15 @@ def main() -> None:
         try:
             with Manifest(base / "manifest.sqlite") as manifest:
                 start, cpu = time.perf_counter(), _cpu()
-                sent = deliver("wiki", sink, manifest, read_dump(dump).concepts, everything=True)
+                sent = deliver(
+                    "wiki", sink, manifest, read_dump(dump).concepts, source=SOURCE, everything=True
+                )
                 import_s, import_cpu = time.perf_counter() - start, _cpu() - cpu
                 print(f"import: {import_s:.2f} s ({import_cpu:.2f} s CPU), {sent}")
                 start = time.perf_counter()
-                again = deliver("wiki", sink, manifest, read_dump(dump).concepts, everything=True)
+                again = deliver(
+                    "wiki", sink, manifest, read_dump(dump).concepts, source=SOURCE, everything=True
+                )
                 again_s = time.perf_counter() - start
                 print(f"re-import, unchanged: {again_s:.2f} s, {again}")
         finally:

@@ -134,37 +134,16 @@ def first_rank(ranked: list[str], wanted: set[str], depth: int = 10) -> int | No
     return None
 
 
-class Vault:
-    """The example vault in a temporary store and app, with version-bumping re-sends."""
+class Asker:
+    """A KB of the temporary app, asked over its HTTP routes as an agent asks it."""
 
-    def __init__(self, client: TestClient, root: Path, kb: str, vector_timeout: float) -> None:
+    def __init__(self, client: TestClient, kb: str, vector_timeout: float) -> None:
         self.client = client
         self.kb = kb
         self.store = context_of(client.app).service.store
-        read = read_vault(root)
-        self.notes: dict[str, UpsertData] = {nid: note.data for nid, note in read.notes.items()}
-        _, files = walk(root)
-        self.resolver = Resolver(list(self.notes), files)
         self.seq = self.store.kb_seq(kb)
-        self.versions = {nid: self.call("GET", f"concepts/{nid}")["version"] for nid in self.notes}
         self.vectors = False
         self.wait_for_vectors(vector_timeout)
-
-    def send(self, items: list[tuple[str, UpsertData]]) -> None:
-        events: list[Event] = []
-        for nid, data in items:
-            self.versions[nid] += 1
-            fields = msgspec.structs.asdict(data) | {"version": self.versions[nid]}
-            events.append(
-                ConceptUpserted(
-                    specversion="1.0",
-                    id=f"eval-{nid}-{self.versions[nid]}",
-                    source="eval://vault",
-                    subject=nid,
-                    data=UpsertData(**fields),
-                )
-            )
-        self.seq = self.store.append(self.kb, events).seq
 
     def call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {TOKEN}", "X-Min-Seq": str(self.seq)}
@@ -213,6 +192,34 @@ class Vault:
     def ranked(self, query: str) -> list[str]:
         return [row["id"] for row in self.graph_context(query)["ranked"]]
 
+
+class Vault(Asker):
+    """The example vault in a temporary store and app, with version-bumping re-sends."""
+
+    def __init__(self, client: TestClient, root: Path, kb: str, vector_timeout: float) -> None:
+        super().__init__(client, kb, vector_timeout)
+        read = read_vault(root)
+        self.notes: dict[str, UpsertData] = {nid: note.data for nid, note in read.notes.items()}
+        _, files = walk(root)
+        self.resolver = Resolver(list(self.notes), files)
+        self.versions = {nid: self.call("GET", f"concepts/{nid}")["version"] for nid in self.notes}
+
+    def send(self, items: list[tuple[str, UpsertData]]) -> None:
+        events: list[Event] = []
+        for nid, data in items:
+            self.versions[nid] += 1
+            fields = msgspec.structs.asdict(data) | {"version": self.versions[nid]}
+            events.append(
+                ConceptUpserted(
+                    specversion="1.0",
+                    id=f"eval-{nid}-{self.versions[nid]}",
+                    source="eval://vault",
+                    subject=nid,
+                    data=UpsertData(**fields),
+                )
+            )
+        self.seq = self.store.append(self.kb, events).seq
+
     def link_suggest(self, nid: str, method: str) -> list[str]:
         body = self.call(
             "POST", "tools/link_suggest", json={"id": nid, "limit": 20, "method": method}
@@ -245,15 +252,16 @@ class Vault:
 
 
 @contextmanager
-def vault_app(
-    root: Path,
+def imported_app(
+    source: list[str],
     embeddings: str | None = None,
     kb: str = KB,
     url: str | None = None,
-    vector_timeout: float = 120.0,
-) -> Iterator[Vault]:
-    """The vault in a temporary store; ``embeddings``: its ``[embeddings] provider`` (with
-    ``url``, an OpenAI-compatible server's base URL, for ``openai``)."""
+    config_extra: str = "",
+) -> Iterator[TestClient]:
+    """The app on a temporary store into which ``kbgraph import *source --kb kb`` loaded a KB;
+    ``embeddings``: its ``[embeddings] provider`` (with ``url``, an OpenAI-compatible server's
+    base URL, for ``openai``); ``config_extra``: more of the config's TOML."""
     with tempfile.TemporaryDirectory(prefix="kbgraph-eval-") as folder:
         config = Path(folder) / "kbgraph.toml"
         section = f'[embeddings]\nprovider = "{embeddings}"\n' if embeddings else ""
@@ -264,15 +272,28 @@ def vault_app(
             section += "query_timeout_seconds = 600.0\n"
         section += "\n" if section else ""
         config.write_text(
-            f'[store]\npath = "kbgraph.db"\n\n{section}[[tokens]]\nname = "admin"\n'
-            f'token = "{TOKEN}"\nadmin = true\n'
+            f'[store]\npath = "kbgraph.db"\n\n{section}{config_extra}[[tokens]]\n'
+            f'name = "admin"\ntoken = "{TOKEN}"\nadmin = true\n'
         )
         manifest = Path(folder) / "manifest.sqlite"
-        argv = ["import", str(root), "--kb", kb, "--config", str(config), "--quiet"]
+        argv = ["import", *source, "--kb", kb, "--config", str(config), "--quiet"]
         if kbgraph_main([*argv, "--manifest", str(manifest)]) != 0:
-            raise RuntimeError(f"kbgraph import {root} failed")
+            raise RuntimeError(f"kbgraph import {' '.join(source)} failed")
         with TestClient(create_app(load_config(config))) as client:
-            yield Vault(client, root, kb, vector_timeout)
+            yield client
+
+
+@contextmanager
+def vault_app(
+    root: Path,
+    embeddings: str | None = None,
+    kb: str = KB,
+    url: str | None = None,
+    vector_timeout: float = 120.0,
+) -> Iterator[Vault]:
+    """The vault in a temporary store (``imported_app``), asked as ``Vault``."""
+    with imported_app([str(root)], embeddings, kb, url) as client:
+        yield Vault(client, root, kb, vector_timeout)
 
 
 def split_of_link(source: str, target: str) -> str:

@@ -20,9 +20,10 @@ import pytest
 
 from kbgraph.cli import build_parser
 from kbgraph.events import Event
+from kbgraph.sources.deliver import deliver
 from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.mediawiki.api import WikiApi
-from kbgraph.sources.mediawiki.deliver import deliver
+from kbgraph.sources.mediawiki.concepts import SOURCE
 from kbgraph.sources.mediawiki.dump import read_dump
 from kbgraph.sources.mediawiki.follow import OVERLAP_SECONDS, FollowState, WikiFollower
 from kbgraph.sources.sinks import SECRET_ENV, LocalSink
@@ -155,7 +156,7 @@ def test_edits_moves_deletions_restorations_and_read_protection(wiki: Wiki, kit:
     other = LocalSink(kit.folder / "from-dump.db")
     try:
         with Manifest(kit.folder / "dump-manifest.sqlite") as manifest:
-            deliver(KB, other, manifest, read.concepts, everything=True)
+            deliver(KB, other, manifest, read.concepts, source=SOURCE, everything=True)
         assert kb_state(other.store) == kit.concepts()
     finally:
         other.close()
@@ -354,7 +355,7 @@ def test_any_sequence_of_changes_ends_where_a_dump_import_does(wiki: Wiki, kit: 
     other = LocalSink(kit.folder / "seq-dump.db")
     try:
         with Manifest(kit.folder / "seq-manifest.sqlite") as manifest:
-            deliver(KB, other, manifest, read_dump(dump).concepts, everything=True)
+            deliver(KB, other, manifest, read_dump(dump).concepts, source=SOURCE, everything=True)
         assert kb_state(other.store) == kit.concepts()
     finally:
         other.close()

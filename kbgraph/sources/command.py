@@ -19,6 +19,7 @@ from typing import Final
 from kbgraph.config import ConfigError, load_config, secret_problem
 from kbgraph.extras import EXIT_FAILED, EXIT_USAGE
 from kbgraph.names import KB_NAME_PATTERN, is_kb_name
+from kbgraph.sources.beir import command as beir
 from kbgraph.sources.hook import SourceHook
 from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.mediawiki import command as mediawiki
@@ -28,12 +29,16 @@ from kbgraph.sources.sync import SyncReport, sync_once, watch
 from kbgraph.sources.vault.reader import walk
 
 # the sources a command line may name in place of the vault folder (kbgraph.sources.hook)
-SOURCES: Final[tuple[SourceHook, ...]] = (mediawiki.HOOK,)
+SOURCES: Final[tuple[SourceHook, ...]] = (mediawiki.HOOK, beir.HOOK)
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for name, text in (
-        ("import", "load a folder of markdown notes (an Obsidian vault, a Logseq graph) into a KB"),
+        (
+            "import",
+            "load a folder of markdown notes (an Obsidian vault, a Logseq graph), a MediaWiki"
+            " dump (--mediawiki-dump) or a BEIR corpus (--beir) into a KB",
+        ),
         ("sync", "send a folder's changes since the last run; --watch keeps it current"),
     ):
         command = sub.add_parser(name, help=text, description=text)
@@ -108,13 +113,15 @@ def open_sink(args: argparse.Namespace) -> Sink | str:
 
 
 def run_command(args: argparse.Namespace, stop_event: threading.Event | None = None) -> int:
+    if sum(source.wanted(args) for source in SOURCES) > 1:
+        return _fail("give one source in place of DIR (a wiki, a dump, a corpus), not several")
     for source in SOURCES:  # a source named in place of the folder (a wiki, say)
         if source.wanted(args):
             if args.report:
                 return _fail("--report: written for a folder's import or sync only")
             return source.run(args, open_sink, stop_event)
     if args.dir is None:
-        return _fail("DIR: expected the vault folder (or a wiki: see --help)")
+        return _fail("DIR: expected the vault folder (or a wiki, a corpus: see --help)")
     root = Path(args.dir)
     if not root.exists():
         return _fail(f"{args.dir}: no such folder")

@@ -103,7 +103,8 @@ def run(
 
 
 def _import(path: Path, args: argparse.Namespace, sink: Sink, manifest: Manifest) -> int:
-    from kbgraph.sources.mediawiki.deliver import deliver
+    from kbgraph.sources.deliver import deliver
+    from kbgraph.sources.mediawiki.concepts import SOURCE
     from kbgraph.sources.mediawiki.dump import DumpError, read_dump
     from kbgraph.sources.progress import Progress
     from kbgraph.sources.sinks import SyncError
@@ -117,6 +118,7 @@ def _import(path: Path, args: argparse.Namespace, sink: Sink, manifest: Manifest
                 sink,
                 manifest,
                 read.concepts,
+                source=SOURCE,
                 everything=True,
                 progress=partial(progress, "sent"),
             )

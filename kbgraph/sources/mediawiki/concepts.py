@@ -16,11 +16,8 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-
-import msgspec
+from typing import Final
 
 from kbgraph.events import (
     MAX_ALIAS_CHARS,
@@ -33,19 +30,11 @@ from kbgraph.events import (
     UpsertData,
 )
 from kbgraph.names import concept_id_problem
+from kbgraph.sources.deliver import SourceConcept
 from kbgraph.sources.mediawiki.titles import Namespaces, Title
 from kbgraph.sources.mediawiki.wikitext import PageFields
 
-_hash_encoder = msgspec.msgpack.Encoder()
-
-
-@dataclass(frozen=True, slots=True)
-class WikiConcept:
-    """One page as a concept: its data without a version, and the hash of that data."""
-
-    id: str
-    data: UpsertData  # version 0; the sender sets the real one
-    digest: str
+SOURCE: Final = "kbgraph-mediawiki"  # the events' CloudEvents source
 
 
 def concept_of(
@@ -55,7 +44,7 @@ def concept_of(
     resolve: Callable[[Title], Title],
     namespaces: Namespaces,
     warnings: list[str],
-) -> WikiConcept | None:
+) -> SourceConcept | None:
     """The concept of page ``title`` (not a redirect), or None when its id breaks the id
     rules; ``resolve`` follows a link's target through a redirect (one hop). Each cut made to
     fit the bounds is added to ``warnings``."""
@@ -92,4 +81,4 @@ def concept_of(
         text=text,
         links=list(links)[:MAX_LINKS],
     )
-    return WikiConcept(cid, data, hashlib.sha256(_hash_encoder.encode(data)).hexdigest())
+    return SourceConcept.of(cid, data)

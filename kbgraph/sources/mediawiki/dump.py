@@ -20,7 +20,8 @@ from typing import IO, Any, Final
 
 import mwxml  # type: ignore[import-untyped]
 
-from kbgraph.sources.mediawiki.concepts import WikiConcept, concept_of
+from kbgraph.sources.deliver import SourceConcept
+from kbgraph.sources.mediawiki.concepts import concept_of
 from kbgraph.sources.mediawiki.titles import Namespace, Namespaces, Title
 from kbgraph.sources.mediawiki.wikitext import PageFields, parse
 
@@ -36,7 +37,7 @@ class DumpError(Exception):
 class WikiRead:
     """What reading a wiki gave: its concepts and what was left out, and why."""
 
-    concepts: list[WikiConcept] = field(default_factory=list)
+    concepts: list[SourceConcept] = field(default_factory=list)
     redirects: int = 0
     warnings: list[str] = field(default_factory=list)
 

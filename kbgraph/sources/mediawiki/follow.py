@@ -34,10 +34,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
+from kbgraph.sources.deliver import Sent, SourceConcept, deliver
 from kbgraph.sources.manifest import Manifest, open_db, write_transaction
 from kbgraph.sources.mediawiki.api import PageState, WikiApi
-from kbgraph.sources.mediawiki.concepts import WikiConcept, concept_of
-from kbgraph.sources.mediawiki.deliver import Sent, deliver
+from kbgraph.sources.mediawiki.concepts import SOURCE, concept_of
 from kbgraph.sources.mediawiki.dump import WIKITEXT, build
 from kbgraph.sources.mediawiki.titles import Namespaces, Title
 from kbgraph.sources.mediawiki.wikitext import PageFields, parse
@@ -193,7 +193,9 @@ class WikiFollower:
             self._read(state, pages, redirects)
         warnings: list[str] = []
         read = build(pages, redirects, spaces, warnings)
-        sent = deliver(self.kb, self.sink, self.manifest, read.concepts, everything=True)
+        sent = deliver(
+            self.kb, self.sink, self.manifest, read.concepts, source=SOURCE, everything=True
+        )
         known = {spaces.display(s): spaces.display(t) for s, t in redirects.items()}
         self.state.save(self.key, stamp, dict(known), replace=True)
         return FollowReport(True, 0, len(states), sent, stamp, warnings)
@@ -256,12 +258,12 @@ class WikiFollower:
             for title in (spaces.parse(t) for t in [*titles, *more])
             if title is not None and title not in pages
         ]
-        report.sent.add(deliver(self.kb, self.sink, self.manifest, concepts, gone))
+        report.sent.add(deliver(self.kb, self.sink, self.manifest, concepts, gone, source=SOURCE))
         self.state.save(self.key, stamp, changed)
 
     def _concepts(
         self, pages: dict[Title, PageFields], seen: dict[str, PageState], warnings: list[str]
-    ) -> list[WikiConcept]:
+    ) -> list[SourceConcept]:
         """The concepts of ``pages`` (read as ``seen``, by the wiki's title): their aliases
         (the readable redirects to each, by the wiki's redirect table) and links through
         redirects (one hop) asked of the API."""
@@ -276,7 +278,7 @@ class WikiFollower:
         here = {title: seen.get(spaces.display(title)) for title in pages}
         sources = sorted({r for state in here.values() if state for r in state.redirects_here})
         readable = self.api.readable(sources)
-        out: list[WikiConcept] = []
+        out: list[SourceConcept] = []
         for title in sorted(pages):
             state = here[title]
             aliases = _titles(spaces, [] if state is None else state.redirects_here, readable)
