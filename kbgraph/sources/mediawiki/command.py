@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MANIFEST: Final = Path(".kbgraph") / "mediawiki.sqlite"
 DEFAULT_INTERVAL: Final = 10.0
+CALL_SECONDS: Final = 60.0  # one request to a wiki, from connecting to its answer's last byte
 
 
 def add_arguments(command: argparse.ArgumentParser, name: str) -> None:
@@ -50,6 +51,13 @@ def add_arguments(command: argparse.ArgumentParser, name: str) -> None:
             type=float,
             default=DEFAULT_INTERVAL,
             help="seconds between polls of the wiki with --mediawiki --watch",
+        )
+        command.add_argument(
+            "--wiki-timeout",
+            type=float,
+            default=CALL_SECONDS,
+            metavar="SECONDS",
+            help="the most one request to the wiki may take, its whole answer included",
         )
 
 
@@ -82,6 +90,8 @@ def run(
         return _fail(f"--mediawiki {args.mediawiki!r}: expected an http:// or https:// URL")
     if not dump and args.interval <= 0:
         return _fail("--interval: expected a number of seconds above 0")
+    if not dump and args.wiki_timeout <= 0:
+        return _fail("--wiki-timeout: expected a number of seconds above 0")
     sink = open_sink(args)
     if isinstance(sink, str):
         return _fail(sink)
@@ -145,7 +155,7 @@ def _follow(
     from kbgraph.sources.sinks import SyncError
     from kbgraph.sources.sync import printable
 
-    api = WikiApi(args.mediawiki, attempts=args.retries + 1)
+    api = WikiApi(args.mediawiki, attempts=args.retries + 1, deadline=args.wiki_timeout)
     state = FollowState(path)
     follower = WikiFollower(api, args.kb, sink, manifest, state)
 
