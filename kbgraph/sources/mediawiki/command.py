@@ -30,15 +30,31 @@ if TYPE_CHECKING:
 DEFAULT_MANIFEST: Final = Path(".kbgraph") / "mediawiki.sqlite"
 DEFAULT_INTERVAL: Final = 10.0
 CALL_SECONDS: Final = 60.0  # one request to a wiki, from connecting to its answer's last byte
+MAX_PAGE_BYTES: Final = 2 << 20  # MediaWiki's own default maximum ($wgMaxArticleSize)
+MAX_DUMP_BYTES: Final = 1 << 30  # the import holds every page: a bound a machine can hold
 
 
 def add_arguments(command: argparse.ArgumentParser, name: str) -> None:
     """The wiki options of ``kbgraph import`` (a dump) and ``kbgraph sync`` (a live wiki)."""
+    command.add_argument(
+        "--max-page-bytes",
+        type=int,
+        default=MAX_PAGE_BYTES,
+        metavar="N",
+        help="with --mediawiki(-dump): a page of more wikitext is skipped, not parsed",
+    )
     if name == "import":
         command.add_argument(
             "--mediawiki-dump",
             metavar="FILE",
             help="a MediaWiki XML dump (.xml, .xml.bz2, .xml.gz) in place of DIR",
+        )
+        command.add_argument(
+            "--max-dump-bytes",
+            type=int,
+            default=MAX_DUMP_BYTES,
+            metavar="N",
+            help="the most bytes a dump may decompress to (past it the import stops)",
         )
     else:
         command.add_argument(
@@ -84,6 +100,9 @@ def run(
         return _fail(f"--kb {args.kb!r}: expected a KB name matching {KB_NAME_PATTERN}")
     if args.retries < 0:
         return _fail("--retries: expected at least 0")
+    if args.max_page_bytes <= 0 or (dump and args.max_dump_bytes <= 0):
+        which = "--max-page-bytes" if args.max_page_bytes <= 0 else "--max-dump-bytes"
+        return _fail(f"{which}: expected a number of bytes above 0")
     if dump and not Path(dump).is_file():
         return _fail(f"--mediawiki-dump {dump}: no such file")
     if not dump and not args.mediawiki.startswith(("http://", "https://")):
@@ -122,7 +141,12 @@ def _import(path: Path, args: argparse.Namespace, sink: Sink, manifest: Manifest
 
     try:
         with Progress("pages", quiet=args.quiet) as progress:
-            read = read_dump(path, partial(progress, "read"))
+            read = read_dump(
+                path,
+                partial(progress, "read"),
+                max_page_bytes=args.max_page_bytes,
+                max_bytes=args.max_dump_bytes,
+            )
             sent = deliver(
                 args.kb,
                 sink,
@@ -157,7 +181,7 @@ def _follow(
 
     api = WikiApi(args.mediawiki, attempts=args.retries + 1, deadline=args.wiki_timeout)
     state = FollowState(path)
-    follower = WikiFollower(api, args.kb, sink, manifest, state)
+    follower = WikiFollower(api, args.kb, sink, manifest, state, max_page_bytes=args.max_page_bytes)
 
     polls = 0
 

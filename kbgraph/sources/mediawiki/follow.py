@@ -44,8 +44,9 @@ from kbgraph.sources.deliver import Sent, SourceConcept, deliver
 from kbgraph.sources.manifest import Manifest, open_db, write_transaction
 from kbgraph.sources.mediawiki.answers import Change, LogParams
 from kbgraph.sources.mediawiki.api import PageState, WikiApi, WikiError
+from kbgraph.sources.mediawiki.command import MAX_PAGE_BYTES
 from kbgraph.sources.mediawiki.concepts import SOURCE, concept_of
-from kbgraph.sources.mediawiki.dump import WIKITEXT, build
+from kbgraph.sources.mediawiki.dump import WIKITEXT, build, over
 from kbgraph.sources.mediawiki.titles import Namespaces, Title
 from kbgraph.sources.mediawiki.wikitext import PageFields, parse
 from kbgraph.sources.sinks import Sink
@@ -159,9 +160,11 @@ class WikiFollower:
         manifest: Manifest,
         state: FollowState,
         overlap: int = OVERLAP_SECONDS,
+        max_page_bytes: int = MAX_PAGE_BYTES,
     ) -> None:
         self.api, self.kb, self.sink, self.manifest, self.state = api, kb, sink, manifest, state
         self.overlap = overlap  # seconds of changes before the cursor read again
+        self.max_page_bytes = max_page_bytes  # a longer page is skipped, never parsed
         self.key = (sink.dest, kb, api.url)
         self._namespaces: Namespaces | None = None
 
@@ -233,7 +236,7 @@ class WikiFollower:
         pages: dict[Title, PageFields] = {}
         redirects: dict[Title, Title] = {}
         for state in states.values():
-            self._read(state, pages, redirects)
+            self._read(state, pages, redirects, warnings)
         read = build(pages, redirects, spaces, warnings)
         sent = deliver(
             self.kb, self.sink, self.manifest, read.concepts, source=SOURCE, everything=True
@@ -243,12 +246,22 @@ class WikiFollower:
         return FollowReport(True, 0, len(states), sent, stamp, warnings)
 
     def _read(
-        self, state: PageState, pages: dict[Title, PageFields], redirects: dict[Title, Title]
+        self,
+        state: PageState,
+        pages: dict[Title, PageFields],
+        redirects: dict[Title, Title],
+        warnings: list[str],
     ) -> Title | None:
         """Add a page's state to ``pages`` or ``redirects`` (nothing when it is not there for
-        this reader); its title."""
+        this reader, or over ``max_page_bytes``); its title."""
         title = self.namespaces.parse(state.title)
         if title is None or title.ns < 0 or not state.exists or not state.readable:
+            return title
+        if over(state.text, self.max_page_bytes):
+            warnings.append(
+                f"{self.namespaces.display(title)}: over {self.max_page_bytes} bytes of"
+                " wikitext (--max-page-bytes): not imported"
+            )
             return title
         if state.model != WIKITEXT:
             pages[title] = PageFields([], [], state.text, None)
@@ -272,7 +285,7 @@ class WikiFollower:
         pages: dict[Title, PageFields] = {}
         redirects: dict[Title, Title] = {}
         for state in states.values():
-            self._read(state, pages, redirects)
+            self._read(state, pages, redirects, report.warnings)
         for asked, state in states.items():
             title = spaces.parse(state.title)
             if title is None:
@@ -291,7 +304,7 @@ class WikiFollower:
         more = [t for t in again if t not in states]
         read_too = self.api.pages(more)
         for state in read_too.values():
-            self._read(state, pages, redirects)
+            self._read(state, pages, redirects, report.warnings)
         report.pages += len(titles) + len(more)
         seen = {state.title: state for state in [*states.values(), *read_too.values()]}
         concepts = self._concepts(pages, seen, report.warnings)
