@@ -1,5 +1,6 @@
 """A fake MediaWiki Action API on loopback that answers as a test tells it: honestly, from a
-few pages and recent changes, or with bombs (endless or huge answers, drips, odd shapes).
+few pages and recent changes, or with bombs (endless or huge answers, drips, odd shapes); and
+dump bombs: a few KB of bz2 that decompress to hundreds of MB of XML.
 
 ``FakeWiki.serve()`` runs it in a thread; ``hostile`` maps a call's name (``list=allpages``,
 ``meta=siteinfo&siprop=general``, ...) to a function of the call's parameters giving the
@@ -9,6 +10,7 @@ The wiki's clock is ours (``now``), so its recent changes are stamped as a real 
 
 from __future__ import annotations
 
+import bz2
 import contextlib
 import json
 import threading
@@ -18,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -154,3 +157,29 @@ def drip(seconds: float) -> Callable[[dict[str, str]], Answer]:
 
 def wrong_shape(params: dict[str, str]) -> Answer:
     return {"query": {"namespaces": 5}}
+
+
+HEAD = (
+    '<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11">'
+    "<siteinfo><sitename>Bombs</sitename><namespaces>"
+    '<namespace key="0" case="first-letter" /></namespaces></siteinfo>'
+)
+
+
+def page(title: str, text: str, n: int = 1) -> str:
+    return (
+        f"<page><title>{title}</title><ns>0</ns><id>{n}</id><revision><id>{n}</id>"
+        f'<model>wikitext</model><format>text/x-wiki</format><text xml:space="preserve">{text}'
+        "</text></revision></page>"
+    )
+
+
+def bomb(path: Path, before: str, repeated: str, times: int, after: str) -> Path:
+    """``before + repeated * times + after`` as a bz2 file of concatenated streams."""
+    one = bz2.compress(repeated.encode())
+    with path.open("wb") as out:
+        out.write(bz2.compress(before.encode()))
+        for _ in range(times):
+            out.write(one)
+        out.write(bz2.compress(after.encode()))
+    return path

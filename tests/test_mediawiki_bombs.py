@@ -2,7 +2,7 @@
 
 Memory is measured in a subprocess, as the growth of the command's peak RSS over a benign
 dump's (or wiki's), never as a fixed peak. The bombs are bz2 files of concatenated streams
-(``bz2`` reads them as one file), so a test writes 300 MB of XML without compressing it.
+(``tests/hostile_wiki.py``), so a test writes 300 MB of XML without compressing it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from kbgraph.events import MAX_LINKS
 from kbgraph.sources.mediawiki.titles import Namespace, Namespaces, Title
 from kbgraph.sources.mediawiki.wikitext import MAX_MARKUP, markup, parse
-from tests.hostile_wiki import FakeWiki
+from tests.hostile_wiki import HEAD, FakeWiki, bomb, page
 from tests.test_mediawiki_hostile import concepts, sync
 from tests.test_vault_hostile import peak_rss_of
 
@@ -24,30 +24,6 @@ SPACES = Namespaces([Namespace(0, ""), Namespace(14, "Category")])
 # a 2 MB page parsed in parts fit in it; mwparserfromhell's tree of either would not (2.9 GB
 # and 490 MB before)
 PEAK_GROWTH_BOUND = 200 << 20
-HEAD = (
-    '<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11">'
-    "<siteinfo><sitename>Bombs</sitename><namespaces>"
-    '<namespace key="0" case="first-letter" /></namespaces></siteinfo>'
-)
-
-
-def page(title: str, text: str, n: int = 1) -> str:
-    return (
-        f"<page><title>{title}</title><ns>0</ns><id>{n}</id><revision><id>{n}</id>"
-        f'<model>wikitext</model><format>text/x-wiki</format><text xml:space="preserve">{text}'
-        "</text></revision></page>"
-    )
-
-
-def bomb(path: Path, before: str, repeated: str, times: int, after: str) -> Path:
-    """``before + repeated * times + after`` as a bz2 file of concatenated streams."""
-    one = bz2.compress(repeated.encode())
-    with path.open("wb") as out:
-        out.write(bz2.compress(before.encode()))
-        for _ in range(times):
-            out.write(one)
-        out.write(bz2.compress(after.encode()))
-    return path
 
 
 def imported(dump: Path, folder: Path, *more: str) -> tuple[int, int, str]:
