@@ -57,6 +57,7 @@ STAMP_FORMAT: Final = "%Y-%m-%dT%H:%M:%SZ"  # the API's timestamps (ISO 8601, UT
 # still: the pass's own time is added) and the wiki's clock ahead of ours
 STAMP_SLACK: Final = timedelta(minutes=1)
 CLOCK_TOLERANCE: Final = timedelta(hours=1)
+MAX_REFUSED_KEPT: Final = 10_000  # refused changes remembered so as to warn of each once
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS mw_cursor (
     dest TEXT NOT NULL, kb TEXT NOT NULL, wiki TEXT NOT NULL, stamp TEXT NOT NULL,
@@ -165,6 +166,7 @@ class WikiFollower:
         self.api, self.kb, self.sink, self.manifest, self.state = api, kb, sink, manifest, state
         self.overlap = overlap  # seconds of changes before the cursor read again
         self.max_page_bytes = max_page_bytes  # a longer page is skipped, never parsed
+        self._refused: set[tuple[str, str]] = set()  # the changes refused and said so
         self.key = (sink.dest, kb, api.url)
         self._namespaces: Namespaces | None = None
 
@@ -198,11 +200,7 @@ class WikiFollower:
             for change in part:
                 stamp = canonical_stamp(change.timestamp, limit())
                 if stamp is None:
-                    report.warnings.append(
-                        f"a recent change of {change.title[:ECHO_CHARS]!r} stamped"
-                        f" {change.timestamp[:ECHO_CHARS]!r}: not a time before the wiki's"
-                        " clock: refused"
-                    )
+                    self._refuse(change, report)
                     continue
                 newest = max(newest, stamp)
                 for title in _titles_of(change):
@@ -212,6 +210,20 @@ class WikiFollower:
                 self._send_pages(list(touched), newest, report)
                 report.cursor = cursor = newest
         return report
+
+    def _refuse(self, change: Change, report: FollowReport) -> None:
+        """Warn of a change whose stamp is refused, once per follower: it stays among the
+        wiki's recent changes (read again by every pass) until the wiki drops it."""
+        said = (change.title[:ECHO_CHARS], change.timestamp[:ECHO_CHARS])
+        if said in self._refused:
+            return
+        if len(self._refused) >= MAX_REFUSED_KEPT:
+            self._refused.clear()
+        self._refused.add(said)
+        report.warnings.append(
+            f"a recent change of {said[0]!r} stamped {said[1]!r}: not a time before the"
+            " wiki's clock: refused"
+        )
 
     def _limit(self) -> Callable[[], datetime]:
         """The latest stamp believed at any moment of this pass: the wiki's clock now (no
