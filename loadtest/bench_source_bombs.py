@@ -31,7 +31,7 @@ from tests.hostile_wiki import (
     page,
     wrong_shape,
 )
-from tests.test_vault_hostile import peak_rss_of
+from tests.peak_rss import peak_rss_of
 
 AIM_PEAK_MB = 600
 DEADLINE_S = 300.0  # a case still running then has failed its aim
@@ -42,7 +42,7 @@ CLOSED = "</text></revision></page></mediawiki>"
 
 def run(command: list[str]) -> dict[str, Any]:
     began = time.monotonic()
-    code, peak, output = peak_rss_of(command)
+    code, peak, output = peak_rss_of(command, DEADLINE_S)
     lines = [line for line in output.splitlines() if not line.startswith("PEAK_KB=")]
     said = [line for line in lines if line.startswith(("kbgraph: ", "warning "))]
     return {
@@ -138,7 +138,9 @@ def main() -> None:
     parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="source-bombs-"))
     results = dump_cases(base)
-    endless_rc = {"list=recentchanges": _endless_changes}
+    endless_rc: dict[str, Callable[[dict[str, str]], Answer]] = {
+        "list=recentchanges": _endless_changes
+    }
     results["live_benign"] = wiki_case(base, "live_benign", {})
     results["live_templates_2mb"] = wiki_case(base, "live_templates_2mb", {})
     results["live_huge_answer_400mb"] = wiki_case(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bz2
 import contextlib
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +25,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from kbgraph.store import Store
+
+KB = "wiki"  # the KB the tests follow a wiki into
 Answer = dict[str, Any] | bytes | Iterator[tuple[bytes, float]]
 
 
@@ -138,6 +142,10 @@ def endless_titles(params: dict[str, str]) -> Answer:
 
 def huge(params: dict[str, str]) -> Answer:
     """400 MB of one JSON string, as fast as the follower reads it."""
+    return _huge()
+
+
+def _huge() -> Iterator[tuple[bytes, float]]:
     block = b"a" * (1 << 20)
     yield b'{"query": {"general": {"time": "', 0.0
     for _ in range(400):
@@ -149,8 +157,8 @@ def drip(seconds: float) -> Callable[[dict[str, str]], Answer]:
     """An honest answer, a byte every ``seconds``: a per-read timeout longer never fires."""
 
     def answer(params: dict[str, str]) -> Answer:
-        for byte in json.dumps({"query": {"general": {"time": now()}}}).encode():
-            yield bytes([byte]), seconds
+        body = json.dumps({"query": {"general": {"time": now()}}}).encode()
+        return ((bytes([byte]), seconds) for byte in body)
 
     return answer
 
@@ -183,3 +191,16 @@ def bomb(path: Path, before: str, repeated: str, times: int, after: str) -> Path
             out.write(one)
         out.write(bz2.compress(after.encode()))
     return path
+
+
+def sync(url: str, folder: Path, *more: str) -> list[str]:
+    (folder / "c.toml").write_text('[store]\npath = "kb.db"\n')
+    return [sys.executable, "-m", "kbgraph", "sync", "--mediawiki", url, "--kb", KB,
+            "--config", str(folder / "c.toml"), "--manifest", str(folder / "m.sqlite"),
+            "--retries", "0", *more]  # fmt: skip
+
+
+def concepts(path: Path) -> dict[str, str]:
+    with Store(path) as store:
+        kbs = store.load().kbs
+    return {c.id: c.text for c in kbs[KB].concepts} if KB in kbs else {}

@@ -14,9 +14,9 @@ from pathlib import Path
 from kbgraph.events import MAX_LINKS
 from kbgraph.sources.mediawiki.titles import Namespace, Namespaces, Title
 from kbgraph.sources.mediawiki.wikitext import MAX_MARKUP, markup, parse
-from tests.hostile_wiki import HEAD, FakeWiki, bomb, page
-from tests.test_mediawiki_hostile import concepts, sync
-from tests.test_vault_hostile import peak_rss_of
+from tests.hostile_wiki import HEAD, FakeWiki, bomb, concepts, page, sync
+from tests.peak_rss import peak_rss_of
+from tests.support import HANG_GUARD
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACES = Namespaces([Namespace(0, ""), Namespace(14, "Category")])
@@ -32,7 +32,7 @@ def imported(dump: Path, folder: Path, *more: str) -> tuple[int, int, str]:
     command = [sys.executable, "-m", "kbgraph", "import", "--mediawiki-dump", str(dump),
                "--kb", "wiki", "--config", str(folder / "c.toml"),
                "--manifest", str(folder / "m.sqlite"), *more]  # fmt: skip
-    return peak_rss_of(command)
+    return peak_rss_of(command, HANG_GUARD)
 
 
 def benign(tmp_path: Path) -> int:
@@ -103,12 +103,12 @@ def test_a_2_mb_page_of_templates_is_followed_in_bounded_memory(tmp_path: Path) 
     honest = FakeWiki(pages={"Good": "A [[B]]."})
     (tmp_path / "honest").mkdir()
     with honest.serve() as url:
-        code, baseline, output = peak_rss_of(sync(url, tmp_path / "honest"))
+        code, baseline, output = peak_rss_of(sync(url, tmp_path / "honest"), HANG_GUARD)
     assert code == 0, output
     soup = "{{x|[[B]]}}" * (2_000_000 // 11)
     wiki = FakeWiki(pages={"Good": "A [[B]].", "Soup": soup, "Huge": "x" * (3 << 20)})
     with wiki.serve() as url:
-        code, peak, output = peak_rss_of(sync(url, tmp_path))
+        code, peak, output = peak_rss_of(sync(url, tmp_path), HANG_GUARD)
     assert code == 0, output
     assert "warning Huge: over 2097152 bytes of wikitext (--max-page-bytes): not imported" in (
         output

@@ -8,7 +8,6 @@ saved is ignored), and JSON of another shape is one clear line naming the call.
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,29 +20,26 @@ from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.mediawiki.api import WikiApi, WikiError
 from kbgraph.sources.mediawiki.follow import FollowState, WikiFollower, follow
 from kbgraph.sources.sinks import LocalSink
-from kbgraph.store import Store
-from tests.hostile_wiki import Answer, FakeWiki, drip, endless_titles, huge, now, wrong_shape
-from tests.test_vault_hostile import HANG_GUARD, peak_rss_of
+from tests.hostile_wiki import (
+    KB,
+    Answer,
+    FakeWiki,
+    concepts,
+    drip,
+    endless_titles,
+    huge,
+    now,
+    sync,
+    wrong_shape,
+)
+from tests.peak_rss import peak_rss_of
+from tests.support import HANG_GUARD
 
 ROOT = Path(__file__).resolve().parent.parent
-KB = "wiki"
 PAGES = {"Main Page": "Hello [[World]].", "World": "Round. [[Main Page]]"}
 # growth of the command's peak RSS over an honest wiki's pass: the 32 MiB answer cap and the
 # 1,000 continuation parts' 500,000 titles fit in it; a 400 MB answer taken whole does not
 PEAK_GROWTH_BOUND = 250 << 20
-
-
-def sync(url: str, folder: Path, *more: str) -> list[str]:
-    (folder / "c.toml").write_text('[store]\npath = "kb.db"\n')
-    return [sys.executable, "-m", "kbgraph", "sync", "--mediawiki", url, "--kb", KB,
-            "--config", str(folder / "c.toml"), "--manifest", str(folder / "m.sqlite"),
-            "--retries", "0", *more]  # fmt: skip
-
-
-def concepts(path: Path) -> dict[str, str]:
-    with Store(path) as store:
-        kbs = store.load().kbs
-    return {c.id: c.text for c in kbs[KB].concepts} if KB in kbs else {}
 
 
 def one_clear_line(output: str) -> str:
@@ -101,11 +97,11 @@ def test_a_huge_answer_is_refused_as_it_arrives(tmp_path: Path) -> None:
     honest = FakeWiki(pages=dict(PAGES))
     (tmp_path / "honest").mkdir()
     with honest.serve() as url:
-        code, baseline, output = peak_rss_of(sync(url, tmp_path / "honest"))
+        code, baseline, output = peak_rss_of(sync(url, tmp_path / "honest"), HANG_GUARD)
     assert code == 0, output
     wiki = FakeWiki(pages=dict(PAGES), hostile={"meta=siteinfo&siprop=general": huge})
     with wiki.serve() as url:
-        code, peak, output = peak_rss_of(sync(url, tmp_path))
+        code, peak, output = peak_rss_of(sync(url, tmp_path), HANG_GUARD)
     assert code == 1, output
     assert "an answer over 33554432 bytes: refused" in one_clear_line(output)
     assert peak - baseline < PEAK_GROWTH_BOUND, (peak, baseline)
@@ -115,11 +111,11 @@ def test_an_endless_continuation_ends_the_pass(tmp_path: Path) -> None:
     honest = FakeWiki(pages=dict(PAGES))
     (tmp_path / "honest").mkdir()
     with honest.serve() as url:
-        code, baseline, output = peak_rss_of(sync(url, tmp_path / "honest"))
+        code, baseline, output = peak_rss_of(sync(url, tmp_path / "honest"), HANG_GUARD)
     assert code == 0, output
     wiki = FakeWiki(pages=dict(PAGES), hostile={"list=allpages": endless_titles})
     with wiki.serve() as url:
-        code, peak, output = peak_rss_of(sync(url, tmp_path))
+        code, peak, output = peak_rss_of(sync(url, tmp_path), HANG_GUARD)
     assert code == 1, output
     line = one_clear_line(output)
     assert "list=allpages" in line and "more than 1000 parts" in line, line
