@@ -42,7 +42,7 @@ from kbgraph.sources.mediawiki.answers import (
     SiteNamespaces,
     Struct,
 )
-from kbgraph.sources.mediawiki.command import CALL_SECONDS
+from kbgraph.sources.mediawiki.bounds import CALL_SECONDS
 from kbgraph.sources.mediawiki.titles import Namespace, Namespaces
 from kbgraph.sources.sync import printable
 

@@ -22,6 +22,7 @@ from kbgraph.extras import EXIT_FAILED, EXIT_USAGE
 from kbgraph.extras import problem as extra_problem
 from kbgraph.names import KB_NAME_PATTERN, is_kb_name
 from kbgraph.sources.hook import OpenSink, SourceHook
+from kbgraph.sources.mediawiki.bounds import CALL_SECONDS, MAX_DUMP_BYTES, MAX_PAGE_BYTES
 
 if TYPE_CHECKING:
     from kbgraph.sources.manifest import Manifest
@@ -29,9 +30,6 @@ if TYPE_CHECKING:
 
 DEFAULT_MANIFEST: Final = Path(".kbgraph") / "mediawiki.sqlite"
 DEFAULT_INTERVAL: Final = 10.0
-CALL_SECONDS: Final = 60.0  # one request to a wiki, from connecting to its answer's last byte
-MAX_PAGE_BYTES: Final = 2 << 20  # MediaWiki's own default maximum ($wgMaxArticleSize)
-MAX_DUMP_BYTES: Final = 1 << 30  # the import holds every page: a bound a machine can hold
 
 
 def add_arguments(command: argparse.ArgumentParser, name: str) -> None:

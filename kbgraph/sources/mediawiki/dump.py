@@ -29,7 +29,7 @@ import mwxml  # type: ignore[import-untyped]
 
 from kbgraph.events import ECHO_CHARS
 from kbgraph.sources.deliver import SourceConcept
-from kbgraph.sources.mediawiki.command import MAX_DUMP_BYTES, MAX_PAGE_BYTES
+from kbgraph.sources.mediawiki.bounds import MAX_DUMP_BYTES, MAX_PAGE_BYTES
 from kbgraph.sources.mediawiki.concepts import concept_of
 from kbgraph.sources.mediawiki.titles import Namespace, Namespaces, Title
 from kbgraph.sources.mediawiki.wikitext import PageFields, parse

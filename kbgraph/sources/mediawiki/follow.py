@@ -44,7 +44,7 @@ from kbgraph.sources.deliver import Sent, SourceConcept, deliver
 from kbgraph.sources.manifest import Manifest, open_db, write_transaction
 from kbgraph.sources.mediawiki.answers import Change, LogParams
 from kbgraph.sources.mediawiki.api import PageState, WikiApi, WikiError
-from kbgraph.sources.mediawiki.command import MAX_PAGE_BYTES
+from kbgraph.sources.mediawiki.bounds import MAX_PAGE_BYTES
 from kbgraph.sources.mediawiki.concepts import SOURCE, concept_of
 from kbgraph.sources.mediawiki.dump import WIKITEXT, build, over
 from kbgraph.sources.mediawiki.titles import Namespaces, Title
