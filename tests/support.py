@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STARTUP_SECONDS = 120.0
 GENEROUS = 15.0  # seconds: "closed within", never a speed claim
 SUBPROCESS_SECONDS = 120
+HANG_GUARD = 300.0  # seconds: a hang would otherwise stop the suite; never a speed claim
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 PRIVATE_SECRET = "whsec_cHJpdmF0ZS1rYi1zZWNyZXQtZm9yLXRlc3Rz"  # a KB's own secret

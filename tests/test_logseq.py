@@ -355,3 +355,53 @@ def test_an_unreadable_journal_is_left_as_sent(tmp_path: Path) -> None:
             ]
     finally:
         sink.close()
+
+
+# what edn_format raises past its own error type: a ratio over zero, a bad #inst or #uuid
+EVALUATION_BOMBS = ("{:a 1/0}", "1/0", '{:a #inst "zzzz"}', '#uuid "x"', "{:b 7/0 :c 1}")
+
+
+def test_a_config_that_fails_to_evaluate_falls_back_to_the_defaults(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for text in EVALUATION_BOMBS:
+        assert str(parse_config(text)).startswith("not valid EDN ("), text
+    root = write_vault(tmp_path / "graph", {CONFIG_PATH: "{:x 1/0}", "pages/a.b.md": "- x"})
+    config = tmp_path / "kbgraph.toml"
+    config.write_text('[store]\npath = "kb.db"\n')
+    args = _args(root, config, watch=False)
+    args.quiet = False
+    assert run_command(args) == 0
+    out = capsys.readouterr().out
+    assert f"warning {CONFIG_PATH}: not valid EDN (" in out and "Logseq's defaults used" in out
+    with Store(tmp_path / "kb.db") as store:
+        assert list(state(store)) == ["a/b"]  # legacy: the default
+
+
+def test_watch_goes_on_when_config_edn_turns_bad(tmp_path: Path) -> None:
+    root = write_vault(tmp_path / "graph", {CONFIG_PATH: TRI_LB, "pages/A.md": "- first"})
+    config = tmp_path / "kbgraph.toml"
+    config.write_text('[store]\npath = "kb.db"\n')
+    stop = threading.Event()
+    codes: list[int] = []
+    thread = threading.Thread(
+        target=lambda: codes.append(run_command(_args(root, config, True), stop))
+    )
+    thread.start()
+    try:
+        with Store(tmp_path / "kb.db") as store:
+            deadline = time.monotonic() + 120
+            while "A" not in state(store) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "A" in state(store)
+            write_vault(root, {CONFIG_PATH: "{:file/name-format :triple-lowbar :x 1/0}"})
+            time.sleep(1)  # a pass reads the bad config
+            write_vault(root, {"pages/Later.md": "- written after the config broke"})
+            while "Later" not in state(store) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "Later" in state(store)
+            assert thread.is_alive()
+    finally:
+        stop.set()
+        thread.join(120)
+    assert codes == [0]

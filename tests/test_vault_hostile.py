@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -23,12 +22,13 @@ from kbgraph.sources.command import run_command
 from kbgraph.sources.vault.markdown import MAX_YAML_ALIASES, parse
 from kbgraph.sources.vault.reader import VaultScan, note_fields, read_vault
 from kbgraph.store import Store
+from tests.peak_rss import peak_rss_of
+from tests.support import HANG_GUARD
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "SECRET-FROM-OUTSIDE-THE-VAULT"
-HANG_GUARD = 300.0  # seconds: a hang would otherwise stop the suite; never a speed claim
 # The import's peak RSS may grow over a benign vault's import by at most this much. A bound on
 # the growth, not on the peak: the peak of the command itself differs by platform and release
 # (the hostile import peaked at 213 MB on Debian 13's packages against ~140 MB here, where a
@@ -116,28 +116,6 @@ def test_hostile_vault_read_reports_every_skip(tmp_path: Path) -> None:
     assert not any(SECRET in note.data.text for note in read.notes.values())
 
 
-# A small parent runs the command and reports its child's peak RSS: a child forked from the
-# test process itself would count the test process's own pages (ru_maxrss survives exec).
-_MEASURE = (
-    "import resource, subprocess, sys\n"
-    "code = subprocess.run(sys.argv[1:]).returncode\n"
-    "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
-    "print(f'PEAK_KB={peak}')\n"
-    "sys.exit(code)\n"
-)
-
-
-def peak_rss_of(command: list[str]) -> tuple[int, int, str]:
-    """(exit code, peak RSS in bytes, stdout+stderr) of ``command`` run to its end."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _MEASURE, *command], cwd=ROOT, capture_output=True, text=True,
-        timeout=HANG_GUARD,
-    )  # fmt: skip
-    output = proc.stdout + proc.stderr
-    peak = int(output.rsplit("PEAK_KB=", 1)[1].split()[0]) * 1024
-    return proc.returncode, peak, output
-
-
 def import_command(vault: Path, config: Path) -> list[str]:
     config.write_text('[store]\npath = "kb.db"\n')
     return [sys.executable, "-m", "kbgraph", "import", str(vault), "--kb", "kb",
@@ -150,10 +128,12 @@ def test_hostile_vault_import_in_bounded_memory(tmp_path: Path) -> None:
     (benign / "vault").mkdir()
     for name in ("good", "real", "inside"):
         (benign / "vault" / f"{name}.md").write_text(f"A {name} note about [[good]] and #tags.\n")
-    code, baseline, output = peak_rss_of(import_command(benign / "vault", benign / "kbgraph.toml"))
+    code, baseline, output = peak_rss_of(
+        import_command(benign / "vault", benign / "kbgraph.toml"), HANG_GUARD
+    )
     assert code == 0, output
     vault = hostile_vault(tmp_path)
-    code, peak, output = peak_rss_of(import_command(vault, tmp_path / "kbgraph.toml"))
+    code, peak, output = peak_rss_of(import_command(vault, tmp_path / "kbgraph.toml"), HANG_GUARD)
     assert code == 0, output
     assert peak - baseline < PEAK_GROWTH_BOUND, (peak, baseline)
     for path, why in SKIPPED.items():

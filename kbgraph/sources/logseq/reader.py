@@ -105,13 +105,12 @@ def parse_config(text: str) -> GraphConfig | str:
     """The keys kbgraph reads from a config.edn's text, or why it cannot be read."""
     try:
         data = edn_format.loads(text)
-    except (edn_format.EDNDecodeError, NotImplementedError, RecursionError, ValueError) as exc:
-        first = (
-            str(exc).strip().splitlines()[0][:ECHO_CHARS]
-            if str(exc).strip()
-            else type(exc).__name__
-        )
-        return f"not valid EDN ({first})"
+    except Exception as exc:  # edn_format evaluates as it reads: ``1/0`` raises
+        # ZeroDivisionError, a bad ``#inst`` ValueError, an unknown tag NotImplementedError;
+        # any of them means a config Logseq could not use either
+        said = str(exc).strip()
+        first = f": {said.splitlines()[0][:ECHO_CHARS]}" if said else ""
+        return f"not valid EDN ({type(exc).__name__}{first})"
     if not isinstance(data, edn_format.ImmutableDict):
         return "not an EDN map"
     name = data.get(edn_format.Keyword("file/name-format"))

@@ -22,6 +22,7 @@ from kbgraph.extras import EXIT_FAILED, EXIT_USAGE
 from kbgraph.extras import problem as extra_problem
 from kbgraph.names import KB_NAME_PATTERN, is_kb_name
 from kbgraph.sources.hook import OpenSink, SourceHook
+from kbgraph.sources.mediawiki.bounds import CALL_SECONDS, MAX_DUMP_BYTES, MAX_PAGE_BYTES
 
 if TYPE_CHECKING:
     from kbgraph.sources.manifest import Manifest
@@ -33,11 +34,25 @@ DEFAULT_INTERVAL: Final = 10.0
 
 def add_arguments(command: argparse.ArgumentParser, name: str) -> None:
     """The wiki options of ``kbgraph import`` (a dump) and ``kbgraph sync`` (a live wiki)."""
+    command.add_argument(
+        "--max-page-bytes",
+        type=int,
+        default=MAX_PAGE_BYTES,
+        metavar="N",
+        help="with --mediawiki(-dump): a page of more wikitext is skipped, not parsed",
+    )
     if name == "import":
         command.add_argument(
             "--mediawiki-dump",
             metavar="FILE",
             help="a MediaWiki XML dump (.xml, .xml.bz2, .xml.gz) in place of DIR",
+        )
+        command.add_argument(
+            "--max-dump-bytes",
+            type=int,
+            default=MAX_DUMP_BYTES,
+            metavar="N",
+            help="the most bytes a dump may decompress to (past it the import stops)",
         )
     else:
         command.add_argument(
@@ -50,6 +65,13 @@ def add_arguments(command: argparse.ArgumentParser, name: str) -> None:
             type=float,
             default=DEFAULT_INTERVAL,
             help="seconds between polls of the wiki with --mediawiki --watch",
+        )
+        command.add_argument(
+            "--wiki-timeout",
+            type=float,
+            default=CALL_SECONDS,
+            metavar="SECONDS",
+            help="the most one request to the wiki may take, its whole answer included",
         )
 
 
@@ -76,12 +98,17 @@ def run(
         return _fail(f"--kb {args.kb!r}: expected a KB name matching {KB_NAME_PATTERN}")
     if args.retries < 0:
         return _fail("--retries: expected at least 0")
+    if args.max_page_bytes <= 0 or (dump and args.max_dump_bytes <= 0):
+        which = "--max-page-bytes" if args.max_page_bytes <= 0 else "--max-dump-bytes"
+        return _fail(f"{which}: expected a number of bytes above 0")
     if dump and not Path(dump).is_file():
         return _fail(f"--mediawiki-dump {dump}: no such file")
     if not dump and not args.mediawiki.startswith(("http://", "https://")):
         return _fail(f"--mediawiki {args.mediawiki!r}: expected an http:// or https:// URL")
     if not dump and args.interval <= 0:
         return _fail("--interval: expected a number of seconds above 0")
+    if not dump and args.wiki_timeout <= 0:
+        return _fail("--wiki-timeout: expected a number of seconds above 0")
     sink = open_sink(args)
     if isinstance(sink, str):
         return _fail(sink)
@@ -112,7 +139,12 @@ def _import(path: Path, args: argparse.Namespace, sink: Sink, manifest: Manifest
 
     try:
         with Progress("pages", quiet=args.quiet) as progress:
-            read = read_dump(path, partial(progress, "read"))
+            read = read_dump(
+                path,
+                partial(progress, "read"),
+                max_page_bytes=args.max_page_bytes,
+                max_bytes=args.max_dump_bytes,
+            )
             sent = deliver(
                 args.kb,
                 sink,
@@ -145,9 +177,9 @@ def _follow(
     from kbgraph.sources.sinks import SyncError
     from kbgraph.sources.sync import printable
 
-    api = WikiApi(args.mediawiki, attempts=args.retries + 1)
+    api = WikiApi(args.mediawiki, attempts=args.retries + 1, deadline=args.wiki_timeout)
     state = FollowState(path)
-    follower = WikiFollower(api, args.kb, sink, manifest, state)
+    follower = WikiFollower(api, args.kb, sink, manifest, state, max_page_bytes=args.max_page_bytes)
 
     polls = 0
 

@@ -68,7 +68,7 @@ def concept_of(
     if len(tags) > MAX_TAGS or any(len(t) > MAX_TAG_CHARS for t in tags):
         warnings.append(f"{shown}: categories cut to {MAX_TAGS} tags")
         tags = [t for t in tags if len(t) <= MAX_TAG_CHARS][:MAX_TAGS]
-    if len(links) > MAX_LINKS:
+    if len(links) > MAX_LINKS or fields.links_cut:
         warnings.append(f"{shown}: links cut to {MAX_LINKS}")
     if len(text) > MAX_TEXT_BYTES // 4 and len(text.encode()) > MAX_TEXT_BYTES:
         warnings.append(f"{shown}: text cut to 1 MiB")

@@ -17,7 +17,11 @@ manifest's digests) and a change missed in between is covered by the state read 
   linking to it (their links through it) are read again.
 
 The first run (no cursor) reads the whole wiki (``list=allpages``, every namespace) and marks
-the wiki's clock before it starts. Each later run reads the changes from its cursor on, less
+the wiki's clock before it starts. A stamp is parsed before it is believed: a change stamped
+with no time, or later than the wiki's clock (read at each pass) or ours by more than
+``CLOCK_TOLERANCE``, is refused with a warning and never becomes the cursor; a cursor of that
+kind already saved (by an older version) is ignored with a warning and the whole wiki read
+again. Each later run reads the changes from its cursor on, less
 ``OVERLAP_SECONDS`` (a change committed late with an earlier stamp is still read), part by
 part: a part's deliveries are sent and acknowledged, and only then is its cursor written,
 with what the follower knows of the redirects, in one transaction. A run stopped at any point
@@ -28,22 +32,32 @@ and a state sent twice is the same state (the deliveries are idempotent).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
+from kbgraph.events import ECHO_CHARS
 from kbgraph.sources.deliver import Sent, SourceConcept, deliver
 from kbgraph.sources.manifest import Manifest, open_db, write_transaction
-from kbgraph.sources.mediawiki.api import PageState, WikiApi
+from kbgraph.sources.mediawiki.answers import Change, LogParams
+from kbgraph.sources.mediawiki.api import PageState, WikiApi, WikiError
+from kbgraph.sources.mediawiki.bounds import MAX_PAGE_BYTES
 from kbgraph.sources.mediawiki.concepts import SOURCE, concept_of
-from kbgraph.sources.mediawiki.dump import WIKITEXT, build
+from kbgraph.sources.mediawiki.dump import WIKITEXT, build, over
 from kbgraph.sources.mediawiki.titles import Namespaces, Title
 from kbgraph.sources.mediawiki.wikitext import PageFields, parse
 from kbgraph.sources.sinks import Sink
 
 OVERLAP_SECONDS: Final = 60
+STAMP_FORMAT: Final = "%Y-%m-%dT%H:%M:%SZ"  # the API's timestamps (ISO 8601, UTC)
+# how far a stamp may be ahead of the wiki's clock (changes made while a pass runs are later
+# still: the pass's own time is added) and the wiki's clock ahead of ours
+STAMP_SLACK: Final = timedelta(minutes=1)
+CLOCK_TOLERANCE: Final = timedelta(hours=1)
+MAX_REFUSED_KEPT: Final = 10_000  # refused changes remembered so as to warn of each once
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS mw_cursor (
     dest TEXT NOT NULL, kb TEXT NOT NULL, wiki TEXT NOT NULL, stamp TEXT NOT NULL,
@@ -147,9 +161,12 @@ class WikiFollower:
         manifest: Manifest,
         state: FollowState,
         overlap: int = OVERLAP_SECONDS,
+        max_page_bytes: int = MAX_PAGE_BYTES,
     ) -> None:
         self.api, self.kb, self.sink, self.manifest, self.state = api, kb, sink, manifest, state
         self.overlap = overlap  # seconds of changes before the cursor read again
+        self.max_page_bytes = max_page_bytes  # a longer page is skipped, never parsed
+        self._refused: set[tuple[str, str]] = set()  # the changes refused and said so
         self.key = (sink.dest, kb, api.url)
         self._namespaces: Namespaces | None = None
 
@@ -164,34 +181,74 @@ class WikiFollower:
         seq = self.sink.kb_seq(self.kb)
         if seq is not None and self.manifest.forget_if_behind(self.sink.dest, self.kb, seq):
             self.state.forget(self.key)  # the KB was replaced: send everything again
-        cursor = self.state.cursor(self.key)
+        saved = self.state.cursor(self.key)
+        cursor = None if saved is None else canonical_stamp(saved, _now() + CLOCK_TOLERANCE)
+        if saved is not None and cursor is None:
+            warning = (
+                f"the saved cursor {saved[:ECHO_CHARS]!r} is not a time before ours (saved by"
+                " an older version?): ignored, the whole wiki read again"
+            )
+            return self._load_all([warning])
         if cursor is None:
-            return self._load_all()
+            return self._load_all([])
         report = FollowReport(cursor=cursor)
+        limit = self._limit()
         start = _earlier(cursor, self.overlap)
         for part in self.api.recent_changes(start):
-            if not part:
-                continue
             touched: dict[str, None] = {}
+            newest = cursor
             for change in part:
+                stamp = canonical_stamp(change.timestamp, limit())
+                if stamp is None:
+                    self._refuse(change, report)
+                    continue
+                newest = max(newest, stamp)
                 for title in _titles_of(change):
                     touched.setdefault(title, None)
             report.changes += len(part)
-            stamp = max(cursor, max(str(change["timestamp"]) for change in part))
-            self._send_pages(list(touched), stamp, report)
-            report.cursor = cursor = stamp
+            if touched:
+                self._send_pages(list(touched), newest, report)
+                report.cursor = cursor = newest
         return report
 
-    def _load_all(self) -> FollowReport:
-        stamp = self.api.server_time()  # marked first: a change made while reading is read again
+    def _refuse(self, change: Change, report: FollowReport) -> None:
+        """Warn of a change whose stamp is refused, once per follower: it stays among the
+        wiki's recent changes (read again by every pass) until the wiki drops it."""
+        said = (change.title[:ECHO_CHARS], change.timestamp[:ECHO_CHARS])
+        if said in self._refused:
+            return
+        if len(self._refused) >= MAX_REFUSED_KEPT:
+            self._refused.clear()
+        self._refused.add(said)
+        report.warnings.append(
+            f"a recent change of {said[0]!r} stamped {said[1]!r}: not a time before the"
+            " wiki's clock: refused"
+        )
+
+    def _limit(self) -> Callable[[], datetime]:
+        """The latest stamp believed at any moment of this pass: the wiki's clock now (no
+        later than ours by ``CLOCK_TOLERANCE``), plus the time the pass has taken so far."""
+        ours = _now()
+        wiki = _parsed(self.api.server_time())
+        clock = ours if wiki is None else min(wiki, ours + CLOCK_TOLERANCE)
+        began = time.monotonic()
+        return lambda: clock + STAMP_SLACK + timedelta(seconds=time.monotonic() - began)
+
+    def _load_all(self, warnings: list[str]) -> FollowReport:
+        told = self.api.server_time()  # marked first: a change made while reading is read again
+        stamp = canonical_stamp(told, _now() + CLOCK_TOLERANCE)
+        if stamp is None:
+            raise WikiError(
+                f"{self.api.url}: the wiki's clock says {told[:ECHO_CHARS]!r}: not a time"
+                f" within {CLOCK_TOLERANCE} of ours, so no cursor to follow from"
+            )
         spaces = self.namespaces
         titles = [t for ns in sorted(spaces.by_id) if ns >= 0 for t in self.api.all_titles(ns)]
         states = self.api.pages(titles)
         pages: dict[Title, PageFields] = {}
         redirects: dict[Title, Title] = {}
         for state in states.values():
-            self._read(state, pages, redirects)
-        warnings: list[str] = []
+            self._read(state, pages, redirects, warnings)
         read = build(pages, redirects, spaces, warnings)
         sent = deliver(
             self.kb, self.sink, self.manifest, read.concepts, source=SOURCE, everything=True
@@ -201,12 +258,22 @@ class WikiFollower:
         return FollowReport(True, 0, len(states), sent, stamp, warnings)
 
     def _read(
-        self, state: PageState, pages: dict[Title, PageFields], redirects: dict[Title, Title]
+        self,
+        state: PageState,
+        pages: dict[Title, PageFields],
+        redirects: dict[Title, Title],
+        warnings: list[str],
     ) -> Title | None:
         """Add a page's state to ``pages`` or ``redirects`` (nothing when it is not there for
-        this reader); its title."""
+        this reader, or over ``max_page_bytes``); its title."""
         title = self.namespaces.parse(state.title)
         if title is None or title.ns < 0 or not state.exists or not state.readable:
+            return title
+        if over(state.text, self.max_page_bytes):
+            warnings.append(
+                f"{self.namespaces.display(title)}: over {self.max_page_bytes} bytes of"
+                " wikitext (--max-page-bytes): not imported"
+            )
             return title
         if state.model != WIKITEXT:
             pages[title] = PageFields([], [], state.text, None)
@@ -230,7 +297,7 @@ class WikiFollower:
         pages: dict[Title, PageFields] = {}
         redirects: dict[Title, Title] = {}
         for state in states.values():
-            self._read(state, pages, redirects)
+            self._read(state, pages, redirects, report.warnings)
         for asked, state in states.items():
             title = spaces.parse(state.title)
             if title is None:
@@ -249,7 +316,7 @@ class WikiFollower:
         more = [t for t in again if t not in states]
         read_too = self.api.pages(more)
         for state in read_too.values():
-            self._read(state, pages, redirects)
+            self._read(state, pages, redirects, report.warnings)
         report.pages += len(titles) + len(more)
         seen = {state.title: state for state in [*states.values(), *read_too.values()]}
         concepts = self._concepts(pages, seen, report.warnings)
@@ -296,18 +363,42 @@ def _titles(spaces: Namespaces, written: Iterable[str], allowed: set[str]) -> li
     return [title for title in parsed if title is not None]
 
 
-def _titles_of(change: dict[str, Any]) -> list[str]:
+def _titles_of(change: Change) -> list[str]:
     """The titles a recent change touches: its page, and a move's new title."""
-    titles = [str(change["title"])] if change.get("title") else []
-    params = change.get("logparams") or {}
-    if change.get("logtype") == "move" and params.get("target_title"):
-        titles.append(str(params["target_title"]))
+    titles = [change.title] if change.title else []
+    params = change.logparams
+    if change.logtype == "move" and isinstance(params, LogParams) and params.target_title:
+        titles.append(params.target_title)
     return titles
 
 
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _parsed(stamp: str) -> datetime | None:
+    try:
+        return datetime.strptime(stamp, STAMP_FORMAT).replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def canonical_stamp(stamp: str, limit: datetime) -> str | None:
+    """``stamp`` written as the API writes one, or None when it is no time or after
+    ``limit``."""
+    moment = _parsed(stamp)
+    if moment is None or moment > limit:
+        return None
+    return moment.strftime(STAMP_FORMAT)
+
+
 def _earlier(stamp: str, seconds: int) -> str:
-    moment = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    return (moment - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    moment = datetime.strptime(stamp, STAMP_FORMAT).replace(tzinfo=UTC)
+    try:
+        moment -= timedelta(seconds=seconds)
+    except OverflowError:  # a wiki whose clock said year 1
+        moment = datetime.min.replace(tzinfo=UTC)
+    return moment.strftime(STAMP_FORMAT)
 
 
 def follow(
