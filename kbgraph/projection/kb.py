@@ -319,6 +319,7 @@ class KBProjection:
             targets.add(t)
         targets.discard(u)
         alive = nodes.alive  # interning may have grown it
+        old_text = nodes.texts[u] if was_alive else None
         reindex, type_changed = nodes.update(u, data, was_alive)
         src: list[int] = []
         dst: list[int] = []
@@ -364,8 +365,14 @@ class KBProjection:
             if self.vectors is not None:
                 self.vectors.changed(u, analysis)
             if mentions is not None:
-                mentions.text_changed(u)
-                mentions.names_changed(u, old_names, self.index.names.node_keys_of(u))
+                scanned = old_text != data.text
+                if scanned:
+                    mentions.text_changed(u)
+                mentions.names_changed(
+                    u, old_names, self.index.names.node_keys_of(u), scanned=scanned
+                )
+                if not scanned and relinked:
+                    mentions.links_changed(u)
         elif mentions is not None and relinked:
             mentions.links_changed(u)
 

@@ -13,7 +13,7 @@ concepts a caller may see):
   declares a link to (that name is the link's, not a mention).
 
 What is kept, per text, is every *occurrence* of a name any concept holds (first token, end
-token, name key, character offset), whatever its visibility. An occurrence overlapping no
+token, name key), whatever its visibility. An occurrence overlapping no
 other one is taken in a view exactly when its name has a visible holder, so it gives *plain*
 edges, masked by visibility as links are. The occurrences that overlap (*contested*: whether
 one is taken depends on which longer name is visible) are resolved per view, when a view is
@@ -36,7 +36,7 @@ from typing import Final, NamedTuple
 
 import numpy as np
 
-from kbgraph.search import STOP_WORDS, SearchIndex, tokens_with_offsets
+from kbgraph.search import STOP_WORDS, SearchIndex, tokenize, tokens_with_offsets
 from kbgraph.search.analysis import stem
 from kbgraph.search.nametrie import NAME_SEP
 
@@ -48,7 +48,6 @@ class Occurrence(NamedTuple):
     start: int  # first token
     end: int  # one past the last token
     key: str  # the name's folded tokens joined by NAME_SEP
-    offset: int  # character offset in the text
 
 
 def mentionable(key: str) -> bool:
@@ -85,18 +84,36 @@ def split(occurrences: Sequence[Occurrence]) -> tuple[list[Occurrence], list[Occ
     return plain, contested
 
 
-def scan(index: SearchIndex, text: str, keys: set[str] | None = None) -> list[Occurrence]:
-    """Every occurrence in ``text`` of a mentionable name some concept holds (of ``keys``
-    alone when given)."""
+def words(text: str) -> list[str]:
+    """The folded tokens names are matched against (``tokens_with_offsets``'s, made faster
+    for ASCII text, where ``tokenize`` gives the same list)."""
+    return tokenize(text) if text.isascii() else tokens_with_offsets(text)[0]
+
+
+def scan(index: SearchIndex, text: str) -> list[Occurrence]:
+    """Every occurrence in ``text`` of a mentionable name some concept holds."""
     if not text:
         return []
-    tokens, starts = tokens_with_offsets(text)
-    found = index.name_trie().matches(tokens)
-    return [
-        Occurrence(i, j, key, starts[i])
-        for i, j, key in found
-        if (key in keys if keys is not None else mentionable(key))
-    ]
+    found = index.name_trie().matches(words(text))
+    return [Occurrence(i, j, key) for i, j, key in found if mentionable(key)]
+
+
+def find(text: str, key: str) -> list[Occurrence]:
+    """Every occurrence of the one name ``key`` in ``text``."""
+    name = key.split(NAME_SEP)
+    tokens = words(text)
+    size = len(name)
+    out = []
+    at = 0
+    first = name[0]
+    try:
+        while True:
+            at = tokens.index(first, at)
+            if tokens[at : at + size] == name:
+                out.append(Occurrence(at, at + size, key))
+            at += 1
+    except ValueError:
+        return out
 
 
 def resolve(
@@ -116,12 +133,16 @@ def resolve(
     return [(o, [v for v in holders[o.key] if v != u and v not in linked]) for o in taken]
 
 
-def offsets(taken: Iterable[tuple[Occurrence, list[int]]]) -> dict[int, int]:
-    """Each mentioned concept's first occurrence's character offset."""
+def offsets(text: str, taken: Iterable[tuple[Occurrence, list[int]]]) -> dict[int, int]:
+    """Each mentioned concept's first occurrence's character offset in ``text``."""
     out: dict[int, int] = {}
+    starts: list[int] | None = None
     for o, targets in taken:
         for v in targets:
-            out.setdefault(v, o.offset)
+            if v not in out:
+                if starts is None:
+                    starts = tokens_with_offsets(text)[1]
+                out[v] = starts[o.start]
     return out
 
 
@@ -129,7 +150,7 @@ def unlinked(
     index: SearchIndex, text: str, u: int, mask: np.ndarray, declared: Iterable[int]
 ) -> dict[int, int]:
     """``Mentions.first_offsets`` for a KB that keeps no mentions: u's text scanned now."""
-    return offsets(resolve(index, u, scan(index, text), mask, declared))
+    return offsets(text, resolve(index, u, scan(index, text), mask, declared))
 
 
 class MentionView:
@@ -223,9 +244,12 @@ class Mentions:
         self._refresh(u)
         self.gen += 1
 
-    def names_changed(self, u: int, old: Iterable[str], new: Iterable[str]) -> None:
+    def names_changed(
+        self, u: int, old: Iterable[str], new: Iterable[str], *, scanned: bool = True
+    ) -> None:
         """u's name keys went from ``old`` to ``new`` (the index already holds the new ones):
-        every text naming a key that came or went is patched."""
+        every text naming a key that came or went is patched (u's own too, unless ``scanned``:
+        its text was scanned with its new names already)."""
         before, after = set(old), set(new)
         touched: set[int] = set()
         for key in sorted(before ^ after):
@@ -234,9 +258,9 @@ class Mentions:
             holders = self.index.named_key(key)
             if key in after and holders == [u]:  # a new name: the texts that may hold it
                 for s in self._texts_with(key):
-                    if s == u:
-                        continue  # its own text was scanned with its new names already
-                    got = scan(self.index, self._text_of(s), {key})
+                    if s == u and scanned:
+                        continue
+                    got = find(self._text_of(s), key)
                     if got:
                         self._store(s, sorted([*self.occ.get(s, ()), *got]))
                         touched.add(s)
@@ -310,7 +334,8 @@ class Mentions:
         occurrences = self.occ.get(u)
         if not occurrences or not mask[u]:
             return {}
-        return offsets(resolve(self.index, u, occurrences, mask, self._declared(u)))
+        taken = resolve(self.index, u, occurrences, mask, self._declared(u))
+        return offsets(self._text_of(u), taken)
 
     def named(self, text: str, mask: np.ndarray) -> set[int]:
         """The visible concepts ``text`` (a question) names, by the same rule as a concept's
