@@ -14,7 +14,10 @@ and hold the words "Other Label".
    upsert carries its analysis as the log does): 50% text edits naming other concepts, 15% new
    concepts, 10% renames, 10% aliases given, 5% link adds, 10% deletes; the applying thread's
    CPU per event, the same stream on a KB with and one without mentions.
-3. **Rename**: ``target`` renamed to "Other Label" (named in ``RENAMED_IN`` texts before and
+3. **graph_context**: the tool (``kbgraph.agent.tools.graph_context``, lexical seeds) for
+   ``QUESTIONS`` questions naming two concepts each, median wall time with and without (with:
+   ``ranked`` walks links and mentions in Python).
+4. **Rename**: ``target`` renamed to "Other Label" (named in ``RENAMED_IN`` texts before and
    after): the apply's wall and CPU time, and that every one of those texts mentions it after.
 
 Aims (issue 44): CPU per event with mentions <= 1.2x without; first build <= 1.3x; the rename
@@ -33,6 +36,8 @@ import time
 from typing import Any, Final
 
 from kbgraph.access import Rule, canonical
+from kbgraph.agent import tools
+from kbgraph.agent.shapes import GraphContextRequest
 from kbgraph.events import (
     ConceptDeleted,
     ConceptUpserted,
@@ -51,6 +56,7 @@ VOCABULARY: Final = 5_000
 TEXT_WORDS: Final = 60
 NAMES_PER_TEXT: Final = 3
 RENAMED_IN: Final = 10_000
+QUESTIONS: Final = 50
 WORDS: Final = [f"w{i}" for i in range(VOCABULARY)]
 
 
@@ -187,6 +193,25 @@ def main() -> None:
     }
     figures["apply_ratio"] = round(per_event[True] / per_event[False], 3)
     print(json.dumps({"apply": figures["apply_cpu_us_per_event"]}), flush=True)
+
+    contexts = {}
+    for on in (False, True):
+        kb, _ = built(kb_state, on)
+        rng = random.Random(3)
+        times = []
+        for _ in range(QUESTIONS):
+            q = f"what links {title_of(rng.randrange(n))} and {title_of(rng.randrange(n))}"
+            with kb.read() as snap:
+                t0 = time.perf_counter()
+                tools.graph_context(snap, snap.view(None), GraphContextRequest(query=q))
+                times.append(time.perf_counter() - t0)
+        contexts[on] = sorted(times)[len(times) // 2]
+        del kb
+    figures["graph_context_ms"] = {
+        "without": round(contexts[False] * 1e3, 2),
+        "with": round(contexts[True] * 1e3, 2),
+    }
+    print(json.dumps({"graph_context_ms": figures["graph_context_ms"]}), flush=True)
 
     kb, _ = built(kb_state, True)
     rename = [[LogRecord(1, "bench", 2, _upsert("target", 2, "Other Label", "", []), True)]]

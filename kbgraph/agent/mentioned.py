@@ -5,17 +5,22 @@ either direction, weight ``MENTION_WEIGHT`` where no link joins the two) as the 
 functions ``kbgraph.graphalgo.union`` reads. ``ranked`` with mentions:
 
 - the walk's seeds are the seeds' rule's (search hits and ids) plus every visible concept the
-  question names (its title or an alias, found in the question as in a text), each adding
-  ``NAMED_WEIGHT``, as HippoRAG seeds its walk from a question's entities;
+  question names (its title or an alias, found in the question as in a text), as HippoRAG
+  seeds its walk from a question's entities: each adds ``NAMED_WEIGHT * specific``, where
+  ``specific = (1 + the texts mentioning it) ** -NAMED_SPECIFICITY`` (HippoRAG's node
+  specificity: a name many texts hold, "Dendron" in Dendron's docs, says little);
+- a named concept also counts as a search hit of ``NAMED_SEARCH * specific`` of the best hit's
+  score: a name no text holds ("Blind Shaft", asked "which came out first, Blind Shaft or ...")
+  is as good as search's best hit, so it is pinned at the head with it;
 - the walk is PPR over links and mentions (``union.weighted_ppr``, restart ``PPR_ALPHA``,
   threshold ``WALK_EPS``); its ``CANDIDATES`` best non-seeds are ranked with the seeds by
-  ``kbgraph.agent.ranking``'s rule, whose degrees and neighbour evidence are those of this
-  weighted graph; a concept the question names counts as a search hit of ``NAMED_SEARCH`` of the
-  best hit's score;
+  ``kbgraph.agent.ranking``'s rule with this walk's weights (``RANK_WALK_WEIGHT``,
+  ``RANK_NEIGHBOUR_WEIGHT``), its degrees and neighbour evidence those of this weighted graph;
 - ``hops`` and ``via`` are the smallest shortest path's over the same graph, and ``by`` says
   whether the edge from ``via`` is a link or a mention.
 
-The weights were chosen on tune questions (docs/retrieval-quality.md).
+The constants were chosen on the tune halves of 2WikiMultihopQA and of two doc corpora with
+links (docs/retrieval-quality.md).
 """
 
 from __future__ import annotations
@@ -28,10 +33,13 @@ from kbgraph.graphalgo import View, union
 from kbgraph.projection.mentions import Mentions, MentionView
 
 MENTION_WEIGHT: Final = 0.5
-NAMED_WEIGHT: Final = 1.0
-NAMED_SEARCH: Final = 0.0
+NAMED_WEIGHT: Final = 3.0
+NAMED_SEARCH: Final = 1.0
 WALK_EPS: Final = 1e-4
 CANDIDATES: Final = 30
+NAMED_SPECIFICITY: Final = 2.0
+RANK_WALK_WEIGHT: Final = 1.0  # ranking's walk and neighbour weights for this walk
+RANK_NEIGHBOUR_WEIGHT: Final = 0.4
 
 
 class Both:
@@ -98,9 +106,11 @@ def ranked(
     best = max(search.values(), default=0.0) or 1.0
     scores = dict(search)
     for v in named:
-        seeds[v] = seeds.get(v, 0.0) + NAMED_WEIGHT
+        # a name many texts hold says little (HippoRAG's node specificity)
+        specific = (1.0 + len(both.mentions.into(v))) ** -NAMED_SPECIFICITY
+        seeds[v] = seeds.get(v, 0.0) + NAMED_WEIGHT * specific
         if NAMED_SEARCH:
-            scores[v] = max(scores.get(v, 0.0), NAMED_SEARCH * best)
+            scores[v] = max(scores.get(v, 0.0), NAMED_SEARCH * best * specific)
     mass = union.weighted_ppr(both.neighbours, both.key, seeds, alpha, WALK_EPS)
     total = sum(seeds[v] for v in sorted(seeds, key=both.key))
     share = {v: seeds[v] / total for v in sorted(seeds, key=both.key)}
@@ -119,5 +129,6 @@ def ranked(
         limit,
         alpha,
         both.neighbours,
+        (RANK_WALK_WEIGHT, RANK_NEIGHBOUR_WEIGHT),
     )
     return [(row, None if row.via is None else both.by(row.via, row.node)) for row in rows]
