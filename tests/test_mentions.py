@@ -341,3 +341,24 @@ def test_ranked_says_by_which_edge_and_seeds_from_the_names_a_question_holds() -
     assert by["bo"] == (2, "ann", "link")
     assert [s.id for s in got.seeds] == ["film"]  # the seeds' rule is search's alone
     assert [r.id for r in got.results] == []  # and the results walk the links: none from film
+
+
+def test_ranked_walks_links_alone_where_links_are_dense() -> None:
+    """At half a link per concept or more, ``ranked`` is the links' rule, mentions or not."""
+    names = ["Alpha", "Beta", "Gamma", "Delta"]
+    state = {
+        n.lower(): Concept(1, n, [], f"{n} names {names[i - 1]} here", "t", {names[i - 2].lower()})
+        for i, n in enumerate(names)
+    }
+    with_mentions = built(state)
+    without = KBProjection("m")
+    without.build(state_of(state, 1))
+    request = GraphContextRequest(query="alpha beta")
+    with with_mentions.read() as a, without.read() as b:
+        got = tools.graph_context(a, a.view(None), request)
+        assert got == tools.graph_context(b, b.view(None), request)
+        assert {row.by for row in got.ranked if row.hops} == {"link"}
+    sparse = {i: Concept(1, c.title, [], c.text, "t") for i, c in state.items()}  # no links
+    with built(sparse).read() as snap:
+        got = tools.graph_context(snap, snap.view(None), request)
+        assert {row.by for row in got.ranked if row.hops} == {"mention"}

@@ -1,5 +1,10 @@
 """The tools' graph of links and mentions: ``ranked``'s walk and ``graph_path`` ``edges: all``.
 
+``ranked`` walks mentions where links are sparse: fewer than ``SPARSE_LINKS`` visible links
+per visible concept (``walks_mentions``). Measured on tune halves, the mention walk lifts a
+collection without links (2WikiMultihopQA: +0.26 recall@5) and lowers documentation written
+with links (Dendron, SilverBullet), where main's walk over links stays.
+
 A view's undirected links (weight 1) and its mention edges (``kbgraph.projection.mentions``,
 either direction, weight ``MENTION_WEIGHT`` where no link joins the two) as the neighbour
 functions ``kbgraph.graphalgo.union`` reads. ``ranked`` with mentions:
@@ -40,6 +45,13 @@ CANDIDATES: Final = 30
 NAMED_SPECIFICITY: Final = 2.0
 RANK_WALK_WEIGHT: Final = 1.0  # ranking's walk and neighbour weights for this walk
 RANK_NEIGHBOUR_WEIGHT: Final = 0.4
+SPARSE_LINKS: Final = 0.5
+
+
+def walks_mentions(concepts: int, links: int) -> bool:
+    """Does ``ranked`` walk mentions in a view of ``concepts`` visible concepts joined by
+    ``links`` visible links? Only where links are sparse."""
+    return links < SPARSE_LINKS * concepts
 
 
 class Both:

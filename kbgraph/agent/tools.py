@@ -235,7 +235,7 @@ def graph_context(
     best = max(found_by.values(), default=1.0)
     search = found_by | {node: best for node in ids_nodes}  # an id asked for: the best match
     shown = {row.id: row.snippet for row in response.seeds + response.results}
-    if snap.mentions is None:
+    if snap.mentions is None or not mentioned.walks_mentions(*snap.counts(view)):
         share = {node: weight / total for node, weight in weights.items()}
         links = [(v, h, b) for v, _, h, b in rows]
         order = [
