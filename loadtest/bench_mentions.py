@@ -159,7 +159,9 @@ def apply_cpu(kb: KBProjection, records: list[list[LogRecord]]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_mentions", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--concepts", type=int, default=20_000)
     parser.add_argument("--events", type=int, default=5_000)
     args = parser.parse_args()
