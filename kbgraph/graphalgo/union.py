@@ -104,10 +104,11 @@ def _layers(
             for v in nexts(u):
                 if v not in parent and v not in found:
                     found[v] = u
+        parent.update(found)
+        hops.update(dict.fromkeys(found, depth))
+        if stop(parent) or depth == max_hops:
+            break  # the last layer's order is needed by no one: not sorted (a hub's is long)
         layer = sorted(found, key=lambda v: (rank[found[v]], key(v)))
-        for v in layer:
-            parent[v] = found[v]
-            hops[v] = depth
     return parent, hops
 
 
