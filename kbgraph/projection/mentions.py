@@ -29,6 +29,7 @@ scan of the whole KB, but at the first build.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -50,6 +51,7 @@ class Occurrence(NamedTuple):
     key: str  # the name's folded tokens joined by NAME_SEP
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def mentionable(key: str) -> bool:
     """A name of stop words alone ("The Who", "Of The") names nothing."""
     return any(token not in STOP_WORDS for token in key.split(NAME_SEP))
@@ -212,6 +214,7 @@ class Mentions:
         self.inn: dict[int, set[int]] = {}  # target -> sources, the reverse of ``out``
         self.contested: dict[int, list[Occurrence]] = {}  # source -> its overlapping ones
         self.gen = 0  # bumped by every patch: the views cached before are stale
+        self._holders: dict[str, list[int]] = {}  # name key -> its holders, until they change
         self._views: OrderedDict[tuple[int, int], tuple[np.ndarray, int, MentionView]] = (
             OrderedDict()
         )
@@ -253,9 +256,10 @@ class Mentions:
         before, after = set(old), set(new)
         touched: set[int] = set()
         for key in sorted(before ^ after):
+            self._holders.pop(key, None)
             if not mentionable(key):
                 continue
-            holders = self.index.named_key(key)
+            holders = self.holders(key)
             if key in after and holders == [u]:  # a new name: the texts that may hold it
                 for s in self._texts_with(key):
                     if s == u and scanned:
@@ -309,9 +313,7 @@ class Mentions:
         if plain:
             declared = set(self._declared(u))
             for o in plain:
-                targets.update(
-                    v for v in self.index.named_key(o.key) if v != u and v not in declared
-                )
+                targets.update(v for v in self.holders(o.key) if v != u and v not in declared)
         old = self.out.pop(u, set())
         for v in old - targets:
             sources = self.inn[v]
@@ -326,6 +328,14 @@ class Mentions:
             self.contested[u] = contested
         else:
             self.contested.pop(u, None)
+
+    def holders(self, key: str) -> list[int]:
+        """The concepts holding the name ``key`` (cached until ``names_changed`` names it;
+        the follower's thread only: readers ask the index)."""
+        found = self._holders.get(key)
+        if found is None:
+            found = self._holders[key] = self.index.named_key(key)
+        return found
 
     # --- reading (read lock held) --------------------------------------------------------
 
