@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import networkx as nx
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,7 +18,8 @@ from kbgraph.agent import tools
 from kbgraph.agent.shapes import GraphContextRequest, GraphPathRequest
 from kbgraph.events import Event
 from kbgraph.projection import KBProjection, checkpoint
-from kbgraph.search import STOP_WORDS, tokenize
+from kbgraph.projection.mentions import unlinked
+from kbgraph.search import STOP_WORDS, SearchIndex, tokenize
 from kbgraph.store import KBState
 from kbgraph.store.model import ConceptState
 
@@ -362,3 +364,13 @@ def test_ranked_walks_links_alone_where_links_are_dense() -> None:
     with built(sparse).read() as snap:
         got = tools.graph_context(snap, snap.view(None), request)
         assert {row.by for row in got.ranked if row.hops} == {"mention"}
+
+
+def test_a_mention_offset_where_folding_joins_characters() -> None:
+    """ "™" folds into letters ("a™" is one word, "atm"): the offset is still the name's."""
+    index = SearchIndex()
+    index.put(0, "Widget", "")
+    index.put(1, "ATM", "")
+    text = "a™ then Widget"
+    mask = np.ones(2, np.uint8)
+    assert unlinked(index, text, 9, mask, []) == {1: 0, 0: text.index("Widget")}

@@ -87,9 +87,8 @@ def split(occurrences: Sequence[Occurrence]) -> tuple[list[Occurrence], list[Occ
 
 
 def words(text: str) -> list[str]:
-    """The folded tokens names are matched against (``tokens_with_offsets``'s, made faster
-    for ASCII text, where ``tokenize`` gives the same list)."""
-    return tokenize(text) if text.isascii() else tokens_with_offsets(text)[0]
+    """The folded tokens names are matched against: ``tokenize``'s, as a name's own."""
+    return tokenize(text)
 
 
 def scan(index: SearchIndex, text: str) -> list[Occurrence]:
@@ -136,16 +135,34 @@ def resolve(
 
 
 def offsets(text: str, taken: Iterable[tuple[Occurrence, list[int]]]) -> dict[int, int]:
-    """Each mentioned concept's first occurrence's character offset in ``text``."""
+    """Each mentioned concept's first occurrence's character offset in ``text`` (where a
+    character folds into letters, "™" into "tm", the offsets' tokens may differ from
+    ``words``: then the name is looked for among them, else the text's start)."""
     out: dict[int, int] = {}
-    starts: list[int] | None = None
+    located: tuple[list[str], list[int], bool] | None = None
     for o, targets in taken:
         for v in targets:
-            if v not in out:
-                if starts is None:
-                    starts = tokens_with_offsets(text)[1]
+            if v in out:
+                continue
+            if located is None:
+                tokens, starts = tokens_with_offsets(text)
+                located = tokens, starts, tokens == words(text)
+            tokens, starts, aligned = located
+            if aligned:
                 out[v] = starts[o.start]
+            else:
+                found = find_tokens(tokens, o.key.split(NAME_SEP))
+                out[v] = starts[found] if found is not None else 0
     return out
+
+
+def find_tokens(tokens: list[str], name: list[str]) -> int | None:
+    """Where ``name`` first occurs in ``tokens``, or None."""
+    size = len(name)
+    for at in range(len(tokens) - size + 1):
+        if tokens[at : at + size] == name:
+            return at
+    return None
 
 
 def unlinked(

@@ -71,10 +71,15 @@ class NameTrie:
         """Every (first token, end token, key) where a name's tokens occur in ``tokens``, by
         first token ascending, then end ascending."""
         root = self._root.children
+        firsts = root.keys() & set(tokens)  # in C: most tokens of a text start no name
         size = len(tokens)
         out: list[tuple[int, int, str]] = []
+        if not firsts:
+            return out
         for i, token in enumerate(tokens):
-            node = root.get(token)
+            if token not in firsts:
+                continue
+            node: _Node | None = root[token]
             j = i + 1
             while node is not None:
                 if node.key is not None:
