@@ -192,7 +192,7 @@ def main() -> None:
     warm_up()
     kb_state = state(n)
     figures: dict[str, Any] = {"concepts": n + 1, "events": args.events}
-    builds = {}
+    builds: dict[bool, float] = {}
     for on in (False, True, False, True):  # twice each, alternating: the best of each
         kb, seconds = built(kb_state, on)
         builds[on] = min(builds.get(on, seconds), seconds)
