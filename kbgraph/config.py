@@ -216,9 +216,20 @@ class EmbeddingsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     query_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 1.0
 
 
+class MentionsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Mention edges (docs/configuration.md, Mentions): a concept's text naming another."""
+
+    enabled: bool = True  # every KB keeps them, but those named in ``off``
+    off: list[str] = []  # KBs without mention edges
+
+    def on_for(self, kb: str) -> bool:
+        return self.enabled and kb not in self.off
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     store: StoreConfig = StoreConfig()
     embeddings: EmbeddingsConfig = EmbeddingsConfig()
+    mentions: MentionsConfig = MentionsConfig()
     webhooks: WebhooksConfig = WebhooksConfig()
     server: ServerConfig = ServerConfig()
     limits: LimitsConfig = LimitsConfig()

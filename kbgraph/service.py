@@ -60,6 +60,7 @@ class Service:
             log_retain=config.store.log_retain_events,
             embedder=embedder,
             vector_max_chars=config.embeddings.max_chars,
+            mentions=config.mentions.on_for,
         )
         self.log = open_log(config, self.store, self.projections, read_only=self.read_only)
         self._share_embedder()

@@ -32,6 +32,7 @@ figure and the aims on held-out (issue 36): ``ranked``'s context recall@10 >= th
 mode's + 0.05 and its single-answer MRR >= the best search mode's; with the links measured,
 link_suggest hybrid hit@5 >= 0.45 and >= 1.3x structure's.
 
+``--mentions on|off`` sets the KBs' ``[mentions] enabled`` (absent: the config's default).
 ``--embeddings openai --embeddings-url URL`` measures with an OpenAI-compatible server (e.g.
 ``loadtest.minilm_server``) instead of the config's default (the local model).
 """
@@ -290,9 +291,10 @@ def vault_app(
     kb: str = KB,
     url: str | None = None,
     vector_timeout: float = 120.0,
+    config_extra: str = "",
 ) -> Iterator[Vault]:
     """The vault in a temporary store (``imported_app``), asked as ``Vault``."""
-    with imported_app([str(root)], embeddings, kb, url) as client:
+    with imported_app([str(root)], embeddings, kb, url, config_extra) as client:
         yield Vault(client, root, kb, vector_timeout)
 
 
@@ -426,11 +428,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--vector-timeout", type=float, default=120.0, help="seconds to wait for the vectors"
     )
+    parser.add_argument("--mentions", choices=("on", "off"), help="[mentions] enabled")
     args = parser.parse_args(argv)
+    on = "true" if args.mentions == "on" else "false"
+    mentions = "" if args.mentions is None else f"[mentions]\nenabled = {on}\n"
     questions = load_questions(args.questions)
     context = load_context_questions(args.questions)
     splits = ("tune",) if args.tune_only else SPLITS
-    app = vault_app(args.vault, args.embeddings, args.kb, args.embeddings_url, args.vector_timeout)
+    app = vault_app(
+        args.vault,
+        args.embeddings,
+        args.kb,
+        args.embeddings_url,
+        args.vector_timeout,
+        mentions,
+    )
     with app as vault:
         q_figures = eval_questions(vault, questions, splits, args.details)
         c_figures = eval_context(vault, context, splits, args.details)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
@@ -15,10 +17,10 @@ from kbgraph.agent.ranking import (
 )
 from kbgraph.agent.tools import PPR_ALPHA as ALPHA
 from kbgraph.agent.tools import SEED_VECTOR_WEIGHT
-from kbgraph.api import context_of
-from kbgraph.config import parse_config
+from kbgraph.api import context_of, create_app
+from kbgraph.config import load_config, parse_config
 from tests.kb_events import delete, upsert
-from tests.support import ADMIN, INFRA, OTHER, RUNBOOKS, Service
+from tests.support import ADMIN, INFRA, OTHER, RUNBOOKS, Service, write_config
 
 KB = "homelab"
 
@@ -198,10 +200,19 @@ def search_evidence(service: Service, seq: int, query: str, mode: str) -> dict[s
     return {cid: x for cid, x in scores.items() if x > 0}
 
 
-def test_ranked_blends_seeds_and_results_once_each(service: Service) -> None:
-    """``ranked`` against the documented rule recomputed from other routes: search's lists,
-    the concepts' links (degrees, neighbours) and the answer's PPR figures (rounded, hence the
-    tolerance)."""
+@pytest.fixture
+def links_only(tmp_path: Path) -> Iterator[Service]:
+    """A service whose KBs keep no mentions: ``ranked`` walks the links alone."""
+    app = create_app(load_config(write_config(tmp_path, "[mentions]\nenabled = false\n")))
+    with TestClient(app) as client:
+        yield Service(client)
+
+
+def test_ranked_blends_seeds_and_results_once_each(links_only: Service) -> None:
+    """``ranked`` (mentions off) against the documented rule recomputed from other routes:
+    search's lists, the concepts' links (degrees, neighbours) and the answer's PPR figures
+    (rounded, hence the tolerance)."""
+    service = links_only
     seq = homelab(service)
     neighbours: dict[str, set[str]] = {}
     for cid in ("infra/dns", "infra/router", "network/vlan", "ops/restart-dns", "journal/2026-01"):
@@ -259,7 +270,8 @@ def test_ranked_blends_seeds_and_results_once_each(service: Service) -> None:
                 assert row["snippet"] == seed_by_id[row["id"]]["snippet"]
             else:
                 result = result_by_id[row["id"]]
-                assert list(row) == ["id", "title", "score", "hops", "via", "snippet"]
+                assert list(row) == ["id", "title", "score", "hops", "via", "by", "snippet"]
+                assert row["by"] == "link"
                 assert (row["hops"], row["via"], row["snippet"]) == (
                     result["hops"],
                     result["via"],

@@ -61,6 +61,9 @@ def knowledge_bases(draw: st.DrawFn) -> list[dict]:
             "text": " ".join(draw(st.lists(st.sampled_from(WORDS), max_size=6))),
             "title": " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=2))),
             "tags": draw(st.lists(st.sampled_from(TAGS), max_size=2)),
+            "aliases": draw(
+                st.lists(st.sampled_from(["dns backup", "router disk vlan"]), max_size=1)
+            ),
         }
         for name in names
     ]
@@ -87,8 +90,8 @@ def requests_for(concepts: list[dict]) -> list[tuple[str, str, dict | None]]:
         calls.append(("POST", "tools/link_suggest", body))
         calls.append(("GET", f"concepts/{concept_id}", None))
     for source, target in itertools.islice(itertools.product(ids, ids), 0, None, 3):
-        for direction in ("both", "out"):
-            body = {"source": source, "target": target, "direction": direction}
+        for direction, edges in itertools.product(("both", "out"), ("links", "all")):
+            body = {"source": source, "target": target, "direction": direction, "edges": edges}
             calls.append(("POST", "tools/graph_path", body))
     for word in WORDS[:3]:
         calls.append(("POST", "tools/graph_context", {"query": word, "ids": ids[:1]}))
@@ -125,6 +128,7 @@ def test_narrowed_equals_hidden_never_written(
             text=c["text"],
             title=c["title"],
             tags=c["tags"],
+            aliases=c["aliases"],
         )
 
     shown = [c for c in concepts if visible(rule_set, collection_of(c["id"]), c["type"])]

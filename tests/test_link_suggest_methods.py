@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbgraph.agent.evidence import mentions, shares
+from kbgraph.agent.evidence import shares
 from kbgraph.agent.tools import MENTION_WEIGHT, PPR_ALPHA, SUGGEST_WALK_WEIGHT
-from kbgraph.search import SearchIndex, tokens_with_offsets
+from kbgraph.projection.mentions import unlinked
+from kbgraph.search import STOP_WORDS, SearchIndex, tokens_with_offsets
 from tests.kb_events import upsert
 from tests.support import ADMIN, INFRA, Service
 
@@ -136,11 +137,11 @@ def test_mentions_names_and_aliases_as_whole_words() -> None:
     index.put(3, "Café network", "")
     text = "The homelab's reverse  PROXY is caddy; DNSSEC is off; the cafe network too."
     mask = np.ones(4, np.uint8)
-    found = mentions(index, text, mask, node=9, linked=set())
+    found = unlinked(index, text, 9, mask, set())
     assert found == {1: text.index("reverse"), 3: text.index("cafe")}  # not home/DNS in words
-    assert mentions(index, text, mask, node=9, linked={1}).keys() == {3}
+    assert unlinked(index, text, 9, mask, {1}).keys() == {3}
     mask[3] = 0
-    assert mentions(index, text, mask, node=9, linked=set()).keys() == {1}
+    assert unlinked(index, text, 9, mask, set()).keys() == {1}
 
 
 def test_shares_count_visible_concepts_only() -> None:
@@ -190,25 +191,24 @@ def test_question_whose_only_match_is_hidden(service: Service) -> None:
 def oracle_mentions(
     index: SearchIndex, text: str, mask: np.ndarray, node: int, linked: set[int]
 ) -> dict[int, int]:
-    """The definition before issue 28 (every name length at every token), kept as the oracle."""
+    """The rule (docs/api.md, Mentions) as a plain scan: at each token the longest visible
+    name of some words not all stop words starting there, then on after it."""
     tokens, starts = tokens_with_offsets(text)
-    lengths = sorted(index.name_lengths)
-    found: list[tuple[int, int, int]] = []
-    for i in range(len(tokens)):
-        for length in lengths:
-            if i + length > len(tokens):
-                break
-            for v in index.named(tuple(tokens[i : i + length])):
-                if v != node and mask[v]:
-                    found.append((i, i + length, v))
-    covered = [(i, end) for i, end, v in found if v in linked]
+    lengths = sorted(index.name_lengths, reverse=True)
     out: dict[int, int] = {}
-    for i, end, v in sorted(found):
-        if v in linked or v in out:
-            continue
-        if any(a < end and i < b for a, b in covered):
-            continue
-        out[v] = starts[i]
+    at = 0
+    while at < len(tokens):
+        for length in lengths:
+            name = tuple(tokens[at : at + length])
+            holders = [v for v in index.named(name) if mask[v]] if len(name) == length else []
+            if holders and any(t not in STOP_WORDS for t in name):
+                for v in holders:
+                    if v != node and v not in linked:
+                        out.setdefault(v, starts[at])
+                at += length
+                break
+        else:
+            at += 1
     return out
 
 
@@ -226,7 +226,7 @@ _name = st.lists(_word, min_size=1, max_size=4).map(" ".join)
     node=st.integers(0, 8),
     first_use_early=st.booleans(),
 )
-def test_trie_mentions_equal_the_old_definition(
+def test_mentions_equal_a_plain_longest_match_scan(
     docs, removed, text, hidden, linked, node, first_use_early
 ) -> None:
     index = SearchIndex()
@@ -240,7 +240,7 @@ def test_trie_mentions_equal_the_old_definition(
     for i in hidden:
         mask[i] = 0
     visible_linked = {v for v in linked if mask[v]}
-    got = mentions(index, text, mask, node, visible_linked)
+    got = unlinked(index, text, node, mask, visible_linked)
     assert got == oracle_mentions(index, text, mask, node, visible_linked)
     meta, arrays = index.arrays()  # a checkpoint's index builds its trie on first use
     vocabularies = {
@@ -248,7 +248,7 @@ def test_trie_mentions_equal_the_old_definition(
         for part in ("terms", "names", "tags")
     }
     loaded = SearchIndex.from_arrays(meta, vocabularies, arrays)
-    assert mentions(loaded, text, mask, node, visible_linked) == got
+    assert unlinked(loaded, text, node, mask, visible_linked) == got
 
 
 def test_mentions_work_is_bounded_by_the_text_not_the_name_lengths() -> None:
@@ -270,10 +270,13 @@ def test_mentions_work_is_bounded_by_the_text_not_the_name_lengths() -> None:
             Counted.lookups += 1
             return super().get(key, default)
 
-    trie = index.name_trie()
-    trie._edges = Counted(trie._edges)
-    assert mentions(index, text, mask, node=9, linked=set()) == {}
-    assert mentions(index, text, np.ones(4, np.uint8), node=9, linked=set()) == {
-        k: text.index(words[k]) for k in range(4)
-    }
-    assert Counted.lookups <= 2 * 2 * 6 * 10_000  # two calls of two walks: under 6 per token
+    def counted(node) -> None:  # every node's children, counted
+        node.children = Counted(node.children)
+        for child in node.children.values():
+            counted(child)
+
+    counted(index.name_trie()._root)
+    assert unlinked(index, text, 9, mask, set()) == {}
+    # the longest name at the first token covers the other names' first tokens, every time
+    assert unlinked(index, text, 9, np.ones(4, np.uint8), set()) == {0: 0}
+    assert Counted.lookups <= 2 * 6 * 10_000  # two calls of one walk: under 6 per token

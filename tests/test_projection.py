@@ -214,7 +214,7 @@ def test_search_index_receives_puts_and_removes() -> None:
 
     store = FakeStore()
     store.append(KB, [upsert("a", title="A", text="alpha")])
-    p = Projections(store, index_factory=Recorder)
+    p = Projections(store, index_factory=Recorder, mentions=lambda kb: False)  # no name trie
     p.load()
     store.append(KB, [upsert("b", title="B", text="beta"), delete("a", 2)])
     p.follow_once()

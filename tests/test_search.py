@@ -21,6 +21,7 @@ from kbgraph.search import (
     SearchIndex,
     analyze,
     first_hit,
+    fold,
     query_terms,
     snippet,
     tokenize,
@@ -281,3 +282,11 @@ def test_snippet_of_a_long_run_without_breaks_finds_the_later_word() -> None:
 def test_query_terms_are_analyze_cut_to_the_cap(words: list[str]) -> None:
     query = " ".join(words)
     assert query_terms(query) == list(dict.fromkeys(analyze(query)))[:MAX_QUERY_TERMS]
+
+
+@settings(max_examples=300)
+@given(st.text(st.characters(codec="utf-8"), max_size=30))
+def test_fold_drops_exactly_the_combining_marks(text: str) -> None:
+    decomposed = unicodedata.normalize("NFKD", text)
+    want = "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold()
+    assert fold(text) == (text.lower() if text.isascii() else want)

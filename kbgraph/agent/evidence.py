@@ -2,9 +2,9 @@
 
 For a concept x and each visible candidate v (not x, not linked to x either way):
 
-- **mention**: x's text names v (v's title or an alias, as whole folded tokens) somewhere
-  outside the names of the concepts x already links to (so "restic" inside "Backup with
-  restic", which x links to, is not a mention of ``restic``). 1 when there is one.
+- **mention**: x's text mentions v (``kbgraph.projection.mentions``: v's title or an alias as
+  whole folded tokens, longest name first, so "restic" inside "Backup with restic", which x
+  links to, is that link's and no mention of ``restic``). 1 when there is one.
 - **terms**: the share of x's rare-term weight that v holds too. A term of x is rare when at
   most ``RARE_SHARE`` of the visible concepts (and at least 2, x included) hold it; its weight
   is ``ln(N / df)``. In [0, 1].
@@ -25,7 +25,7 @@ from typing import Final
 import numpy as np
 from numba import njit
 
-from kbgraph.search import SearchIndex, tokens_with_offsets
+from kbgraph.search import SearchIndex
 
 RARE_SHARE: Final = 0.1
 
@@ -38,50 +38,6 @@ class Evidence:
     mention: dict[int, int]
     terms: np.ndarray
     tags: np.ndarray
-
-
-def mentions(
-    index: SearchIndex, text: str, mask: np.ndarray, node: int, linked: set[int]
-) -> dict[int, int]:
-    """Visible concept -> offset of its first mention in ``text`` outside the names of
-    ``linked`` (visible concepts ``node`` links to); ``node`` itself never counts.
-
-    Two walks of the names' trie over the text's tokens: the first marks the tokens inside a
-    linked concept's name, the second takes each other concept's first mention that touches
-    none of them. A name's holders are looked up once per call, not once per occurrence.
-    """
-    tokens, starts = tokens_with_offsets(text)
-    trie = index.name_trie()
-    holders: dict[str, tuple[bool, list[int]]] = {}  # key -> (a linked holder?, candidates)
-
-    def of(key: str) -> tuple[bool, list[int]]:
-        found = holders.get(key)
-        if found is None:
-            visible = [v for v in index.named_key(key) if v != node and mask[v]]
-            found = holders[key] = (
-                any(v in linked for v in visible),
-                [v for v in visible if v not in linked],
-            )
-        return found
-
-    depth = [0] * (len(tokens) + 1)  # +1 where a linked name starts, -1 where it ends
-    for i, end, key in trie.matches(tokens) if linked else ():
-        if of(key)[0]:
-            depth[i] += 1
-            depth[end] -= 1
-    covered = [0] * (len(tokens) + 1)  # covered[k]: tokens before k inside a linked name
-    inside = 0
-    for k in range(len(tokens)):
-        inside += depth[k]
-        covered[k + 1] = covered[k] + (inside > 0)
-    out: dict[int, int] = {}
-    for i, end, key in trie.matches(tokens):
-        candidates = of(key)[1]
-        if not candidates or covered[end] - covered[i]:
-            continue
-        for v in candidates:
-            out.setdefault(v, starts[i])
-    return out
 
 
 @njit(cache=True, nogil=True)
@@ -148,19 +104,19 @@ def warm_up() -> None:
 
 def gather(
     index: SearchIndex,
-    text: str,
+    mention: dict[int, int],
     mask: np.ndarray,
     node: int,
-    linked: set[int],
     n_visible: int,
     size: int,
 ) -> Evidence:
-    """Every piece of text evidence for links from ``node`` (arrays of ``size`` nodes)."""
+    """Every piece of text evidence for links from ``node`` (arrays of ``size`` nodes);
+    ``mention``: the concepts its text mentions, each with its first mention's offset."""
     rare = max(2.0, RARE_SHARE * n_visible)
     terms = index.doc_terms(node)
     tags = index.doc_tags(node)
     return Evidence(
-        mention=mentions(index, text, mask, node, linked),
+        mention=mention,
         terms=shares(terms, index.term_nodes, mask, node, n_visible, rare, size),
         tags=shares(tags, index.tag_nodes, mask, node, n_visible, n_visible, size),
     )

@@ -35,7 +35,7 @@ from typing import Final, NamedTuple
 
 import numpy as np
 
-from kbgraph.graphalgo import View
+from kbgraph.graphalgo import View, union
 from kbgraph.graphalgo.smooth import neighbour_evidence
 
 WALK_WEIGHT: Final = 0.1
@@ -51,11 +51,17 @@ class Row(NamedTuple):
     via: int | None
 
 
-def score_of(search: float, walk: float, neighbours: float) -> float:
+def score_of(
+    search: float,
+    walk: float,
+    neighbours: float,
+    walk_weight: float = WALK_WEIGHT,
+    neighbour_weight: float = NEIGHBOUR_WEIGHT,
+) -> float:
     """The rule, each input over its best in the list; search's best hit keeps the head."""
     if search >= 1.0:
-        return 1.0 + WALK_WEIGHT + NEIGHBOUR_WEIGHT
-    return search + WALK_WEIGHT * walk + NEIGHBOUR_WEIGHT * neighbours
+        return 1.0 + walk_weight + neighbour_weight
+    return search + walk_weight * walk + neighbour_weight * neighbours
 
 
 def ranked(
@@ -66,30 +72,40 @@ def ranked(
     results: Sequence[tuple[int, int, int]],
     limit: int,
     alpha: float,
+    neighbours: union.Neighbours | None = None,
+    weights: tuple[float, float] = (WALK_WEIGHT, NEIGHBOUR_WEIGHT),
 ) -> list[Row]:
     """Seeds and results in one list, best first, at most ``limit`` of them.
 
     ``search``: the search score of every hit (seeds' and beyond); ``seeds``: each seed's
     normalised weight; ``mass``: the PPR estimate of each seed and result; ``results``:
-    (node, hops, via) of each result; ``alpha``: the walk's restart.
+    (node, hops, via) of each result; ``alpha``: the walk's restart; ``neighbours``: the
+    weighted graph walked (links and mentions, ``kbgraph.agent.mentioned``), else the links;
+    ``weights``: the walk's and the neighbours' (the links' rule's unless given).
     """
     nodes = [*seeds, *(node for node, _, _ in results)]
     if not nodes:
         return []
     best = max(search.values(), default=0.0) or 1.0
-    degrees = view.deg[np.array(nodes, np.int64)].tolist()
+    if neighbours is None:
+        degrees = view.deg[np.array(nodes, np.int64)].tolist()
+    else:
+        degrees = [sum(w for _, w in neighbours(v)) for v in nodes]
     walk = [
         max(mass.get(v, 0.0) - alpha * seeds.get(v, 0.0), 0.0) / max(d, 1) ** WALK_DEGREE_POWER
         for v, d in zip(nodes, degrees, strict=True)
     ]
-    hits = np.fromiter(search.keys(), np.int64, len(search))
-    scores = np.fromiter(search.values(), np.float64, len(search))
-    near = neighbour_evidence(view, hits, scores, nodes, NEIGHBOUR_DEGREE_POWER).tolist()
+    if neighbours is None:
+        hits = np.fromiter(search.keys(), np.int64, len(search))
+        scores = np.fromiter(search.values(), np.float64, len(search))
+        near = neighbour_evidence(view, hits, scores, nodes, NEIGHBOUR_DEGREE_POWER).tolist()
+    else:
+        near = union.neighbour_evidence(neighbours, search, nodes, NEIGHBOUR_DEGREE_POWER)
     top_walk, top_near = max(walk) or 1.0, max(near) or 1.0
     hops_of = {v: (h, b) for v, h, b in results}
     rows = []
     for v, w, h in zip(nodes, walk, near, strict=True):
-        score = score_of(search.get(v, 0.0) / best, w / top_walk, h / top_near)
+        score = score_of(search.get(v, 0.0) / best, w / top_walk, h / top_near, *weights)
         rows.append(Row(v, round(score, 4), *hops_of.get(v, (0, None))))
     ids = view.graph.ids
     rows.sort(key=lambda row: (-row.score, row.hops, ids[row.node]))

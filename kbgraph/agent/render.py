@@ -27,10 +27,15 @@ def render_context(body: dict[str, Any]) -> list[str]:
     if "note" in body:
         lines.append(body["note"])
     titles = {row["id"]: row["title"] for row in body["seeds"] + body["results"]}
+    titles |= {row["id"]: row["title"] for row in body["ranked"]}
     vias = {row["id"]: row["via"] for row in body["results"]}
+    vias |= {row["id"]: row["via"] for row in body["ranked"] if "via" in row}
     seeds = {row["id"] for row in body["seeds"]}
     if body["ranked"]:
-        lines.append("Ranked (best first; seeds are the best matches, the rest found by links):")
+        lines.append(
+            "Ranked (best first; seeds are the best matches, the rest found by links or by"
+            " mentions, a text naming another concept):"
+        )
     for i, row in enumerate(body["ranked"], 1):
         if row["hops"] == 0:
             how = "seed"
@@ -42,7 +47,7 @@ def render_context(body: dict[str, Any]) -> list[str]:
             if chain[-1] not in seeds:
                 names.append("…")
             hops = "1 hop" if row["hops"] == 1 else f"{row['hops']} hops"
-            how = f"{hops}, via {' ← '.join(names)}"
+            how = f"{hops} by {row.get('by', 'link')}, via {' ← '.join(names)}"
         lines.append(f"{i}. {named(row['title'], row['id'])} score {row['score']:g}, {how}")
         if row["snippet"]:
             lines.append(f"   {row['snippet']}")

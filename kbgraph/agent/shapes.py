@@ -72,6 +72,14 @@ class GraphPathRequest(msgspec.Struct, forbid_unknown_fields=True):
             enum=["both", "out", None],
         ),
     ] = "both"
+    edges: Annotated[
+        str | None,
+        _field(
+            "'links' walks the links alone; 'all' the links and the mentions (a concept's text"
+            " naming another; where the KB keeps them).",
+            enum=["links", "all", None],
+        ),
+    ] = "links"
     max_hops: Annotated[
         int,
         _field(
@@ -133,6 +141,13 @@ class RankedResult(msgspec.Struct, kw_only=True):
     score: float
     hops: int
     via: str | UnsetType = UNSET
+    by: Annotated[
+        str | UnsetType,
+        msgspec.Meta(
+            description="The kind of the edge from 'via': 'link' or 'mention' (the text of one"
+            " names the other). Absent for a seed."
+        ),
+    ] = UNSET
     snippet: str
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from msgspec import UNSET, UnsetType
 
 from kbgraph import graphalgo
-from kbgraph.agent import evidence, ranking, retrieval
+from kbgraph.agent import evidence, mentioned, ranking, retrieval
 from kbgraph.agent.shapes import (
     FAILED_NAMED,
     MAX_IDS,
@@ -39,8 +39,9 @@ from kbgraph.agent.shapes import (
     StatusResponse,
 )
 from kbgraph.events import ECHO_CHARS, Refused
+from kbgraph.graphalgo import union
 from kbgraph.graphalgo.graph import View
-from kbgraph.projection import Snapshot
+from kbgraph.projection import Snapshot, mentions
 from kbgraph.search import query_terms, snippet, snippet_at, top
 
 SEARCH_SEEDS: Final = 5
@@ -60,6 +61,7 @@ SEED_CUT: Final = 0.5
 SEED_POWER: Final = 2.0
 RETIRED: Final = frozenset({"deprecated", "superseded"})
 METHODS: Final = ("hybrid", "structure")
+EDGES: Final = ("links", "all")
 # link_suggest hybrid: structure's resource allocation plus weighted text evidence.
 MENTION_WEIGHT: Final = 2.0
 TERMS_WEIGHT: Final = 4.0
@@ -232,8 +234,16 @@ def graph_context(
     response.count = len(response.results)
     best = max(found_by.values(), default=1.0)
     search = found_by | {node: best for node in ids_nodes}  # an id asked for: the best match
-    share = {node: weight / total for node, weight in weights.items()}
     shown = {row.id: row.snippet for row in response.seeds + response.results}
+    if snap.mentions is None or not mentioned.walks_mentions(*snap.counts(view)):
+        share = {node: weight / total for node, weight in weights.items()}
+        links = [(v, h, b) for v, _, h, b in rows]
+        order = [
+            (row, None if row.via is None else "link")
+            for row in ranking.ranked(view, search, share, mass, links, limit, PPR_ALPHA)
+        ]
+    else:
+        order = mentioned.ranked(view, snap.mentions, req.query, weights, search, limit, PPR_ALPHA)
     response.ranked = [
         RankedResult(
             id=snap.ids[row.node],
@@ -241,11 +251,10 @@ def graph_context(
             score=row.score,
             hops=row.hops,
             via=UNSET if row.via is None else snap.ids[row.via],
-            snippet=shown[snap.ids[row.node]],
+            by=UNSET if by is None else by,
+            snippet=shown.get(snap.ids[row.node]) or snippet(snap.texts[row.node], terms),
         )
-        for row in ranking.ranked(
-            view, search, share, mass, [(v, h, b) for v, _, h, b in rows], limit, PPR_ALPHA
-        )
+        for row, by in order
     ]
     return response
 
@@ -299,9 +308,12 @@ def _hybrid(snap: Snapshot, view: View, node: int, limit: int) -> list[Candidate
     g, mask = view.graph, view.mask
     start, length = int(g.out_off[node]), int(g.out_len[node])
     outs = g.out[start : start + length]
-    linked = set(outs[mask[outs] != 0].tolist())  # in numpy: hidden out-links cost ~nothing
+    if snap.mentions is not None:
+        mention = snap.mentions.first_offsets(node, mask)
+    else:  # the same rule, u's text scanned now
+        mention = mentions.unlinked(snap.index, snap.texts[node], node, mask, outs.tolist())
     n_visible = snap.index.visible_stats(mask)[0]
-    found = evidence.gather(snap.index, snap.texts[node], mask, node, linked, n_visible, g.n)
+    found = evidence.gather(snap.index, mention, mask, node, n_visible, g.n)
     total = np.zeros(g.n, np.float64)
     cands, ra = graphalgo.resource_allocation_scores(view, node, min_common=1)
     total[cands] = ra
@@ -344,10 +356,18 @@ def graph_path(snap: Snapshot, view: View, req: GraphPathRequest) -> GraphPathRe
     direction = "both" if req.direction is None else req.direction
     if direction not in ("out", "both"):
         raise invalid_choice("direction", direction, "out or both")
+    edges = "links" if req.edges is None else req.edges
+    if edges not in EDGES:
+        raise invalid_choice("edges", edges, "links or all")
     max_hops = clamp(req.max_hops, 6, 1, 12)
     source = visible_node(snap, view, req.source)
     target = visible_node(snap, view, req.target)
-    path = graphalgo.shortest_path(view, source, target, direction=direction, max_hops=max_hops)
+    if edges == "all" and snap.mentions is not None:
+        both = mentioned.Both(view, snap.mentions.view(view.mask), 1.0)
+        nexts = both.nexts if direction == "both" else both.outs
+        path = union.shortest_path(nexts, both.key, source, target, max_hops)
+    else:  # a KB without mentions: its links are all its edges
+        path = graphalgo.shortest_path(view, source, target, direction=direction, max_hops=max_hops)
     if path is None:
         return GraphPathResponse(
             source=req.source,

@@ -9,6 +9,7 @@ The package, along its jobs (events in -> store/log -> projection -> graphalgo):
   - ``nodes``: ``Nodes``, the per-node columns, existence and classes;
   - ``links``: ``Links``, adjacency, the ids' bytes and links to missing concepts;
   - ``masks``: ``MaskCache``, visibility masks and their induced degrees;
+  - ``mentions``: ``Mentions``, the edges of texts naming other concepts;
 - ``bulk``: the first build from the store's columns;
 - ``snapshot``: ``Snapshot``, what a request reads under the read lock;
 - ``adjacency``: the flat id-sorted adjacency pools and their numba patch kernels;

@@ -126,8 +126,10 @@ class Projections:
         log_retain: int = 10_000,
         embedder: Embedder | None = None,
         vector_max_chars: int = EmbeddingsConfig().max_chars,
+        mentions: Callable[[str], bool] = lambda kb: True,
     ) -> None:
         self.store = store
+        self.mentions = mentions  # which KBs keep mention edges (kbgraph.projection.mentions)
         self.embedder = embedder  # vectors for every KB (kbgraph.projection.vectors)
         # the key of the vectors the store's log rows carry (the local model's), if any
         self.carried_key = (
@@ -196,8 +198,9 @@ class Projections:
         """Every KB from the newest usable checkpoint, else built from the store."""
         start = time.perf_counter()
         kbs, gid = self._checkpointed_or_built()
-        for kb in kbs.values():
+        for name, kb in kbs.items():
             kb.attach_vectors(self.embedder, self.carried_key)
+            kb.attach_mentions(self.mentions(name))
         log.info(
             "projection of %d KB(s) at gid %d %s in %.2f s",
             len(kbs),
@@ -476,6 +479,7 @@ class Projections:
             if kb is None:
                 kb = KBProjection(name, index_factory=self._index_factory)
                 kb.attach_vectors(self.embedder, self.carried_key)
+                kb.attach_mentions(self.mentions(name))
             deliveries = _deliveries(recs)
             while deliveries:
                 done = kb.apply(deliveries)

@@ -51,6 +51,7 @@ from kbgraph.projection.arrays import MIN_NODE_CAP
 from kbgraph.projection.bulk import parts_of
 from kbgraph.projection.links import Links
 from kbgraph.projection.masks import Mask, MaskCache
+from kbgraph.projection.mentions import Mentions
 from kbgraph.projection.nodes import Nodes
 from kbgraph.projection.rwlock import RWLock
 from kbgraph.projection.snapshot import Snapshot
@@ -79,6 +80,7 @@ class KBProjection:
         self._batch_hint = MAX_BATCH_EVENTS
         self.vectors: Vectors | None = None  # kbgraph.projection.vectors; None: no provider
         self.saved_vectors: tuple[str, int, dict[str, np.ndarray]] | None = None  # checkpoint's
+        self.mentions: Mentions | None = None  # kbgraph.projection.mentions; None: off
 
     # --- reading ------------------------------------------------------------------------
 
@@ -87,7 +89,15 @@ class KBProjection:
         """Hold the read lock for the whole request; the snapshot is valid inside only."""
         self.lock.acquire_read()
         try:
-            yield Snapshot(self.seq, self.nodes, self.links, self.index, self.vectors, self.mask)
+            yield Snapshot(
+                self.seq,
+                self.nodes,
+                self.links,
+                self.index,
+                self.vectors,
+                self.mentions,
+                self.mask,
+            )
         finally:
             self.lock.release_read()
 
@@ -110,6 +120,19 @@ class KBProjection:
         docs = zip(range(n0), cols.titles, cols.texts, cols.aliases, cols.tags, strict=False)
         self.index.put_many(docs)
         self.seq = cols.seq
+
+    # --- mentions -------------------------------------------------------------------------
+
+    def attach_mentions(self, on: bool) -> None:
+        """Keep mention edges (``on``), built now from every text (a checkpoint does not
+        carry them), or none. Before the KB is shared."""
+        if not on:
+            self.mentions = None
+            return
+        self.mentions = Mentions(
+            self.index, lambda u: self.nodes.texts[u], lambda u: self.links.declared(u)
+        )
+        self.mentions.build(np.flatnonzero(self.nodes.alive[: len(self.nodes)]).tolist())
 
     # --- vectors (kbgraph.projection.filler settles them, from its own thread) ------------
 
@@ -257,6 +280,8 @@ class KBProjection:
             self._delete(event)
         elif isinstance(event, LinkAdded | LinkRemoved):
             self._link_event(event)
+        if self.mentions is not None:
+            self.mentions.gen += 1  # visibility may have changed: cached views are stale
 
     def _intern(self, concept_id: str) -> int:
         nodes = self.nodes
@@ -294,10 +319,12 @@ class KBProjection:
             targets.add(t)
         targets.discard(u)
         alive = nodes.alive  # interning may have grown it
+        old_text = nodes.texts[u] if was_alive else None
         reindex, type_changed = nodes.update(u, data, was_alive)
         src: list[int] = []
         dst: list[int] = []
         new: set[int]
+        relinked = True
         if not was_alive:
             alive[u] = 1
             self.masks.refresh(u, nodes, links.und)  # no edges yet: only u's own mask bits
@@ -312,7 +339,8 @@ class KBProjection:
             old = set(declared)
             if missing:
                 old |= missing
-            if old == targets:
+            relinked = old != targets
+            if not relinked:
                 new = set()  # the common re-upsert: nothing to patch
             else:
                 gone = [t for t in declared if t not in targets]
@@ -330,10 +358,23 @@ class KBProjection:
                 links.declare_missing(u, t)
         if src:
             self.masks.edges_changed(*links.declare(src, dst), 1)
+        mentions = self.mentions
         if reindex:
+            old_names = self.index.names.node_keys_of(u) if mentions is not None else []
             self.index.put(u, data.title, data.text, data.aliases, data.tags, analysed=analysis)
             if self.vectors is not None:
                 self.vectors.changed(u, analysis)
+            if mentions is not None:
+                scanned = old_text != data.text
+                if scanned:
+                    mentions.text_changed(u)
+                mentions.names_changed(
+                    u, old_names, self.index.names.node_keys_of(u), scanned=scanned
+                )
+                if not scanned and relinked:
+                    mentions.links_changed(u)
+        elif mentions is not None and relinked:
+            mentions.links_changed(u)
 
     def _delete(self, event: ConceptDeleted) -> None:
         nodes = self.nodes
@@ -345,7 +386,12 @@ class KBProjection:
         self.masks.node_dropped(u, nb)
         nodes.clear(u, event.data.version)
         self.masks.refresh(u, nodes, self.links.und)
+        mentions = self.mentions
+        old_names = self.index.names.node_keys_of(u) if mentions is not None else []
         self.index.remove(u)
+        if mentions is not None:
+            mentions.dropped(u)
+            mentions.names_changed(u, old_names, [])
         if self.vectors is not None:
             self.vectors.remove(u)
 
@@ -366,4 +412,6 @@ class KBProjection:
                 links.declare_missing(u, t)
             elif t in links.missing_out.get(u, ()):
                 links.undeclare_missing(u, t)
+            if self.mentions is not None:
+                self.mentions.links_changed(u)
         nodes.versions[u] = event.data.version

@@ -11,6 +11,7 @@ from kbgraph.access import RuleSet
 from kbgraph.graphalgo.graph import Graph, View
 from kbgraph.projection.links import Links
 from kbgraph.projection.masks import Mask
+from kbgraph.projection.mentions import Mentions
 from kbgraph.projection.nodes import Nodes
 from kbgraph.projection.vectors import Vectors
 from kbgraph.search import SearchIndex
@@ -27,6 +28,7 @@ class Snapshot:
         "graph",
         "ids",
         "index",
+        "mentions",
         "seq",
         "statuses",
         "tags",
@@ -44,6 +46,7 @@ class Snapshot:
         links: Links,
         index: SearchIndex,
         vectors: Vectors | None,
+        mentions: Mentions | None,
         mask: Callable[[RuleSet], Mask],
     ) -> None:
         """The KB's parts as they are under its read lock; ``mask`` gives the cached
@@ -71,6 +74,7 @@ class Snapshot:
         self.texts: Sequence[str] = nodes.texts
         self.versions: Sequence[int] = nodes.versions
         self.vectors = vectors  # None: no provider
+        self.mentions = mentions  # None: mentions off for this KB
 
     def view(self, rules: RuleSet | None) -> View:
         """The subgraph visible under ``rules`` (None = admin: every existing concept)."""

@@ -140,7 +140,7 @@
       if (row.kind === "seed") button.append(el("span", "seed", "seed-badge"));
       const meta = row.kind === "seed"
         ? `score ${row.score.toFixed(4)} · weight ${weights.get(row.id).toFixed(4)}`
-        : `score ${row.score.toFixed(4)} · hops ${row.hops} · via ${row.via}`;
+        : `score ${row.score.toFixed(4)} · hops ${row.hops} · via ${row.via}${row.by === "mention" ? " · by mention" : ""}`;
       button.append(el("span", meta, "meta"));
       if (row.snippet) button.append(el("span", row.snippet, "snippet"));
       button.addEventListener("click", () => showConcept(row.id));
@@ -157,16 +157,20 @@
     for (const r of data.results) {
       nodes.set(r.id, { id: r.id, label: label(r), hops: r.hops, kind: "result", size: size(r.score) });
     }
+    // `ranked` may hold concepts the walk over mentions reached that `results` does not
+    const reached = data.ranked.filter((r) => r.hops > 0 && !nodes.has(r.id));
+    for (const r of reached) nodes.set(r.id, { id: r.id, label: label(r), hops: r.hops, kind: "result", size: size(0) });
     const edges = [];
-    for (const r of data.results) {
-      if (r.via && r.via !== r.id) {
+    const viaOf = new Map();
+    for (const r of [...data.results, ...reached]) {
+      if (r.via && r.via !== r.id && !viaOf.has(r.id)) {
+        viaOf.set(r.id, r.via);
         if (!nodes.has(r.via)) nodes.set(r.via, { id: r.via, label: r.via, hops: Math.max(0, r.hops - 1), kind: "context", size: 12 });
-        edges.push({ data: { id: `via:${r.via}->${r.id}`, source: r.via, target: r.id } });
+        edges.push({ data: { id: `via:${r.via}->${r.id}`, source: r.via, target: r.id }, classes: r.by === "mention" ? "mention" : "" });
       }
     }
     // Each ring in the order of the ring inside it (a node beside the one it was reached via),
     // so the via edges run outwards rather than across the picture.
-    const viaOf = new Map(data.results.map((r) => [r.id, r.via]));
     const levels = new Map();
     for (const n of nodes.values()) levels.set(n.hops, [...(levels.get(n.hops) || []), n]);
     const rank = new Map();
@@ -194,6 +198,7 @@
         { selector: "node:selected", style: { "border-width": 3, "border-color": "#f59e0b" } },
         { selector: "edge", style: { width: 1.5, "line-color": "#94a3b8", "curve-style": "bezier",
           "target-arrow-shape": "triangle", "target-arrow-color": "#94a3b8" } },
+        { selector: "edge.mention", style: { "line-style": "dashed" } },
         { selector: ".path", style: { "line-color": "#16a34a", "target-arrow-color": "#16a34a", width: 4,
           "border-width": 3, "border-color": "#16a34a" } },
       ],

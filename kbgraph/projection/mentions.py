@@ -1,0 +1,400 @@
+"""Mentions: a concept's text naming another concept, kept as edges beside the links.
+
+A text *names* a concept where its folded tokens hold one of the concept's names (title or
+alias, ``kbgraph.search.nametrie``) as whole tokens. The rule, per text and per view (the
+concepts a caller may see):
+
+- only the names of visible concepts count, and a name made of stop words alone is no name;
+- the names are matched longest first, scanning left to right: at each token, the longest
+  name starting there is taken and the scan goes on after it (a name inside a longer one
+  is part of it: "New York City" does not also mention "New York");
+- a taken name mentions every visible concept holding it (two concepts sharing a name are
+  both mentioned), except the text's own concept (no self-mention) and the concepts it
+  declares a link to (that name is the link's, not a mention).
+
+What is kept, per text, is every *occurrence* of a name any concept holds (first token, end
+token, name key), whatever its visibility. An occurrence overlapping no
+other one is taken in a view exactly when its name has a visible holder, so it gives *plain*
+edges, masked by visibility as links are. The occurrences that overlap (*contested*: whether
+one is taken depends on which longer name is visible) are resolved per view, when a view is
+first read, and cached with it until the next change.
+
+Patched per event in both directions (``KBProjection`` calls these under the write lock): an
+upsert scans its own text again; a name that appears (its first holder) finds the texts that
+may hold it through the search index's term postings (every term of the name in the text
+field) and scans only those; a name that goes (its last holder) is dropped from the texts the
+reverse map ``by_key`` lists; a name whose holders change refreshes those texts' edges. Never a
+scan of the whole KB, but at the first build.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Final, NamedTuple
+
+import numpy as np
+
+from kbgraph.search import STOP_WORDS, SearchIndex, tokenize, tokens_with_offsets
+from kbgraph.search.analysis import stem
+from kbgraph.search.nametrie import NAME_SEP
+
+VIEW_CACHE_ENTRIES: Final = 16
+TEXT_HITS: Final = 0xFFFFFFFF  # a term posting's text-field hits (kbgraph.search.bulk.FIELD)
+
+
+class Occurrence(NamedTuple):
+    start: int  # first token
+    end: int  # one past the last token
+    key: str  # the name's folded tokens joined by NAME_SEP
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def mentionable(key: str) -> bool:
+    """A name of stop words alone ("The Who", "Of The") names nothing."""
+    return any(token not in STOP_WORDS for token in key.split(NAME_SEP))
+
+
+def take(occurrences: Iterable[Occurrence]) -> list[Occurrence]:
+    """Longest first, left to right: of ``occurrences`` (the active names' ones), those
+    the scan takes."""
+    taken: list[Occurrence] = []
+    at = 0
+    for o in sorted(occurrences, key=lambda o: (o.start, -o.end)):
+        if o.start >= at:
+            taken.append(o)
+            at = o.end
+    return taken
+
+
+def split(occurrences: Sequence[Occurrence]) -> tuple[list[Occurrence], list[Occurrence]]:
+    """(plain, contested): the occurrences overlapping no other, and the others."""
+    plain: list[Occurrence] = []
+    contested: list[Occurrence] = []
+    group: list[Occurrence] = []
+    reach = -1
+    for o in sorted(occurrences, key=lambda o: (o.start, -o.end)):
+        if group and o.start >= reach:
+            (plain if len(group) == 1 else contested).extend(group)
+            group = []
+        group.append(o)
+        reach = max(reach, o.end) if len(group) > 1 else o.end
+    if group:
+        (plain if len(group) == 1 else contested).extend(group)
+    return plain, contested
+
+
+def words(text: str) -> list[str]:
+    """The folded tokens names are matched against: ``tokenize``'s, as a name's own."""
+    return tokenize(text)
+
+
+def scan(index: SearchIndex, text: str) -> list[Occurrence]:
+    """Every occurrence in ``text`` of a mentionable name some concept holds."""
+    if not text:
+        return []
+    found = index.name_trie().matches(words(text))
+    return [Occurrence(i, j, key) for i, j, key in found if mentionable(key)]
+
+
+def find(text: str, key: str) -> list[Occurrence]:
+    """Every occurrence of the one name ``key`` in ``text``."""
+    name = key.split(NAME_SEP)
+    tokens = words(text)
+    size = len(name)
+    out = []
+    at = 0
+    first = name[0]
+    try:
+        while True:
+            at = tokens.index(first, at)
+            if tokens[at : at + size] == name:
+                out.append(Occurrence(at, at + size, key))
+            at += 1
+    except ValueError:
+        return out
+
+
+def resolve(
+    index: SearchIndex,
+    u: int,
+    occurrences: Sequence[Occurrence],
+    mask: np.ndarray,
+    declared: Iterable[int],
+) -> list[tuple[Occurrence, list[int]]]:
+    """The occurrences in u's text (u: -1 for a question) the scan takes in the view
+    ``mask``, each with the visible concepts it mentions (not u, not ``declared``: u's links)."""
+    holders: dict[str, list[int]] = {}
+    for key in {o.key for o in occurrences}:
+        holders[key] = [v for v in index.named_key(key) if mask[v]]
+    linked = set(declared)
+    taken = take(o for o in occurrences if holders[o.key])
+    return [(o, [v for v in holders[o.key] if v != u and v not in linked]) for o in taken]
+
+
+def offsets(text: str, taken: Iterable[tuple[Occurrence, list[int]]]) -> dict[int, int]:
+    """Each mentioned concept's first occurrence's character offset in ``text`` (where a
+    character folds into letters, "™" into "tm", the offsets' tokens may differ from
+    ``words``: then the name is looked for among them, else the text's start)."""
+    out: dict[int, int] = {}
+    located: tuple[list[str], list[int], bool] | None = None
+    for o, targets in taken:
+        for v in targets:
+            if v in out:
+                continue
+            if located is None:
+                tokens, starts = tokens_with_offsets(text)
+                located = tokens, starts, tokens == words(text)
+            tokens, starts, aligned = located
+            if aligned:
+                out[v] = starts[o.start]
+            else:
+                found = find_tokens(tokens, o.key.split(NAME_SEP))
+                out[v] = starts[found] if found is not None else 0
+    return out
+
+
+def find_tokens(tokens: list[str], name: list[str]) -> int | None:
+    """Where ``name`` first occurs in ``tokens``, or None."""
+    size = len(name)
+    for at in range(len(tokens) - size + 1):
+        if tokens[at : at + size] == name:
+            return at
+    return None
+
+
+def unlinked(
+    index: SearchIndex, text: str, u: int, mask: np.ndarray, declared: Iterable[int]
+) -> dict[int, int]:
+    """``Mentions.first_offsets`` for a KB that keeps no mentions: u's text scanned now."""
+    return offsets(text, resolve(index, u, scan(index, text), mask, declared))
+
+
+class MentionView:
+    """The mention edges of one view: ``out(u)`` the visible concepts u's text mentions,
+    ``into(u)`` those whose texts mention u, each ascending by node (callers order by id)."""
+
+    __slots__ = ("_cin", "_cout", "_mask", "_of")
+
+    def __init__(
+        self,
+        of: Mentions,
+        mask: np.ndarray,
+        cout: dict[int, set[int]],
+        cin: dict[int, set[int]],
+    ) -> None:
+        self._of, self._mask = of, mask
+        self._cout, self._cin = cout, cin
+
+    def _seen(self, u: int) -> bool:
+        return 0 <= u < len(self._mask) and bool(self._mask[u])
+
+    def out(self, u: int) -> set[int]:
+        if not self._seen(u):
+            return set()
+        mask = self._mask
+        found = {v for v in self._of.out.get(u, ()) if v < len(mask) and mask[v]}
+        found |= self._cout.get(u, set())
+        return found
+
+    def into(self, u: int) -> set[int]:
+        if not self._seen(u):
+            return set()
+        mask = self._mask
+        found = {v for v in self._of.inn.get(u, ()) if v < len(mask) and mask[v]}
+        found |= self._cin.get(u, set())
+        return found
+
+    def both(self, u: int) -> set[int]:
+        return self.out(u) | self.into(u)
+
+
+class Mentions:
+    """One KB's mentions (the module docstring). ``text_of(u)``: u's text; ``declared(u)``:
+    the nodes u declares links to. Patched by the follower under the KB's write lock, read by
+    requests under its read lock (the view cache has its own small lock)."""
+
+    def __init__(
+        self,
+        index: SearchIndex,
+        text_of: Callable[[int], str],
+        declared: Callable[[int], Iterable[int]],
+    ) -> None:
+        self.index = index
+        self._text_of = text_of
+        self._declared = declared
+        self.occ: dict[int, list[Occurrence]] = {}  # source -> every occurrence, by start
+        self.by_key: dict[str, set[int]] = {}  # name key -> sources with an occurrence
+        self.out: dict[int, set[int]] = {}  # source -> targets of its plain occurrences
+        self.inn: dict[int, set[int]] = {}  # target -> sources, the reverse of ``out``
+        self.contested: dict[int, list[Occurrence]] = {}  # source -> its overlapping ones
+        self.gen = 0  # bumped by every patch: the views cached before are stale
+        self._holders: dict[str, list[int]] = {}  # name key -> its holders, until they change
+        self._views: OrderedDict[tuple[int, int], tuple[np.ndarray, int, MentionView]] = (
+            OrderedDict()
+        )
+        self._lock = threading.Lock()
+
+    # --- building and patching (follower thread, write lock held) ------------------------
+
+    def build(self, nodes: Iterable[int]) -> None:
+        """Scan every text of ``nodes`` (the existing concepts), once."""
+        for u in nodes:
+            self._store(u, scan(self.index, self._text_of(u)))
+        for u in list(self.occ):
+            self._refresh(u)
+        self.gen += 1
+
+    def text_changed(self, u: int) -> None:
+        """u exists with a new text (or names, or links): its occurrences and edges again."""
+        self._store(u, scan(self.index, self._text_of(u)))
+        self._refresh(u)
+        self.gen += 1
+
+    def links_changed(self, u: int) -> None:
+        """u's declared links changed: which names are its links' changed with them."""
+        self._refresh(u)
+        self.gen += 1
+
+    def dropped(self, u: int) -> None:
+        """u stopped existing: its own text mentions nothing (its names: ``names_changed``)."""
+        self._store(u, [])
+        self._refresh(u)
+        self.gen += 1
+
+    def names_changed(
+        self, u: int, old: Iterable[str], new: Iterable[str], *, scanned: bool = True
+    ) -> None:
+        """u's name keys went from ``old`` to ``new`` (the index already holds the new ones):
+        every text naming a key that came or went is patched (u's own too, unless ``scanned``:
+        its text was scanned with its new names already)."""
+        before, after = set(old), set(new)
+        touched: set[int] = set()
+        for key in sorted(before ^ after):
+            self._holders.pop(key, None)
+            if not mentionable(key):
+                continue
+            holders = self.holders(key)
+            if key in after and holders == [u]:  # a new name: the texts that may hold it
+                for s in self._texts_with(key):
+                    if s == u and scanned:
+                        continue
+                    got = find(self._text_of(s), key)
+                    if got:
+                        self._store(s, sorted([*self.occ.get(s, ()), *got]))
+                        touched.add(s)
+            elif key in before and not holders:  # a name gone
+                for s in sorted(self.by_key.get(key, ())):
+                    self._store(s, [o for o in self.occ[s] if o.key != key])
+                    touched.add(s)
+            else:  # another holder for a held name: the edges of its texts
+                touched.update(self.by_key.get(key, ()))
+        for s in sorted(touched):
+            self._refresh(s)
+        self.gen += 1
+
+    def _texts_with(self, key: str) -> list[int]:
+        """The concepts whose text holds every term of the name ``key`` (a superset of those
+        holding the name), from the search index's postings."""
+        terms = sorted({t for t in (stem(token) for token in key.split(NAME_SEP)) if t})
+        found: np.ndarray | None = None
+        for t in terms:
+            nodes, hits = self.index.terms.holders(t)
+            nodes = nodes[(hits & TEXT_HITS) != 0]
+            found = nodes if found is None else np.intersect1d(found, nodes, assume_unique=True)
+            if not found.size:
+                break
+        if found is None:
+            return []
+        result: list[int] = np.sort(found).tolist()
+        return result
+
+    def _store(self, u: int, occurrences: list[Occurrence]) -> None:
+        """Replace u's occurrences, keeping ``by_key`` (edges: ``_refresh``)."""
+        for key in {o.key for o in self.occ.pop(u, ())}:
+            sources = self.by_key[key]
+            sources.discard(u)
+            if not sources:
+                del self.by_key[key]
+        if occurrences:
+            self.occ[u] = occurrences
+            for key in {o.key for o in occurrences}:
+                self.by_key.setdefault(key, set()).add(u)
+
+    def _refresh(self, u: int) -> None:
+        """u's plain edges and contested occurrences from its occurrences, now."""
+        plain, contested = split(self.occ.get(u, ()))
+        targets: set[int] = set()
+        if plain:
+            declared = set(self._declared(u))
+            for o in plain:
+                targets.update(v for v in self.holders(o.key) if v != u and v not in declared)
+        old = self.out.pop(u, set())
+        for v in old - targets:
+            sources = self.inn[v]
+            sources.discard(u)
+            if not sources:
+                del self.inn[v]
+        for v in targets - old:
+            self.inn.setdefault(v, set()).add(u)
+        if targets:
+            self.out[u] = targets
+        if contested:
+            self.contested[u] = contested
+        else:
+            self.contested.pop(u, None)
+
+    def holders(self, key: str) -> list[int]:
+        """The concepts holding the name ``key`` (cached until ``names_changed`` names it;
+        the follower's thread only: readers ask the index)."""
+        found = self._holders.get(key)
+        if found is None:
+            found = self._holders[key] = self.index.named_key(key)
+        return found
+
+    # --- reading (read lock held) --------------------------------------------------------
+
+    def first_offsets(self, u: int, mask: np.ndarray) -> dict[int, int]:
+        """Visible concept -> character offset of the first name of it u's text mentions."""
+        occurrences = self.occ.get(u)
+        if not occurrences or not mask[u]:
+            return {}
+        taken = resolve(self.index, u, occurrences, mask, self._declared(u))
+        return offsets(self._text_of(u), taken)
+
+    def named(self, text: str, mask: np.ndarray) -> set[int]:
+        """The visible concepts ``text`` (a question) names, by the same rule as a concept's
+        text."""
+        taken = resolve(self.index, -1, scan(self.index, text), mask, ())
+        return {v for _, targets in taken for v in targets}
+
+    def view(self, mask: np.ndarray) -> MentionView:
+        """The mention edges of the view ``mask``: its contested texts resolved once per
+        mask and state (cached; the cache keeps the mask's array alive, so its address names
+        it alone)."""
+        base = mask if mask.base is None else mask.base
+        assert isinstance(base, np.ndarray)
+        key = (base.__array_interface__["data"][0], len(mask))
+        with self._lock:
+            hit = self._views.get(key)
+            if hit is not None and hit[1] == self.gen and hit[0] is base:
+                self._views.move_to_end(key)
+                return hit[2]
+        cout: dict[int, set[int]] = {}
+        cin: dict[int, set[int]] = {}
+        for s, occurrences in self.contested.items():
+            if s >= len(mask) or not mask[s]:
+                continue
+            for _, targets in resolve(self.index, s, occurrences, mask, self._declared(s)):
+                for v in targets:
+                    cout.setdefault(s, set()).add(v)
+                    cin.setdefault(v, set()).add(s)
+        found = MentionView(self, mask, cout, cin)
+        with self._lock:
+            self._views[key] = (base, self.gen, found)
+            self._views.move_to_end(key)
+            while len(self._views) > VIEW_CACHE_ENTRIES:
+                self._views.popitem(last=False)
+        return found

@@ -1,0 +1,274 @@
+"""What mention edges cost: the follower's CPU per event, a rename named in 10,000 texts, and
+the first build, each with and without mentions, side by side in one run.
+
+A synthetic KB (``--concepts``, default 20,000) whose concepts are named by two words of a
+5,000-word vocabulary and whose texts are ``TEXT_WORDS`` random words of it with
+``NAMES_PER_TEXT`` other concepts' names among them (so names overlap, and some are contested,
+as in real text); ``RENAMED_IN`` of the texts also name the concept ``target`` ("Target Name")
+and hold the words "Other Label".
+
+1. **First build**: ``KBProjection.build`` of the state, then ``attach_mentions`` (the
+   follower does the same after a build or a checkpoint load), process CPU; with / without.
+2. **Follower CPU per event**: a stream of ``--events`` single-event deliveries applied by
+   ``KBProjection.apply`` (the follower's apply, two visibility masks cached and patched; each
+   upsert carries its analysis as the log does): 50% text edits naming other concepts, 15% new
+   concepts, 10% renames, 10% aliases given, 5% link adds, 10% deletes; the applying thread's
+   CPU per event, the same stream on a KB with and one without mentions.
+   The same on real text: 2WikiMultihopQA's 6,119 passages (``loadtest/questions/2wiki``),
+   a stream of passages given another passage's text (90%) or another passage's title (10%).
+3. **graph_context**: the tool (``kbgraph.agent.tools.graph_context``, lexical seeds) for
+   ``QUESTIONS`` questions naming two concepts each, median wall time with and without (with:
+   ``ranked`` walks links and mentions in Python).
+4. **Rename**: ``target`` renamed to "Other Label" (named in ``RENAMED_IN`` texts before and
+   after): the apply's wall and CPU time, and that every one of those texts mentions it after.
+
+Aims (issue 44): CPU per event with mentions <= 1.2x without; first build <= 1.3x; the rename
+applied in <= 1 s. The last line is one JSON object with every figure and the aims.
+
+    .venv/bin/python -m loadtest.bench_mentions [--concepts 20000] [--events 5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import time
+from typing import Any, Final
+
+from kbgraph.access import Rule, canonical
+from kbgraph.agent import tools
+from kbgraph.agent.shapes import GraphContextRequest
+from kbgraph.events import (
+    ConceptDeleted,
+    ConceptUpserted,
+    DeleteData,
+    Event,
+    LinkAdded,
+    LinkData,
+    UpsertData,
+)
+from kbgraph.projection import KBProjection, warm_up
+from kbgraph.search.document import decode, encode
+from kbgraph.store import KBState, LogRecord
+from kbgraph.store.model import ConceptState
+from loadtest.eval_2wiki import load_corpus
+
+VOCABULARY: Final = 5_000
+TEXT_WORDS: Final = 60
+NAMES_PER_TEXT: Final = 3
+RENAMED_IN: Final = 10_000
+QUESTIONS: Final = 50
+WORDS: Final = [f"w{i}" for i in range(VOCABULARY)]
+
+
+def title_of(i: int) -> str:
+    rng = random.Random(i)
+    return f"{rng.choice(WORDS)} {rng.choice(WORDS)}"
+
+
+def text_of(rng: random.Random, n: int, extra: str = "") -> str:
+    words = rng.choices(WORDS, k=TEXT_WORDS)
+    for _ in range(NAMES_PER_TEXT):
+        words.insert(rng.randrange(len(words)), title_of(rng.randrange(n)))
+    return " ".join(words) + extra
+
+
+def cid(i: int) -> str:
+    return f"c/{i:07d}"
+
+
+def state(n: int) -> KBState:
+    rng = random.Random(1)
+    extra = " about Target Name and Other Label"
+    concepts = [
+        ConceptState(
+            cid(i), 1, title_of(i), "", "", [], text_of(rng, n, extra * (i < RENAMED_IN)), []
+        )
+        for i in range(n)
+    ]
+    concepts.append(ConceptState("target", 1, "Target Name", "", "", [], "", []))
+    return KBState(1, sorted(concepts, key=lambda c: c.id))
+
+
+def _upsert(subject: str, version: int, title: str, text: str, aliases: list[str]) -> Event:
+    data = UpsertData(version=version, title=title, text=text, aliases=aliases)
+    return ConceptUpserted(specversion="1.0", id=f"{subject}@{version}", source="bench",
+                           subject=subject, data=data)  # fmt: skip
+
+
+def stream(n: int, count: int) -> list[list[LogRecord]]:
+    """Single-event deliveries, each upsert with its analysis as the log carries it."""
+    rng = random.Random(2)
+    versions: dict[int, int] = {}
+    events: list[Event] = []
+    alive = set(range(n))
+    fresh = n
+    for _ in range(count):
+        roll = rng.random()
+        u = rng.randrange(fresh)
+        v = versions[u] = versions.get(u, 1) + 1
+        if roll < 0.5 or u not in alive:
+            alive.add(u)
+            events.append(_upsert(cid(u), v, title_of(u), text_of(rng, n), []))
+        elif roll < 0.65:
+            fresh += 1
+            alive.add(fresh - 1)
+            events.append(_upsert(cid(fresh - 1), 1, title_of(fresh - 1), text_of(rng, n), []))
+        elif roll < 0.75:
+            events.append(_upsert(cid(u), v, title_of(n + u), text_of(rng, n), []))
+        elif roll < 0.85:
+            events.append(_upsert(cid(u), v, title_of(u), text_of(rng, n), [title_of(2 * n + u)]))
+        elif roll < 0.9:
+            data = LinkData(v, cid(rng.randrange(n)))
+            events.append(LinkAdded(specversion="1.0", id=f"l{u}@{v}", source="bench",
+                                    subject=cid(u), data=data))  # fmt: skip
+        else:
+            alive.discard(u)
+            events.append(ConceptDeleted(specversion="1.0", id=f"d{u}@{v}", source="bench",
+                                         subject=cid(u), data=DeleteData(v)))  # fmt: skip
+    records = []
+    for i, e in enumerate(events):
+        analysis = None
+        if isinstance(e, ConceptUpserted):
+            d = e.data
+            analysis = decode(encode(d.title, d.text, d.aliases, d.tags))
+        records.append([LogRecord(i + 1, "bench", i + 2, e, True, analysis)])
+    return records
+
+
+def real() -> tuple[KBState, list[list[LogRecord]]]:
+    """2Wiki's passages as concepts, and a stream of real text edits and renames."""
+    passages = load_corpus()
+    concepts = [
+        ConceptState(cid(i), 1, p.title, "", "", [], p.text, []) for i, p in enumerate(passages)
+    ]
+    rng = random.Random(4)
+    records = []
+    for k in range(len(passages)):
+        i, j = rng.randrange(len(passages)), rng.randrange(len(passages))
+        title, text = passages[i].title, passages[j].text
+        if rng.random() < 0.1:
+            title, text = passages[j].title, passages[i].text
+        event = _upsert(cid(i), k + 2, title, text, [])
+        records.append(
+            [LogRecord(k + 1, "bench", k + 2, event, True, decode(encode(title, text, [], [])))]
+        )
+    return KBState(1, concepts), records
+
+
+def built(kb_state: KBState, mentions: bool) -> tuple[KBProjection, float]:
+    gc.collect()
+    kb = KBProjection("bench")
+    cpu = time.process_time()
+    kb.build(kb_state)
+    kb.attach_mentions(mentions)
+    return kb, time.process_time() - cpu
+
+
+def apply_cpu(kb: KBProjection, records: list[list[LogRecord]]) -> float:
+    with kb.read() as snap:
+        for rules in (
+            canonical([Rule(frozenset({"c"}), frozenset())]),
+            canonical([Rule(frozenset(), frozenset({"Runbook"}))]),
+        ):
+            snap.view(rules)  # cached: every event below patches it
+    cpu = time.thread_time()
+    rest = records
+    while rest:
+        rest = rest[kb.apply(rest) :]
+    return time.thread_time() - cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_mentions", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--concepts", type=int, default=20_000)
+    parser.add_argument("--events", type=int, default=5_000)
+    args = parser.parse_args()
+    n = max(args.concepts, RENAMED_IN)
+    warm_up()
+    kb_state = state(n)
+    figures: dict[str, Any] = {"concepts": n + 1, "events": args.events}
+    builds: dict[bool, float] = {}
+    for on in (False, True, False, True):  # twice each, alternating: the best of each
+        kb, seconds = built(kb_state, on)
+        builds[on] = min(builds.get(on, seconds), seconds)
+        del kb
+    figures["build_cpu_s"] = {"without": round(builds[False], 3), "with": round(builds[True], 3)}
+    figures["build_ratio"] = round(builds[True] / builds[False], 3)
+    print(json.dumps({"build": figures["build_cpu_s"]}), flush=True)
+
+    records = stream(n, args.events)
+    per_event = {}
+    for on in (False, True):
+        kb, _ = built(kb_state, on)
+        per_event[on] = apply_cpu(kb, records) / len(records)
+        if on:
+            assert kb.mentions is not None
+            edges = sum(len(targets) for targets in kb.mentions.out.values())
+            figures["plain_edges"] = edges
+            figures["contested_texts"] = len(kb.mentions.contested)
+        del kb
+    figures["apply_cpu_us_per_event"] = {
+        "without": round(per_event[False] * 1e6, 1),
+        "with": round(per_event[True] * 1e6, 1),
+    }
+    figures["apply_ratio"] = round(per_event[True] / per_event[False], 3)
+    print(json.dumps({"apply": figures["apply_cpu_us_per_event"]}), flush=True)
+
+    real_state, real_records = real()
+    real_per_event = {}
+    for on in (False, True):
+        kb, _ = built(real_state, on)
+        real_per_event[on] = apply_cpu(kb, real_records) / len(real_records)
+        del kb
+    figures["real_apply_cpu_us_per_event"] = {
+        "without": round(real_per_event[False] * 1e6, 1),
+        "with": round(real_per_event[True] * 1e6, 1),
+    }
+    figures["real_apply_ratio"] = round(real_per_event[True] / real_per_event[False], 3)
+    print(json.dumps({"real_apply": figures["real_apply_cpu_us_per_event"]}), flush=True)
+
+    contexts = {}
+    for on in (False, True):
+        kb, _ = built(kb_state, on)
+        rng = random.Random(3)
+        times = []
+        for _ in range(QUESTIONS):
+            q = f"what links {title_of(rng.randrange(n))} and {title_of(rng.randrange(n))}"
+            with kb.read() as snap:
+                t0 = time.perf_counter()
+                tools.graph_context(snap, snap.view(None), GraphContextRequest(query=q))
+                times.append(time.perf_counter() - t0)
+        contexts[on] = sorted(times)[len(times) // 2]
+        del kb
+    figures["graph_context_ms"] = {
+        "without": round(contexts[False] * 1e3, 2),
+        "with": round(contexts[True] * 1e3, 2),
+    }
+    print(json.dumps({"graph_context_ms": figures["graph_context_ms"]}), flush=True)
+
+    kb, _ = built(kb_state, True)
+    rename = [[LogRecord(1, "bench", 2, _upsert("target", 2, "Other Label", "", []), True)]]
+    wall, cpu = time.perf_counter(), time.thread_time()
+    kb.apply(rename)
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    with kb.read() as snap:
+        target = snap.node("target")
+        assert target is not None and kb.mentions is not None
+        named_in = len(kb.mentions.view(snap.view(None).mask).into(target))
+    figures["rename"] = {"texts": named_in, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3)}
+    figures["aims"] = {
+        "apply_ratio_le_1_2": figures["apply_ratio"] <= 1.2,
+        "real_apply_ratio_le_1_2": figures["real_apply_ratio"] <= 1.2,
+        "build_ratio_le_1_3": figures["build_ratio"] <= 1.3,
+        "rename_le_1_s": wall <= 1.0 and named_in >= RENAMED_IN,
+    }
+    print(json.dumps(figures), flush=True)
+
+
+if __name__ == "__main__":
+    main()
