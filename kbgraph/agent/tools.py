@@ -54,7 +54,7 @@ FUSED_SEEDS: Final = 10
 SEED_VECTOR_WEIGHT: Final = 0.25
 FUSED_SEED_POWER: Final = 4.0
 SEED_DEPTH: Final = 50  # each list's length before fusing (50 beat 20 and 10 on the tune half)
-# Seeding from search scores without vectors (docs/retrieval-quality.md, "The rules"): of the
+# Seeding from search scores without vectors (docs/retrieval-rules.md, "The rules"): of the
 # top SEARCH_SEEDS hits, those scoring at least SEED_CUT of the best add
 # (score / best) ** SEED_POWER.
 SEED_CUT: Final = 0.5

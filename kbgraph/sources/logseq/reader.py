@@ -1,4 +1,4 @@
-"""A Logseq graph folder read into concept states with Logseq's own rules (docs/sources.md).
+"""A Logseq graph folder read into concept states with Logseq's own rules (docs/logseq.md).
 
 A folder holding ``logseq/config.edn`` beside ``pages/`` or ``journals/`` is a Logseq graph:
 ``kbgraph import`` and ``sync`` read it with this module instead of as an Obsidian vault.

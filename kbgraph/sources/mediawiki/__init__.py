@@ -1,4 +1,4 @@
-"""MediaWiki in (docs/sources.md): a dump imported, or a live wiki followed, as concept events.
+"""MediaWiki in (docs/mediawiki.md): a dump imported, or a live wiki followed, as concept events.
 
 ``titles`` names pages as the wiki does (namespaces, first-letter case) and maps them to
 concept ids, ``wikitext`` reads a page's links, categories and plain text with

@@ -1,6 +1,6 @@
 """What reading a wiki may cost at most: the defaults of the bounds the CLI's flags set, kept
 apart from the modules that enforce them so the CLI names them without importing those
-(docs/sources.md, "Bounds before parsing" and "A wiki's answers are not trusted")."""
+(docs/mediawiki.md, "Bounds before parsing" and "A wiki's answers are not trusted")."""
 
 from __future__ import annotations
 
