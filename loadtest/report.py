@@ -31,7 +31,7 @@ def percentiles(values: Sequence[float] | np.ndarray) -> dict[str, float | None]
         return {"p50": None, "p95": None, "p99": None, "max": None}
     arr = np.asarray(values, dtype=np.float64)
     p50, p95, p99 = np.percentile(arr, [50, 95, 99])
-    return {"p50": ms(p50), "p95": ms(p95), "p99": ms(p99), "max": ms(arr.max())}
+    return {"p50": ms(p50), "p95": ms(p95), "p99": ms(p99), "max": ms(float(np.max(arr)))}
 
 
 def summary(values: Sequence[float], seconds: float) -> dict[str, Any]:
