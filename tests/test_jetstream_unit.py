@@ -161,8 +161,41 @@ def test_a_workers_metrics_are_its_applier_s_stream_metrics(tmp_path: Path) -> N
         assert noted in served
         assert served.count("# TYPE kbgraph_stream_position gauge") == 1
     finally:
-        applier.stop_serving_applier_metrics()
         probe.close()
+
+
+def test_a_closed_probe_leaves_metrics_to_the_one_still_open(tmp_path: Path) -> None:
+    """A process that closes a worker's log and opens another (a service restarted in place)
+    serves the open one's applier metrics; once all are closed, its own again: a closed probe
+    stays registered nowhere (its lock file is shut: a scrape would fail on it)."""
+    first, second = tmp_path / "first.db", tmp_path / "second.db"
+    for store, position in ((first, 7), (second, 8)):
+        follower.POSITION.labels("probe-stream").set(position)
+        reported = follower.stream_metrics_text()
+        status = applier.Status(1, time.time(), position, None, None, None, reported)
+        applier.write_status(applier.status_path(store), status)
+    follower.POSITION.remove("probe-stream")
+    with open(applier.lock_path(first), "a+b") as a, open(applier.lock_path(second), "a+b") as b:
+        fcntl.flock(a.fileno(), fcntl.LOCK_EX)
+        fcntl.flock(b.fileno(), fcntl.LOCK_EX)
+        old = ApplierProbe(first)
+        applier.serve_applier_metrics(old)
+        old.close()
+        assert "probe-stream" not in generate_latest().decode()
+        new = ApplierProbe(second)
+        applier.serve_applier_metrics(new)
+        older = ApplierProbe(first)
+        applier.serve_applier_metrics(older)
+        older.close()  # the newer-served one closes first: the one still open is served
+        try:
+            served = generate_latest().decode()
+            assert 'kbgraph_stream_position{stream="probe-stream"} 8.0' in served
+            assert served.count("# TYPE kbgraph_stream_position gauge") == 1
+        finally:
+            new.close()
+    own = generate_latest().decode()
+    assert "probe-stream" not in own
+    assert own.count("# TYPE kbgraph_stream_position gauge") == 1
 
 
 def test_delivery_encoding_round_trips() -> None:

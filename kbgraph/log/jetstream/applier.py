@@ -206,6 +206,9 @@ class ApplierProbe:
         self._seen: tuple[str | None, Status | None] = ("the node's applier is starting", None)
 
     def close(self) -> None:
+        """Close the lock file, and stop serving this probe's metrics if ``/metrics`` did (a
+        closed probe left in the registry would fail every scrape, or show a dead node)."""
+        _unserve(self)
         self._lock.close()
 
     def read(self) -> tuple[str | None, Status | None]:
@@ -260,31 +263,42 @@ class ApplierProbe:
             yield from text_string_to_metric_families(status.metrics)
 
 
-_serving: ApplierProbe | None = None  # the probe a worker's /metrics reads
+_serving: list[ApplierProbe] = []  # the open probes served, the last one on /metrics
+
+
+def _show(before: ApplierProbe | None) -> None:
+    """Register the newest served probe (none: this process's own stream metrics) in place of
+    ``before``, what the registry held."""
+    after = _serving[-1] if _serving else None
+    if after is before:
+        return
+    if before is None:
+        for collector in STREAM_METRICS:
+            REGISTRY.unregister(collector)
+    else:
+        REGISTRY.unregister(before)
+    if after is None:
+        for collector in STREAM_METRICS:
+            REGISTRY.register(collector)
+    else:
+        REGISTRY.register(after)
 
 
 def serve_applier_metrics(probe: ApplierProbe) -> None:
     """Make this worker's ``/metrics`` show its node's applier's stream metrics in place of its
-    own (never set: a worker applies nothing)."""
-    global _serving
-    if _serving is None:
-        for collector in STREAM_METRICS:
-            REGISTRY.unregister(collector)
-    else:
-        REGISTRY.unregister(_serving)
-    REGISTRY.register(probe)
-    _serving = probe
+    own (never set: a worker applies nothing), until ``probe`` closes."""
+    before = _serving[-1] if _serving else None
+    _serving.append(probe)
+    _show(before)
 
 
-def stop_serving_applier_metrics() -> None:
-    """Undo ``serve_applier_metrics``: this process's ``/metrics`` shows its own stream
-    metrics again."""
-    global _serving
-    if _serving is not None:
-        REGISTRY.unregister(_serving)
-        for collector in STREAM_METRICS:
-            REGISTRY.register(collector)
-        _serving = None
+def _unserve(probe: ApplierProbe) -> None:
+    """Undo ``serve_applier_metrics(probe)``: the probe opened before it and still open is
+    served again, or, none left, this process's own stream metrics."""
+    before = _serving[-1] if _serving else None
+    if probe in _serving:
+        _serving.remove(probe)
+    _show(before)
 
 
 if __name__ == "__main__":
