@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import sqlite3
 import sys
 import threading
 from pathlib import Path
 from typing import Final
 
 from kbgraph.config import ConfigError, load_config, secret_problem
-from kbgraph.extras import EXIT_FAILED, EXIT_USAGE
+from kbgraph.extras import EXIT_FAILED
 from kbgraph.names import KB_NAME_PATTERN, is_kb_name
 from kbgraph.sources.beir import command as beir
-from kbgraph.sources.hook import SourceHook
-from kbgraph.sources.manifest import Manifest
+from kbgraph.sources.hook import SourceHook, fail
+from kbgraph.sources.manifest import Manifest, open_manifest
 from kbgraph.sources.mediawiki import command as mediawiki
 from kbgraph.sources.progress import Progress
 from kbgraph.sources.sinks import SECRET_ENV, LocalSink, Sink, SyncError, WebhookSink
@@ -76,11 +75,6 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         command.set_defaults(func=run_command, watch=False)
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> int:
-    print(f"kbgraph: {message}", file=sys.stderr)
-    return code
-
-
 def open_sink(args: argparse.Namespace) -> Sink | str:
     """The destination of ``args``, or why there is none."""
     if args.url:
@@ -114,38 +108,37 @@ def open_sink(args: argparse.Namespace) -> Sink | str:
 
 def run_command(args: argparse.Namespace, stop_event: threading.Event | None = None) -> int:
     if sum(source.wanted(args) for source in SOURCES) > 1:
-        return _fail("give one source in place of DIR (a wiki, a dump, a corpus), not several")
+        return fail("give one source in place of DIR (a wiki, a dump, a corpus), not several")
     for source in SOURCES:  # a source named in place of the folder (a wiki, say)
         if source.wanted(args):
             if args.report:
-                return _fail("--report: written for a folder's import or sync only")
+                return fail("--report: written for a folder's import or sync only")
             return source.run(args, open_sink, stop_event)
     if args.dir is None:
-        return _fail("DIR: expected the vault folder (or a wiki, a corpus: see --help)")
+        return fail("DIR: expected the vault folder (or a wiki, a corpus: see --help)")
     root = Path(args.dir)
     if not root.exists():
-        return _fail(f"{args.dir}: no such folder")
+        return fail(f"{args.dir}: no such folder")
     if not root.is_dir():
-        return _fail(f"{args.dir}: not a folder")
+        return fail(f"{args.dir}: not a folder")
     if not is_kb_name(args.kb):
-        return _fail(f"--kb {args.kb!r}: expected a KB name matching {KB_NAME_PATTERN}")
+        return fail(f"--kb {args.kb!r}: expected a KB name matching {KB_NAME_PATTERN}")
     if args.retries < 0:
-        return _fail("--retries: expected at least 0")
+        return fail("--retries: expected at least 0")
     manifest_path = Path(args.manifest) if args.manifest else Manifest.default_path(root)
     if not args.watch and not manifest_path.exists() and not walk(root)[0]:
         # a first run over an empty or mistyped folder: said, and nothing made in it
-        return _fail(
+        return fail(
             f"{args.dir}: no notes found (no .md file in it or its folders): check the path",
             EXIT_FAILED,
         )
     sink = open_sink(args)
     if isinstance(sink, str):
-        return _fail(sink)
-    try:
-        manifest = Manifest(manifest_path)
-    except (OSError, sqlite3.Error) as exc:
+        return fail(sink)
+    manifest = open_manifest(manifest_path)
+    if isinstance(manifest, str):
         sink.close()
-        return _fail(f"cannot open the manifest {manifest_path} ({exc}): try --manifest FILE")
+        return fail(manifest)
     try:
         with manifest:
             code = _run(root, args, sink, manifest)
@@ -169,13 +162,13 @@ def _run(root: Path, args: argparse.Namespace, sink: Sink, manifest: Manifest) -
                 root, args.kb, sink, manifest, progress, allow_hardlinks=args.allow_hardlinks
             )
     except SyncError as exc:  # reported; under --watch the next change tries again
-        return _fail(str(exc), EXIT_FAILED)
+        return fail(str(exc), EXIT_FAILED)
     _print(report, args.quiet)
     if args.report:
         try:
             Path(args.report).write_text(report.details())
         except OSError as exc:
-            return _fail(f"--report {args.report}: {exc.strerror or exc}", EXIT_FAILED)
+            return fail(f"--report {args.report}: {exc.strerror or exc}", EXIT_FAILED)
     return 0
 
 

@@ -10,10 +10,13 @@ runs, so the CLI starts without its extra and names the extra when one is missin
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from kbgraph.extras import EXIT_USAGE
 
 if TYPE_CHECKING:
     from kbgraph.sources.sinks import Sink
@@ -30,3 +33,9 @@ class SourceHook:
     wanted: Callable[[argparse.Namespace], bool]  # does the command line name this source?
     # run it to the end (``--watch``: until stopped); the exit code
     run: Callable[[argparse.Namespace, OpenSink, threading.Event | None], int]
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> int:
+    """Say on stderr why a source's command stops, and give its exit code."""
+    print(f"kbgraph: {message}", file=sys.stderr)
+    return code

@@ -173,3 +173,12 @@ class Manifest:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def open_manifest(path: Path) -> Manifest | str:
+    """The manifest at ``path``, or why it cannot be opened (naming the option that moves it):
+    every source's command opens its manifest this way, after its sink."""
+    try:
+        return Manifest(path)
+    except (OSError, sqlite3.Error) as exc:
+        return f"cannot open the manifest {path} ({exc}): try --manifest FILE"

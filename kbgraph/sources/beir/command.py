@@ -10,19 +10,17 @@ the file is deleted. The manifest defaults to ``.kbgraph/beir.sqlite`` in the wo
 from __future__ import annotations
 
 import argparse
-import sqlite3
-import sys
 import threading
 from functools import partial
 from pathlib import Path
 from typing import Final
 
-from kbgraph.extras import EXIT_FAILED, EXIT_USAGE
+from kbgraph.extras import EXIT_FAILED
 from kbgraph.names import KB_NAME_PATTERN, is_kb_name
 from kbgraph.sources.beir.corpus import MAX_PROBLEMS, CorpusError, check, concepts
 from kbgraph.sources.deliver import deliver
-from kbgraph.sources.hook import OpenSink, SourceHook
-from kbgraph.sources.manifest import Manifest
+from kbgraph.sources.hook import OpenSink, SourceHook, fail
+from kbgraph.sources.manifest import open_manifest
 from kbgraph.sources.progress import Progress
 from kbgraph.sources.sinks import SyncError
 from kbgraph.sources.sync import printable
@@ -46,41 +44,35 @@ def wanted(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "beir", None))
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> int:
-    print(f"kbgraph: {message}", file=sys.stderr)
-    return code
-
-
 def run(
     args: argparse.Namespace, open_sink: OpenSink, stop_event: threading.Event | None = None
 ) -> int:
     """The import (``stop_event`` unused: it runs to the end)."""
     path = Path(args.beir)
     if args.dir:
-        return _fail("--beir: give either DIR or --beir, not both")
+        return fail("--beir: give either DIR or --beir, not both")
     if not is_kb_name(args.kb):
-        return _fail(f"--kb {args.kb!r}: expected a KB name matching {KB_NAME_PATTERN}")
+        return fail(f"--kb {args.kb!r}: expected a KB name matching {KB_NAME_PATTERN}")
     if args.retries < 0:
-        return _fail("--retries: expected at least 0")
+        return fail("--retries: expected at least 0")
     if not path.is_file():
-        return _fail(f"--beir {args.beir}: no such file")
+        return fail(f"--beir {args.beir}: no such file")
     try:
         checked = check(path)
     except CorpusError as exc:
-        return _fail(str(exc), EXIT_FAILED)
+        return fail(str(exc), EXIT_FAILED)
     if checked.problems:
         more = f" (the first {MAX_PROBLEMS})" if len(checked.problems) >= MAX_PROBLEMS else ""
         lines = "\n".join(f"  {printable(p)}" for p in checked.problems)
-        return _fail(f"{path}: bad lines{more}, nothing sent:\n{lines}", EXIT_FAILED)
+        return fail(f"{path}: bad lines{more}, nothing sent:\n{lines}", EXIT_FAILED)
     sink = open_sink(args)
     if isinstance(sink, str):
-        return _fail(sink)
+        return fail(sink)
     manifest_path = Path(args.manifest) if args.manifest else DEFAULT_MANIFEST
-    try:
-        manifest = Manifest(manifest_path)
-    except (OSError, sqlite3.Error) as exc:
+    manifest = open_manifest(manifest_path)
+    if isinstance(manifest, str):
         sink.close()
-        return _fail(f"cannot open the manifest {manifest_path} ({exc}): try --manifest FILE")
+        return fail(manifest)
     try:
         with manifest:
             seq = sink.kb_seq(args.kb)  # a store replaced since: everything is sent again
@@ -97,7 +89,7 @@ def run(
                     progress=partial(progress, "sent"),
                 )
     except (CorpusError, SyncError) as exc:
-        return _fail(str(exc), EXIT_FAILED)
+        return fail(str(exc), EXIT_FAILED)
     finally:
         sink.close()
     if not args.quiet:

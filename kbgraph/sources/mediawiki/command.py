@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sqlite3
 import sys
 import threading
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from kbgraph.extras import EXIT_FAILED, EXIT_USAGE
+from kbgraph.extras import EXIT_FAILED
 from kbgraph.extras import problem as extra_problem
 from kbgraph.names import KB_NAME_PATTERN, is_kb_name
-from kbgraph.sources.hook import OpenSink, SourceHook
+from kbgraph.sources.hook import OpenSink, SourceHook, fail
 from kbgraph.sources.mediawiki.bounds import CALL_SECONDS, MAX_DUMP_BYTES, MAX_PAGE_BYTES
 
 if TYPE_CHECKING:
@@ -79,11 +78,6 @@ def wanted(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "mediawiki_dump", None) or getattr(args, "mediawiki", None))
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> int:
-    print(f"kbgraph: {message}", file=sys.stderr)
-    return code
-
-
 def run(
     args: argparse.Namespace, open_sink: OpenSink, stop_event: threading.Event | None = None
 ) -> int:
@@ -91,35 +85,34 @@ def run(
     flag = "--mediawiki-dump" if dump else "--mediawiki"
     needs = extra_problem("mediawiki", f"kbgraph {args.command} {flag}")
     if needs:
-        return _fail(needs)
+        return fail(needs)
     if args.dir:
-        return _fail(f"{flag}: give either DIR or {flag}, not both")
+        return fail(f"{flag}: give either DIR or {flag}, not both")
     if not is_kb_name(args.kb):
-        return _fail(f"--kb {args.kb!r}: expected a KB name matching {KB_NAME_PATTERN}")
+        return fail(f"--kb {args.kb!r}: expected a KB name matching {KB_NAME_PATTERN}")
     if args.retries < 0:
-        return _fail("--retries: expected at least 0")
+        return fail("--retries: expected at least 0")
     if args.max_page_bytes <= 0 or (dump and args.max_dump_bytes <= 0):
         which = "--max-page-bytes" if args.max_page_bytes <= 0 else "--max-dump-bytes"
-        return _fail(f"{which}: expected a number of bytes above 0")
+        return fail(f"{which}: expected a number of bytes above 0")
     if dump and not Path(dump).is_file():
-        return _fail(f"--mediawiki-dump {dump}: no such file")
+        return fail(f"--mediawiki-dump {dump}: no such file")
     if not dump and not args.mediawiki.startswith(("http://", "https://")):
-        return _fail(f"--mediawiki {args.mediawiki!r}: expected an http:// or https:// URL")
+        return fail(f"--mediawiki {args.mediawiki!r}: expected an http:// or https:// URL")
     if not dump and args.interval <= 0:
-        return _fail("--interval: expected a number of seconds above 0")
+        return fail("--interval: expected a number of seconds above 0")
     if not dump and args.wiki_timeout <= 0:
-        return _fail("--wiki-timeout: expected a number of seconds above 0")
+        return fail("--wiki-timeout: expected a number of seconds above 0")
     sink = open_sink(args)
     if isinstance(sink, str):
-        return _fail(sink)
-    from kbgraph.sources.manifest import Manifest
+        return fail(sink)
+    from kbgraph.sources.manifest import open_manifest
 
     path = Path(args.manifest) if args.manifest else DEFAULT_MANIFEST
-    try:
-        manifest = Manifest(path)
-    except (OSError, sqlite3.Error) as exc:
+    manifest = open_manifest(path)
+    if isinstance(manifest, str):
         sink.close()
-        return _fail(f"cannot open the manifest {path} ({exc}): try --manifest FILE")
+        return fail(manifest)
     try:
         with manifest:
             if dump:
@@ -155,7 +148,7 @@ def _import(path: Path, args: argparse.Namespace, sink: Sink, manifest: Manifest
                 progress=partial(progress, "sent"),
             )
     except (DumpError, SyncError) as exc:
-        return _fail(str(exc), EXIT_FAILED)
+        return fail(str(exc), EXIT_FAILED)
     lines = [
         f"{read.summary()}; sent {sent.upserted} upserts and {sent.deleted} deletes,"
         f" {sent.unchanged} pages unchanged"
@@ -199,7 +192,7 @@ def _follow(
         try:
             poll()
         except (WikiError, SyncError) as exc:
-            return _fail(str(exc), EXIT_FAILED)
+            return fail(str(exc), EXIT_FAILED)
         if args.watch:
             print(f"following {api.url} (Ctrl-C stops)", file=sys.stderr)
             with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the cursor is as sent
