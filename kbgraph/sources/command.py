@@ -17,9 +17,8 @@ from typing import Final
 
 from kbgraph.config import ConfigError, load_config, secret_problem
 from kbgraph.extras import EXIT_FAILED
-from kbgraph.names import KB_NAME_PATTERN, is_kb_name
 from kbgraph.sources.beir import command as beir
-from kbgraph.sources.hook import SourceHook, fail
+from kbgraph.sources.hook import SourceHook, fail, options_problem
 from kbgraph.sources.manifest import Manifest, open_manifest
 from kbgraph.sources.mediawiki import command as mediawiki
 from kbgraph.sources.progress import Progress
@@ -121,10 +120,9 @@ def run_command(args: argparse.Namespace, stop_event: threading.Event | None = N
         return fail(f"{args.dir}: no such folder")
     if not root.is_dir():
         return fail(f"{args.dir}: not a folder")
-    if not is_kb_name(args.kb):
-        return fail(f"--kb {args.kb!r}: expected a KB name matching {KB_NAME_PATTERN}")
-    if args.retries < 0:
-        return fail("--retries: expected at least 0")
+    problem = options_problem(args)
+    if problem:
+        return fail(problem)
     manifest_path = Path(args.manifest) if args.manifest else Manifest.default_path(root)
     if not args.watch and not manifest_path.exists() and not walk(root)[0]:
         # a first run over an empty or mistyped folder: said, and nothing made in it

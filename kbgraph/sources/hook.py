@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kbgraph.extras import EXIT_USAGE
+from kbgraph.names import KB_NAME_PATTERN, is_kb_name
 
 if TYPE_CHECKING:
     from kbgraph.sources.sinks import Sink
@@ -39,3 +40,13 @@ def fail(message: str, code: int = EXIT_USAGE) -> int:
     """Say on stderr why a source's command stops, and give its exit code."""
     print(f"kbgraph: {message}", file=sys.stderr)
     return code
+
+
+def options_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options every source's command shares (``--kb``, ``--retries``),
+    if anything."""
+    if not is_kb_name(args.kb):
+        return f"--kb {args.kb!r}: expected a KB name matching {KB_NAME_PATTERN}"
+    if args.retries < 0:
+        return "--retries: expected at least 0"
+    return None

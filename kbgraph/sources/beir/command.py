@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Final
 
 from kbgraph.extras import EXIT_FAILED
-from kbgraph.names import KB_NAME_PATTERN, is_kb_name
 from kbgraph.sources.beir.corpus import MAX_PROBLEMS, CorpusError, check, concepts
 from kbgraph.sources.deliver import deliver
-from kbgraph.sources.hook import OpenSink, SourceHook, fail
+from kbgraph.sources.hook import OpenSink, SourceHook, fail, options_problem
 from kbgraph.sources.manifest import open_manifest
 from kbgraph.sources.progress import Progress
 from kbgraph.sources.sinks import SyncError
@@ -51,10 +50,9 @@ def run(
     path = Path(args.beir)
     if args.dir:
         return fail("--beir: give either DIR or --beir, not both")
-    if not is_kb_name(args.kb):
-        return fail(f"--kb {args.kb!r}: expected a KB name matching {KB_NAME_PATTERN}")
-    if args.retries < 0:
-        return fail("--retries: expected at least 0")
+    problem = options_problem(args)
+    if problem:
+        return fail(problem)
     if not path.is_file():
         return fail(f"--beir {args.beir}: no such file")
     try:

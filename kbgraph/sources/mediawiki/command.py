@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Final
 
 from kbgraph.extras import EXIT_FAILED
 from kbgraph.extras import problem as extra_problem
-from kbgraph.names import KB_NAME_PATTERN, is_kb_name
-from kbgraph.sources.hook import OpenSink, SourceHook, fail
+from kbgraph.sources.hook import OpenSink, SourceHook, fail, options_problem
 from kbgraph.sources.mediawiki.bounds import CALL_SECONDS, MAX_DUMP_BYTES, MAX_PAGE_BYTES
 
 if TYPE_CHECKING:
@@ -88,10 +87,9 @@ def run(
         return fail(needs)
     if args.dir:
         return fail(f"{flag}: give either DIR or {flag}, not both")
-    if not is_kb_name(args.kb):
-        return fail(f"--kb {args.kb!r}: expected a KB name matching {KB_NAME_PATTERN}")
-    if args.retries < 0:
-        return fail("--retries: expected at least 0")
+    problem = options_problem(args)
+    if problem:
+        return fail(problem)
     if args.max_page_bytes <= 0 or (dump and args.max_dump_bytes <= 0):
         which = "--max-page-bytes" if args.max_page_bytes <= 0 else "--max-dump-bytes"
         return fail(f"{which}: expected a number of bytes above 0")
