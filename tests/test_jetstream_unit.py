@@ -259,6 +259,33 @@ def test_binding_window_is_the_logs_time_not_the_clock(tmp_path: Path) -> None:
         assert submit(store, "two", [upsert("a")], 3, at=1601.0, message=message).result().seq == 1
 
 
+def test_a_closed_log_leaves_no_series_of_its_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that closed its node's log (a service stopped in place) shows nothing of that
+    stream on ``/metrics``: no position it stopped at, no failures or notes; another stream's
+    series stay."""
+    from kbgraph.log.jetstream import JetStreamLog
+
+    monkeypatch.setenv("KBGRAPH_TEST_MAC", "a cluster secret of 32 bytes....")
+    config = LogConfig(kind="jetstream", stream="closing", mac_secret_env="KBGRAPH_TEST_MAC")
+    with Store(tmp_path / "kb.db") as store:
+        node = JetStreamLog(config, store)
+        follower.POSITION.labels("closing").set(3)
+        follower.FAILURES.labels("closing").inc()
+        follower.FAILING.labels("closing", "4", "kb", "disk I/O error").set(1)
+        follower.NOTED.labels("closing", "skipped").inc()
+        follower.POSITION.labels("still-open").set(9)
+        try:
+            assert follower.stream_metrics_text().count('stream="closing"') >= 4
+            asyncio.run(node.close())
+            shown = follower.stream_metrics_text()
+            assert 'stream="closing"' not in shown
+            assert 'kbgraph_stream_position{stream="still-open"} 9.0' in shown
+        finally:
+            follower.POSITION.remove("still-open")
+
+
 def test_readiness_says_why_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not ready while connecting, while behind the stream's last sequence as of the start,
     while disconnected, and while the store fails to apply; ready otherwise."""

@@ -31,6 +31,7 @@ from kbgraph.log.jetstream.consumer import (
     StreamConsumer,
     Stuck,
     count_notes,
+    forget_stream,
 )
 from kbgraph.log.jetstream.publisher import Publisher, applied_outcome
 from kbgraph.store import DeliveryResult, Store, WebhookMessage
@@ -99,6 +100,7 @@ class JetStreamLog(StreamConsumer, Publisher):
         if self.share is not None:
             await self.share.close()
         await disconnect(self._nc, (self._watch_task, self._upkeep_task, self._task))
+        forget_stream(self.stream)
 
     def problem(self) -> str | None:
         """Why this node is not ready: not connected (yet), failing to follow (a message its
