@@ -17,7 +17,7 @@ from typing import Any
 import nats.js.errors
 import pytest
 
-from kbgraph.config import LogConfig
+from kbgraph.config import JetStreamConfig
 from kbgraph.log.jetstream import publisher, wire
 from kbgraph.log.jetstream.consumer import LogUnavailable, StreamConsumer
 from kbgraph.log.jetstream.publisher import PUBLISH_ATTEMPTS, Publisher, applied_outcome
@@ -69,7 +69,7 @@ class StandIn(Publisher):
     """A ``Publisher`` on the stand-in stream (a subclass: the owner sets these attributes)."""
 
     def __init__(self, stream: Stream) -> None:
-        self.config = LogConfig(kind="jetstream", servers=["nats://127.0.0.1:1"], stream=STREAM)
+        self.config = JetStreamConfig(servers=["nats://127.0.0.1:1"], stream=STREAM)
         self.stream = STREAM
         self.signer = wire.Signer(b"a cluster secret of enough bytes")
         self._js = stream

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from kbgraph.config import EmbeddingsConfig, LogConfig
+from kbgraph.config import EmbeddingsConfig, JetStreamConfig
 from kbgraph.events import Event
 from kbgraph.log import LogUnavailable
 from kbgraph.log.jetstream import snapshots, wire
@@ -51,7 +51,7 @@ class JetStreamLog(StreamConsumer, Publisher):
 
     def __init__(
         self,
-        config: LogConfig,
+        config: JetStreamConfig,
         store: Store,
         on_applied: Callable[[], None] = lambda: None,
         checkpoints: Path | None = None,

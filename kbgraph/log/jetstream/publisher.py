@@ -22,7 +22,7 @@ from typing import Any, Final
 import nats.errors
 import nats.js.errors
 
-from kbgraph.config import LogConfig
+from kbgraph.config import JetStreamConfig
 from kbgraph.events import Event
 from kbgraph.log import DeliverySkipped, DeliveryTooLarge, LogUnavailable
 from kbgraph.log.jetstream import wire
@@ -51,7 +51,7 @@ async def applied_outcome(outcome: asyncio.Future[DeliveryResult]) -> DeliveryRe
 class Publisher:
     """The publishing half of a process's end of the stream (attributes set by its owner)."""
 
-    config: LogConfig
+    config: JetStreamConfig
     stream: str
     signer: wire.Signer
     _nc: Any

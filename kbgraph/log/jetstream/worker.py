@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import msgspec
 
-from kbgraph.config import LogConfig
+from kbgraph.config import JetStreamConfig
 from kbgraph.events import Event
 from kbgraph.log import DeliverySkipped, LogUnavailable
 from kbgraph.log.jetstream.applier import ApplierProbe, serve_applier_metrics
@@ -39,7 +39,7 @@ class WorkerLog(Publisher):
     """A worker's end of the stream, a ``kbgraph.log.DeliveryLog``: publish here,
     the node's applier applies."""
 
-    def __init__(self, config: LogConfig, store: Store, projections: Projections) -> None:
+    def __init__(self, config: JetStreamConfig, store: Store, projections: Projections) -> None:
         self.config = config
         self.stream = config.stream
         self.signer = signer(config)  # raises SecretMissing, naming the key
