@@ -95,4 +95,4 @@ def context_of(app: ASGIApp) -> AppContext:
 
 def app_from_env() -> Starlette:
     """uvicorn factory (``kbgraph.api:app_from_env``): the config path comes from the env."""
-    return create_app(load_config(os.environ[CONFIG_ENV]))
+    return create_app(load_config(os.environ[CONFIG_ENV], quiet=True))  # serve warned

@@ -2,7 +2,9 @@
 
 Every problem raises ``ConfigError`` with a message naming the key (``unknown key store.pth``,
 ``tokens[1].rules[0]: missing required field kb``), so a wrong config stops start-up with a
-message an operator can act on. Paths in the file are relative to the file's folder.
+message an operator can act on. Paths in the file are relative to the file's folder. A key
+read from the place an earlier release kept it is logged once as a warning naming its place
+now (``moved_log_keys``).
 
 ```toml
 [store]
@@ -17,6 +19,8 @@ secrets = ["whsec_..."]          # only these sign deliveries to KB homelab
 
 [log]                          # optional; the embedded default is kind = "sqlite"
 kind = "jetstream"             # several nodes over NATS JetStream, each a full replica
+
+[log.jetstream]                # read with kind = "jetstream" only
 servers = ["nats://127.0.0.1:4222"]
 stream = "kbgraph"
 replicas = 3
@@ -50,6 +54,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import logging
 import re
 import tomllib
 from pathlib import Path
@@ -66,10 +71,13 @@ MIN_TOKEN_CHARS: Final = 16
 # the environment variable naming the config file: set by ``kbgraph serve``, read by the app
 # factory (``kbgraph.api.app_from_env``) and the HTTP protocol in every uvicorn worker
 CONFIG_ENV: Final = "KBGRAPH_CONFIG"
+JETSTREAM_SECTION: Final = "log.jetstream"  # the JetStream log's keys, as messages name them
 _HEX64: Final = re.compile(r"[0-9a-fA-F]{64}")
 _MSGSPEC_AT: Final = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 _UNKNOWN: Final = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
 _MISSING: Final = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
+
+log = logging.getLogger("kbgraph.config")
 
 
 class ConfigError(Exception):
@@ -133,21 +141,21 @@ class LimitsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_inflight_ingest_bytes: Annotated[int, msgspec.Meta(ge=1)] = 64 << 20
 
 
-class LogConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """Where the log lives: the store's SQLite file (one machine) or a NATS JetStream stream
-    that every node follows into its own store (docs/operations.md "A cluster")."""
+class JetStreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """``[log.jetstream]``: the NATS JetStream stream every node follows into its own store
+    (docs/operations.md "A cluster"). The previous release read these keys flat in ``[log]``:
+    they still are, with a warning (``moved_log_keys``)."""
 
-    kind: Literal["sqlite", "jetstream"] = "sqlite"
-    # jetstream: the cluster's client URLs (a node reconnects to any of them)
+    # the cluster's client URLs (a node reconnects to any of them)
     servers: list[str] = msgspec.field(default_factory=lambda: ["nats://127.0.0.1:4222"])
-    stream: str = "kbgraph"  # jetstream: the stream's name (subjects "<stream>.<kb>")
-    replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 3  # jetstream: the stream's replicas
+    stream: str = "kbgraph"  # the stream's name (subjects "<stream>.<kb>")
+    replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 3  # the stream's replicas
     publish_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0  # then 503
-    # jetstream: a snapshot of this node's store to the bucket "<stream>-snapshots" this often
-    # (0: never), the bucket keeping the newest snapshots_keep; the stream trimmed below them
+    # a snapshot of this node's store to the bucket "<stream>-snapshots" this often (0:
+    # never), the bucket keeping the newest snapshots_keep; the stream trimmed below them
     snapshot_every_seconds: Annotated[float, msgspec.Meta(ge=0)] = 600.0
     snapshots_keep: Annotated[int, msgspec.Meta(ge=1)] = 2
-    # jetstream security (kbgraph.log.jetstream.connect): every secret from a file or a variable
+    # security (kbgraph.log.jetstream.connect): every secret from a file or a variable
     user: str = ""  # with password_file / password_env
     password_file: str = ""
     password_env: str = ""
@@ -166,6 +174,14 @@ class LogConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     token: str | None = None
     nkey_seed: str | None = None
     mac_secret: str | None = None
+
+
+class LogConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Where the log lives: the store's SQLite file (one machine) or a NATS JetStream stream
+    (``jetstream``, its own section)."""
+
+    kind: Literal["sqlite", "jetstream"] = "sqlite"
+    jetstream: JetStreamConfig = JetStreamConfig()
 
 
 class RuleConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -278,8 +294,10 @@ def token_sha256(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def load_config(path: str | Path) -> Config:
-    """Read, decode and check a config file; raise ConfigError naming the key on any problem."""
+def load_config(path: str | Path, quiet: bool = False) -> Config:
+    """Read, decode and check a config file; raise ConfigError naming the key on any problem.
+    ``quiet``: no warning of keys in an earlier release's place (a process ``kbgraph serve``
+    started reads the file it read and warned of already)."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -289,15 +307,30 @@ def load_config(path: str | Path) -> Config:
         text = raw.decode()
     except UnicodeDecodeError:
         raise ConfigError(f"config file {str(path)!r} is not UTF-8") from None
-    return parse_config(text, base_dir=path.resolve().parent)
+    return parse_config(text, base_dir=path.resolve().parent, quiet=quiet, source=str(path))
 
 
-def parse_config(text: str, base_dir: str | Path = ".") -> Config:
-    """``load_config`` on a string; relative paths are resolved against ``base_dir``."""
+def parse_config(
+    text: str, base_dir: str | Path = ".", quiet: bool = False, source: str = ""
+) -> Config:
+    """``load_config`` on a string (from the file ``source``, if one); relative paths are
+    resolved against ``base_dir``."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"invalid TOML: {exc}") from None
+    moved = moved_log_keys(data)
+    if moved and not quiet:
+        where = f"config {source}" if source else "config"
+        keys = ", ".join(moved)
+        log.warning(
+            "%s: [log] %s: the JetStream log's keys are in [%s] now; read from [log] this"
+            " time, move them to [%s]",
+            where,
+            keys,
+            JETSTREAM_SECTION,
+            JETSTREAM_SECTION,
+        )
     kbs = data.get("webhooks", {}).get("kbs", {}) if isinstance(data.get("webhooks"), dict) else {}
     for kb, table in kbs.items() if isinstance(kbs, dict) else ():
         try:  # one KB at a time, so an error names the KB (msgspec says "kbs[...]")
@@ -315,16 +348,42 @@ def parse_config(text: str, base_dir: str | Path = ".") -> Config:
         "path": str(base / store.path),  # an absolute path stays as it is
         "checkpoints": str(base / store.checkpoints) if store.checkpoints else "",
     }
-    files = {  # [log]'s files, relative to the config's folder too
-        key: str(base / getattr(config.log, key))
-        for key in config.log.__struct_fields__
-        if key.endswith("_file") and getattr(config.log, key)
+    jetstream = config.log.jetstream
+    files = {  # [log.jetstream]'s files, relative to the config's folder too
+        key: str(base / getattr(jetstream, key))
+        for key in jetstream.__struct_fields__
+        if key.endswith("_file") and getattr(jetstream, key)
     }
     return msgspec.structs.replace(
         config,
         store=msgspec.structs.replace(store, **paths),
-        log=msgspec.structs.replace(config.log, **files),
+        log=msgspec.structs.replace(
+            config.log, jetstream=msgspec.structs.replace(jetstream, **files)
+        ),
     )
+
+
+def moved_log_keys(data: dict[str, object]) -> list[str]:
+    """Move the JetStream keys an earlier release read flat in ``[log]`` into
+    ``[log.jetstream]`` in ``data`` (a parsed TOML document); the keys moved. A key set in
+    both places is a ``ConfigError``: which one is meant cannot be told."""
+    table = data.get("log")
+    own = JetStreamConfig.__struct_fields__
+    if not isinstance(table, dict) or not any(key in own for key in table):
+        return []
+    section = table.get("jetstream", {})
+    if not isinstance(section, dict):
+        return []  # msgspec names the key and what it expected
+    moved = [key for key in table if key in own]
+    both = [key for key in moved if key in section]
+    if both:
+        raise ConfigError(
+            f"log.{both[0]}, {JETSTREAM_SECTION}.{both[0]}: set in both places; keep the one"
+            f" in [{JETSTREAM_SECTION}] (an earlier release read it in [log])"
+        )
+    kept = {key: value for key, value in table.items() if key not in own}
+    data["log"] = {**kept, "jetstream": {**section, **{key: table[key] for key in moved}}}
+    return moved
 
 
 def _name_key(message: str, prefix: str = "") -> str:
@@ -433,34 +492,35 @@ def _check(config: Config) -> None:
 _STREAM_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def _check_log(log: LogConfig) -> None:
-    if log.kind != "jetstream":
+def _check_log(config: LogConfig) -> None:
+    if config.kind != "jetstream":
         return
-    if not log.servers:
-        raise ConfigError("log.servers: empty (jetstream needs at least one server URL)")
-    for index, url in enumerate(log.servers):
+    js, at = config.jetstream, JETSTREAM_SECTION
+    if not js.servers:
+        raise ConfigError(f"{at}.servers: empty (jetstream needs at least one server URL)")
+    for index, url in enumerate(js.servers):
         if not re.fullmatch(r"(nats|tls)://[^\s/]+", url):
-            raise ConfigError(f"log.servers[{index}]: expected nats://host:port, got {url!r}")
-    if not _STREAM_NAME.fullmatch(log.stream):
-        raise ConfigError(f"log.stream: expected 1-64 of A-Z a-z 0-9 _ -, got {log.stream!r}")
+            raise ConfigError(f"{at}.servers[{index}]: expected nats://host:port, got {url!r}")
+    if not _STREAM_NAME.fullmatch(js.stream):
+        raise ConfigError(f"{at}.stream: expected 1-64 of A-Z a-z 0-9 _ -, got {js.stream!r}")
     for key in ("password", "token", "nkey_seed", "mac_secret"):
-        if getattr(log, key) is not None:
+        if getattr(js, key) is not None:
             raise ConfigError(
-                f"log.{key}: a secret is never written in the config in clear:"
-                f" use log.{key}_file or log.{key}_env"
+                f"{at}.{key}: a secret is never written in the config in clear:"
+                f" use {at}.{key}_file or {at}.{key}_env"
             )
     for key in ("password", "token", "nkey_seed", "mac_secret"):
-        if getattr(log, f"{key}_file") and getattr(log, f"{key}_env"):
-            raise ConfigError(f"log.{key}_file, log.{key}_env: one or the other")
-    if not (log.mac_secret_file or log.mac_secret_env):
+        if getattr(js, f"{key}_file") and getattr(js, f"{key}_env"):
+            raise ConfigError(f"{at}.{key}_file, {at}.{key}_env: one or the other")
+    if not (js.mac_secret_file or js.mac_secret_env):
         raise ConfigError(
-            "log.mac_secret_file or log.mac_secret_env: required with kind = jetstream (every"
-            " message is signed with the cluster's secret; nodes refuse one without)"
+            f"{at}.mac_secret_file or {at}.mac_secret_env: required with kind = jetstream"
+            " (every message is signed with the cluster's secret; nodes refuse one without)"
         )
-    if bool(log.user) != bool(log.password_file or log.password_env):
-        raise ConfigError("log.user and log.password_file/_env: both or neither")
-    ways = [log.user, log.token_file or log.token_env, log.nkey_seed_file or log.nkey_seed_env]
-    if sum(bool(way) for way in [*ways, log.creds_file]) > 1:
-        raise ConfigError("log: one of user/password, token, nkey_seed, creds_file")
-    if bool(log.tls_cert_file) != bool(log.tls_key_file):
-        raise ConfigError("log.tls_cert_file and log.tls_key_file: both or neither")
+    if bool(js.user) != bool(js.password_file or js.password_env):
+        raise ConfigError(f"{at}.user and {at}.password_file/_env: both or neither")
+    ways = [js.user, js.token_file or js.token_env, js.nkey_seed_file or js.nkey_seed_env]
+    if sum(bool(way) for way in [*ways, js.creds_file]) > 1:
+        raise ConfigError(f"{at}: one of user/password, token, nkey_seed, creds_file")
+    if bool(js.tls_cert_file) != bool(js.tls_key_file):
+        raise ConfigError(f"{at}.tls_cert_file and {at}.tls_key_file: both or neither")

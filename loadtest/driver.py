@@ -19,8 +19,8 @@ Phases:
 
 ``run(Options(...))`` returns the report dict (the test suite calls it); ``main(argv)`` is
 the command line (``python -m loadtest --help``). The parts live beside it: ``service`` (the
-process under test), ``crowd`` (agents and writers), ``recorder``, ``model`` (the model and
-the check of phase 4) and ``summary`` (the report).
+process under test), ``options`` (what a run is asked), ``crowd`` (agents and writers),
+``recorder``, ``model`` (the model and the check of phase 4) and ``summary`` (the report).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,46 +40,10 @@ from loadtest import kbgen, report
 from loadtest.crowd import MAX_IN_FLIGHT, AgentPlan, agent, deliver, writer
 from loadtest.httpload import Pool
 from loadtest.model import Model, verify
+from loadtest.options import Options
 from loadtest.recorder import Recorder
-from loadtest.service import HOST, ROOT, Credentials, ServiceProcess, write_config
+from loadtest.service import HOST, Credentials, ServiceProcess, write_config
 from loadtest.summary import build_report, summary_table
-
-# --- options ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Options:
-    seconds: float = 30.0
-    agents: int = 8
-    writers: int = 2
-    write_rate: float = 100.0
-    workers: int = 1
-    kind: str = "seed"
-    n: int = 1000
-    seed: int = 42
-    out: str | None = str(ROOT / "loadtest" / "out")
-    short: bool = False
-    progress: bool = True
-    chart: bool = True
-    load_batch: int = 100
-    keep: bool = False  # keep the temp dir (config, store, server log)
-    port: int | None = None  # the service's port (None: a free one)
-    nodes: int = 1  # >1: that many nodes over a 3-server NATS JetStream cluster on loopback
-    faults: bool = False  # with nodes >= 3: the faults of loadtest.faults, under load
-    fault_seconds: float = 10.0  # how long a paused NATS leader or node stays paused
-    jetstream: bool = False  # the NATS JetStream cluster with one node too
-
-    def resolved(self) -> Options:
-        """Short mode: a few seconds, a small crowd (values above the short ones are capped)."""
-        if not self.short:
-            return self
-        return replace(
-            self,
-            seconds=min(self.seconds, 3.0),
-            agents=min(self.agents, 4),
-            writers=min(self.writers, 2),
-            write_rate=min(self.write_rate, 40.0),
-        )
 
 
 async def run_async(opts: Options, tmp: Path) -> dict[str, Any]:

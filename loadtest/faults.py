@@ -49,7 +49,7 @@ Targets = Callable[[], list[tuple[int, str]]]  # the live nodes: (index, base UR
 
 WRITE_TIMEOUT = 3.0  # a writer gives up on an answer after this, and sends again
 SETTLE_SECONDS = 120.0  # a delivery no node takes within this is reported, not retried on
-SNAPSHOT_SECONDS = 2  # the nodes' [log] snapshot_every_seconds in the load test
+SNAPSHOT_SECONDS = 2  # the nodes' [log.jetstream] snapshot_every_seconds in the load test
 AIM_LEADER_TAKEN_AGAIN = 5.0  # writes taken again after a paused NATS leader resumes
 AIM_READY_WHILE_REFUSING = 6.0  # kbgraph.log.jetstream.node.SILENT_SECONDS + a sample or two
 

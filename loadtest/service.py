@@ -44,7 +44,8 @@ class Credentials:
 
 def write_config(folder: Path, creds: Credentials, kb: str = KB, log_toml: str = "") -> Path:
     """The service config: a secret, an admin token and a narrowed agent token; with
-    ``log_toml`` (a ``[log]`` section), a node of several over NATS JetStream."""
+    ``log_toml`` (its ``[log]`` and ``[log.jetstream]`` sections), a node of several over NATS
+    JetStream."""
     collections = ", ".join(f'"{c}"' for c in NARROW_COLLECTIONS)
     types = ", ".join(f'"{t}"' for t in NARROW_TYPES)
     path = folder / "kbgraph.toml"

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loadtest import report
 from loadtest.crowd import AGENT_MIX
+from loadtest.options import Options
 from loadtest.recorder import Recorder
 from loadtest.service import ServiceProcess
-
-if TYPE_CHECKING:
-    from loadtest.driver import Options
 
 
 def build_report(

@@ -169,11 +169,13 @@ class NatsCluster:
         return int(asyncio.run(ask()).removeprefix("n"))
 
     def log_toml(self, stream: str = STREAM, credentials: bool = True) -> str:
-        """The ``[log]`` section of a node of this cluster following ``stream``: its user
-        and password (without ``credentials``: none), TLS client certificate, the MAC."""
+        """The ``[log]`` and ``[log.jetstream]`` sections of a node of this cluster following
+        ``stream`` (the latter last: more of its keys may follow): its user and password
+        (without ``credentials``: none), TLS client certificate, the MAC."""
         servers = ", ".join(f'"{url}"' for url in self.urls)
         text = (
-            f'[log]\nkind = "jetstream"\nservers = [{servers}]\nstream = "{stream}"\n'
+            f'[log]\nkind = "jetstream"\n[log.jetstream]\nservers = [{servers}]\n'
+            f'stream = "{stream}"\n'
             f"replicas = 3\nmac_secret_file = {json.dumps(str(self.accounts.mac_secret_file))}\n"
             f"tls_ca_file = {json.dumps(str(self.tls.ca))}\n"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from kbgraph import cli
 from kbgraph.access import Rule
 from kbgraph.config import ConfigError, load_config, parse_config
-from tests.support import PRIVATE_SECRET, SECRET
+from tests.support import PRIVATE_SECRET, SECRET, start_server, stop, write_config
 
 GOOD = f"""
 [store]
@@ -254,3 +255,76 @@ def test_serve_exits_2_with_one_line_on_a_bad_store(tmp_path: Path) -> None:
     missing = run_cli("serve", "--config", str(tmp_path / "none.toml"))
     assert missing.returncode == 2
     assert "cannot read config file" in _one_line(missing.stderr)
+
+
+# a node's [log] as the previous release wrote it, and as this one does
+FLAT_LOG = """
+[log]
+kind = "jetstream"
+servers = ["nats://10.0.0.1:4222", "nats://10.0.0.2:4222"]
+stream = "kb-graph"
+snapshot_every_seconds = 60.0
+mac_secret_file = "cluster.secret"
+"""
+SECTION_LOG = """
+[log]
+kind = "jetstream"
+
+[log.jetstream]
+servers = ["nats://10.0.0.1:4222", "nats://10.0.0.2:4222"]
+stream = "kb-graph"
+snapshot_every_seconds = 60.0
+mac_secret_file = "cluster.secret"
+"""
+MOVED = "[log] servers, stream, snapshot_every_seconds, mac_secret_file"
+
+
+def test_the_previous_releases_flat_log_keys_read_as_log_jetstream_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A config of the previous release, its JetStream keys flat in ``[log]``, reads as the
+    same keys in ``[log.jetstream]`` (a file relative to the config's folder alike), with one
+    warning naming the file, the keys and their place now; ``quiet`` says nothing."""
+    flat, section = tmp_path / "flat.toml", tmp_path / "section.toml"
+    flat.write_text(FLAT_LOG)
+    section.write_text(SECTION_LOG)
+    with caplog.at_level(logging.WARNING, logger="kbgraph.config"):
+        now = load_config(section)
+        assert caplog.records == []
+        before = load_config(flat)
+    assert before == now
+    assert now.log.jetstream.mac_secret_file == str(tmp_path / "cluster.secret")
+    assert now.log.jetstream.stream == "kb-graph"
+    (record,) = caplog.records
+    said = record.getMessage()
+    assert f"config {flat}: {MOVED}:" in said and "move them to [log.jetstream]" in said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kbgraph.config"):
+        assert load_config(flat, quiet=True) == now
+    assert caplog.records == []
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '[log]\nstream = "a"\n[log.jetstream]\nstream = "b"\n',
+            "log.stream, log.jetstream.stream: set in both places",
+        ),
+        ("[log]\nreplicas = 9\n", "log.jetstream.replicas: Expected int <= 5"),
+        ('[log]\njetstream = 1\nstream = "a"\n', "log.jetstream: Expected `object`"),
+    ],
+)
+def test_a_flat_log_key_is_checked_where_it_is_read(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("`", "")):
+        parse_config(text)
+
+
+def test_serve_warns_once_of_the_previous_releases_keys(tmp_path: Path) -> None:
+    """``kbgraph serve`` with two workers says it once: the processes it starts read the file
+    quietly (each worker's app and HTTP limits)."""
+    config = write_config(tmp_path, '[log]\nkind = "sqlite"\nstream = "kept"\n')
+    proc = start_server(config, workers=2)
+    stop(proc)
+    said = [line for line in proc.tail().splitlines() if "[log.jetstream]" in line]
+    assert len(said) == 1 and "[log] stream:" in said[0], proc.tail()

@@ -208,7 +208,7 @@ def test_configuration_names_every_key_with_its_default() -> None:
         if len(row) == 3 and row[0].startswith("`") and not row[0].startswith("`kbgraph")
     }
     keys = config_keys()
-    assert {"store.path", "log.replicas", "tokens[].rules[].kb"} <= set(keys), keys
+    assert {"store.path", "log.jetstream.replicas", "tokens[].rules[].kb"} <= set(keys), keys
     assert rows == keys
 
 

@@ -96,7 +96,8 @@ def test_a_command_names_its_missing_extra(tmp_path: Path, args: list[str], extr
     ("settings", "extra"),
     [
         (
-            '[log]\nkind = "jetstream"\nservers = ["nats://127.0.0.1:9"]\nmac_secret_env = "M"\n',
+            '[log]\nkind = "jetstream"\n[log.jetstream]\nservers = ["nats://127.0.0.1:9"]\n'
+            'mac_secret_env = "M"\n',
             "jetstream",
         ),
         ('[embeddings]\nprovider = "local"\n', "local"),

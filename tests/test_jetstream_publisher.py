@@ -1,5 +1,6 @@
-"""The publisher believes a duplicate acknowledgement only for its own message, and the follower
-settles a waiting delivery only with its own message.
+"""The publisher believes a duplicate acknowledgement only for its own message, the follower
+settles a waiting delivery only with its own message, and a delivery waits for its outcome a
+bounded time.
 
 JetStream answers a message whose ``Nats-Msg-Id`` it already holds with the first one's
 sequence and ``duplicate``. A stand-in for nats-py's JetStream context plays a stream where
@@ -16,10 +17,11 @@ from typing import Any
 import nats.js.errors
 import pytest
 
-from kbgraph.config import LogConfig
-from kbgraph.log.jetstream import wire
+from kbgraph.config import JetStreamConfig
+from kbgraph.log.jetstream import publisher, wire
 from kbgraph.log.jetstream.consumer import LogUnavailable, StreamConsumer
-from kbgraph.log.jetstream.publisher import PUBLISH_ATTEMPTS, Publisher
+from kbgraph.log.jetstream.publisher import PUBLISH_ATTEMPTS, Publisher, applied_outcome
+from kbgraph.store import DeliveryResult
 from tests.kb_events import upsert
 
 STREAM = "unit-pub"
@@ -67,7 +69,7 @@ class StandIn(Publisher):
     """A ``Publisher`` on the stand-in stream (a subclass: the owner sets these attributes)."""
 
     def __init__(self, stream: Stream) -> None:
-        self.config = LogConfig(kind="jetstream", servers=["nats://127.0.0.1:1"], stream=STREAM)
+        self.config = JetStreamConfig(servers=["nats://127.0.0.1:1"], stream=STREAM)
         self.stream = STREAM
         self.signer = wire.Signer(b"a cluster secret of enough bytes")
         self._js = stream
@@ -193,3 +195,25 @@ def test_only_the_awaited_id_with_the_deliverys_own_mac_settles_it() -> None:
         {wire.MSG_ID: "node-abc-2", wire.MAC: mine[wire.MAC]},
     ):
         assert follower.awaited(forged) is None
+
+
+def test_an_outcome_not_applied_in_time_is_a_503_and_stays_its_owners(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The wait a node's worker and each worker beside an applier share: the outcome once
+    applied; past ``APPLY_WAIT_SECONDS``, a 503 that says to retry, the outcome left pending
+    for whoever applies (it is theirs to settle or drop, not cancelled by the wait)."""
+    monkeypatch.setattr(publisher, "APPLY_WAIT_SECONDS", 0.05)
+    result = DeliveryResult(accepted=1, applied=1, duplicates=0, stale=0, ignored=0, seq=7)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        late: asyncio.Future[DeliveryResult] = loop.create_future()
+        with pytest.raises(LogUnavailable, match="not yet applied on this node: retry"):
+            await applied_outcome(late)
+        assert not late.done()
+        soon: asyncio.Future[DeliveryResult] = loop.create_future()
+        loop.call_soon(soon.set_result, result)
+        assert await applied_outcome(soon) == result
+
+    asyncio.run(main())

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from kbgraph.config import LogConfig
+from kbgraph.config import JetStreamConfig
 from kbgraph.log.jetstream.connect import OPEN_SECONDS, ConnectFailed, connect
 from tests.jetstream_nodes import Node, readyz_saying, wait_ready
 from tests.nats_cluster import NatsCluster, free_ports, running_cluster
@@ -99,9 +99,8 @@ def test_the_tests_certificates_verify_strictly(tmp_path: Path) -> None:
 
 def node_log(
     cluster: NatsCluster, ca: Path, cert: Path, key: Path, servers: list[str]
-) -> LogConfig:
-    return LogConfig(
-        kind="jetstream",
+) -> JetStreamConfig:
+    return JetStreamConfig(
         servers=servers,
         user=cluster.accounts.node_user("kbgraph"),
         password_file=str(cluster.accounts.node_password_file),
@@ -111,7 +110,7 @@ def node_log(
     )
 
 
-def attempt(config: LogConfig, reconnect: bool) -> tuple[float, str]:
+def attempt(config: JetStreamConfig, reconnect: bool) -> tuple[float, str]:
     """How long ``connect`` took to fail, and what it said (it must not succeed)."""
 
     async def run() -> None:
@@ -266,17 +265,17 @@ def test_a_reset_right_after_the_handshake_is_named_as_a_refused_client_certific
     says what that most likely means; without one, it does not guess."""
     tls = Tls(tmp_path / "tls")
     with closing_after_handshake(tls) as url:
-        with_cert = LogConfig(
-            kind="jetstream",
+        with_cert = JetStreamConfig(
             servers=[url],
             tls_ca_file=str(tls.ca),
             tls_cert_file=str(tls.client_cert),
             tls_key_file=str(tls.client_key),
         )
         seconds, said = attempt(with_cert, reconnect)
-        assert "refuses a client certificate" in said and "log.tls_cert_file" in said, said
+        assert "refuses a client certificate" in said, said
+        assert "log.jetstream.tls_cert_file" in said, said
         assert seconds < OPEN_SECONDS + 2, seconds
-        without = LogConfig(kind="jetstream", servers=[url], tls_ca_file=str(tls.ca))
+        without = JetStreamConfig(servers=[url], tls_ca_file=str(tls.ca))
         _, said = attempt(without, reconnect)
         closed = "Connection reset" in said or "Broken pipe" in said
         assert closed and "client certificate" not in said, said

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from kbgraph import cli
-from kbgraph.config import ConfigError, LogConfig, parse_config
+from kbgraph.config import ConfigError, JetStreamConfig, parse_config
 from kbgraph.log.jetstream import applier, decode_message, encode_message
 from kbgraph.log.jetstream import consumer as follower
 from kbgraph.log.jetstream.applier import ApplierProbe
@@ -33,17 +33,19 @@ from tests.kb_events import link_added, upsert
 
 STREAM = "kbgraph"
 MAC = 'mac_secret_env = "KBGRAPH_TEST_MAC"\n'  # the cluster secret every jetstream node needs
+JS = '[log]\nkind = "jetstream"\n[log.jetstream]\n'  # a JetStream node's log; its keys next
 
 
 def test_log_config_defaults_and_jetstream() -> None:
     assert parse_config("").log.kind == "sqlite"
     config = parse_config(
-        '[log]\nkind = "jetstream"\nservers = ["nats://127.0.0.1:4222", "nats://10.0.0.2:4222"]\n'
+        JS + 'servers = ["nats://127.0.0.1:4222", "nats://10.0.0.2:4222"]\n'
         f'stream = "kb-graph"\nreplicas = 3\n{MAC}'
     )
     assert config.log.kind == "jetstream"
-    assert config.log.servers == ["nats://127.0.0.1:4222", "nats://10.0.0.2:4222"]
-    assert (config.log.stream, config.log.replicas) == ("kb-graph", 3)
+    jetstream = config.log.jetstream
+    assert jetstream.servers == ["nats://127.0.0.1:4222", "nats://10.0.0.2:4222"]
+    assert (jetstream.stream, jetstream.replicas) == ("kb-graph", 3)
 
 
 @pytest.mark.parametrize(
@@ -51,10 +53,11 @@ def test_log_config_defaults_and_jetstream() -> None:
     [
         ('[log]\nkind = "kafka"', "log.kind: Invalid enum value 'kafka'"),
         ("[log]\nstreams = 1", "unknown key log.streams"),
-        ('[log]\nkind = "jetstream"\nservers = []', "log.servers: empty"),
-        ('[log]\nkind = "jetstream"\nservers = ["http://x:1"]', "log.servers[0]: expected"),
-        ("[log]\nreplicas = 0", "log.replicas: Expected int >= 1"),
-        ('[log]\nkind = "jetstream"\nstream = "a.b"', "log.stream: expected"),
+        (JS + "servers = []", "log.jetstream.servers: empty"),
+        (JS + 'servers = ["http://x:1"]', "log.jetstream.servers[0]: expected"),
+        ("[log.jetstream]\nreplicas = 0", "log.jetstream.replicas: Expected int >= 1"),
+        ("[log.jetstream]\nstreams = 1", "unknown key log.jetstream.streams"),
+        (JS + 'stream = "a.b"', "log.jetstream.stream: expected"),
     ],
 )
 def test_log_config_errors_name_the_key(text: str, message: str) -> None:
@@ -259,18 +262,42 @@ def test_binding_window_is_the_logs_time_not_the_clock(tmp_path: Path) -> None:
         assert submit(store, "two", [upsert("a")], 3, at=1601.0, message=message).result().seq == 1
 
 
+def test_a_closed_log_leaves_no_series_of_its_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that closed its node's log (a service stopped in place) shows nothing of that
+    stream on ``/metrics``: no position it stopped at, no failures or notes; another stream's
+    series stay."""
+    from kbgraph.log.jetstream import JetStreamLog
+
+    monkeypatch.setenv("KBGRAPH_TEST_MAC", "a cluster secret of 32 bytes....")
+    config = JetStreamConfig(stream="closing", mac_secret_env="KBGRAPH_TEST_MAC")
+    with Store(tmp_path / "kb.db") as store:
+        node = JetStreamLog(config, store)
+        follower.POSITION.labels("closing").set(3)
+        follower.FAILURES.labels("closing").inc()
+        follower.FAILING.labels("closing", "4", "kb", "disk I/O error").set(1)
+        follower.NOTED.labels("closing", "skipped").inc()
+        follower.POSITION.labels("still-open").set(9)
+        try:
+            assert follower.stream_metrics_text().count('stream="closing"') >= 4
+            asyncio.run(node.close())
+            shown = follower.stream_metrics_text()
+            assert 'stream="closing"' not in shown
+            assert 'kbgraph_stream_position{stream="still-open"} 9.0' in shown
+        finally:
+            follower.POSITION.remove("still-open")
+
+
 def test_readiness_says_why_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not ready while connecting, while behind the stream's last sequence as of the start,
     while disconnected, and while the store fails to apply; ready otherwise."""
-    from kbgraph.config import LogConfig
     from kbgraph.log.jetstream import JetStreamLog
 
     monkeypatch.setenv("KBGRAPH_TEST_MAC", "a cluster secret of 32 bytes....")
     with Store(tmp_path / "kb.db") as store:
         submit(store, "kb", [upsert("a")], 1).result()
-        follower = JetStreamLog(
-            LogConfig(kind="jetstream", mac_secret_env="KBGRAPH_TEST_MAC"), store
-        )
+        follower = JetStreamLog(JetStreamConfig(mac_secret_env="KBGRAPH_TEST_MAC"), store)
         assert follower.applied == 1  # resumes from the store's recorded position
         assert "connecting" in (follower.problem() or "")
         follower.target, follower.connected = 5, True
@@ -290,7 +317,7 @@ def test_local_writers_refuse_a_jetstream_node(
 ) -> None:
     """``kbgraph import`` into a node's own store would fork it from the stream: refused."""
     config = tmp_path / "kbgraph.toml"
-    config.write_text(f'[log]\nkind = "jetstream"\n{MAC}')
+    config.write_text(f"{JS}{MAC}")
     vault = tmp_path / "vault"
     vault.mkdir()
     (vault / "a.md").write_text("# A\n")
@@ -375,24 +402,29 @@ def test_a_delivery_is_checked_before_it_is_published() -> None:
 
 @pytest.mark.parametrize("key", ["password", "token", "nkey_seed", "mac_secret"])
 def test_a_secret_in_clear_is_refused_naming_the_key(key: str) -> None:
-    text = f'[log]\nkind = "jetstream"\n{MAC}{key} = "hunter2"\n'
+    text = f'{JS}{MAC}{key} = "hunter2"\n'
     if key == "mac_secret":
         text = text.replace(MAC, "")
-    with pytest.raises(ConfigError, match=f"log.{key}: a secret is never written in the config"):
+    with pytest.raises(
+        ConfigError, match=f"log.jetstream.{key}: a secret is never written in the config"
+    ):
         parse_config(text)
 
 
 def test_jetstream_needs_the_cluster_secret_and_one_way_to_log_in() -> None:
-    with pytest.raises(ConfigError, match=r"log.mac_secret_file or log.mac_secret_env: required"):
-        parse_config('[log]\nkind = "jetstream"\n')
-    with pytest.raises(ConfigError, match="log: one of user/password, token"):
-        parse_config(
-            f'[log]\nkind = "jetstream"\n{MAC}user = "n"\npassword_env = "P"\ntoken_env = "T"\n'
-        )
-    with pytest.raises(ConfigError, match=r"log.user and log.password_file"):
-        parse_config(f'[log]\nkind = "jetstream"\n{MAC}user = "n"\n')
-    with pytest.raises(ConfigError, match=r"log.tls_cert_file and log.tls_key_file"):
-        parse_config(f'[log]\nkind = "jetstream"\n{MAC}tls_cert_file = "c.pem"\n')
+    with pytest.raises(
+        ConfigError,
+        match=r"log.jetstream.mac_secret_file or log.jetstream.mac_secret_env: required",
+    ):
+        parse_config(JS)
+    with pytest.raises(ConfigError, match=r"log\.jetstream: one of user/password, token"):
+        parse_config(f'{JS}{MAC}user = "n"\npassword_env = "P"\ntoken_env = "T"\n')
+    with pytest.raises(ConfigError, match=r"log.jetstream.user and log.jetstream.password_file"):
+        parse_config(f'{JS}{MAC}user = "n"\n')
+    with pytest.raises(
+        ConfigError, match=r"log.jetstream.tls_cert_file and log.jetstream.tls_key_file"
+    ):
+        parse_config(f'{JS}{MAC}tls_cert_file = "c.pem"\n')
 
 
 def test_secrets_come_from_files_and_variables_into_nats_py_options(
@@ -407,8 +439,8 @@ def test_secrets_come_from_files_and_variables_into_nats_py_options(
 
     (tmp_path / "pw").write_text("s3cret\n")
     config = parse_config(
-        f'[log]\nkind = "jetstream"\n{MAC}user = "node-a"\npassword_file = "pw"\n', tmp_path
-    ).log
+        f'{JS}{MAC}user = "node-a"\npassword_file = "pw"\n', tmp_path
+    ).log.jetstream
     monkeypatch.delenv("KBGRAPH_TEST_MAC", raising=False)
     assert "the variable KBGRAPH_TEST_MAC is not set" in (secrets_problem(config) or "")
     monkeypatch.setenv("KBGRAPH_TEST_MAC", "short")
@@ -417,24 +449,20 @@ def test_secrets_come_from_files_and_variables_into_nats_py_options(
     assert secrets_problem(config) is None
     assert security_options(config) == {"user": "node-a", "password": "s3cret"}
     monkeypatch.setenv("NATS_TOKEN", "tok")
-    token = parse_config(f'[log]\nkind = "jetstream"\n{MAC}token_env = "NATS_TOKEN"\n').log
+    token = parse_config(f'{JS}{MAC}token_env = "NATS_TOKEN"\n').log.jetstream
     assert security_options(token) == {"token": "tok"}
     (tmp_path / "seed").write_text("SUAMK2FG4MI6UE3ACF3FK3OIQBCEIEZV7NSWFFEW63UXMRLFM2XLAXK4GY\n")
     with pytest.raises(ConfigError, match="one of"):  # one way to log in
         parse_config(
-            f'[log]\nkind = "jetstream"\n{MAC}nkey_seed_file = "seed"\ncreds_file = "n.creds"\n',
+            f'{JS}{MAC}nkey_seed_file = "seed"\ncreds_file = "n.creds"\n',
             tmp_path,
         )
-    seeded_log = parse_config(
-        f'[log]\nkind = "jetstream"\n{MAC}nkey_seed_file = "seed"\n', tmp_path
-    ).log
+    seeded_log = parse_config(f'{JS}{MAC}nkey_seed_file = "seed"\n', tmp_path).log.jetstream
     assert security_options(seeded_log)["nkeys_seed_str"].startswith("SUAMK2")
-    missing = parse_config(f'[log]\nkind = "jetstream"\n{MAC}token_file = "nope"\n', tmp_path).log
-    with pytest.raises(SecretMissing, match=r"log.token_file: cannot read"):
+    missing = parse_config(f'{JS}{MAC}token_file = "nope"\n', tmp_path).log.jetstream
+    with pytest.raises(SecretMissing, match=r"log.jetstream.token_file: cannot read"):
         security_options(missing)
-    tls = parse_config(
-        f'[log]\nkind = "jetstream"\n{MAC}servers = ["tls://127.0.0.1:4222"]\n', tmp_path
-    ).log
+    tls = parse_config(f'{JS}{MAC}servers = ["tls://127.0.0.1:4222"]\n', tmp_path).log.jetstream
     assert isinstance(security_options(tls)["tls"], ssl.SSLContext)
     one, other = signer(config), signer(token)
     headers: dict[str, str] = {}
@@ -458,6 +486,6 @@ def test_a_stream_without_rules_a_node_may_not_update_says_how_to_state_them() -
         async def update_stream(self, config):
             raise nats.errors.TimeoutError  # what a permissions violation looks like here
 
-    config = LogConfig(kind="jetstream", stream="made-elsewhere")
+    config = JetStreamConfig(stream="made-elsewhere")
     with pytest.raises(RulesDiffer, match=f"{RULES_KEY} to 'max_kbs=1'"):
         asyncio.run(ensure_stream(NoUpdate(), config, "max_kbs=1"))

@@ -14,9 +14,10 @@ from tests.support import SECRET
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # loadtest/ is not installed
 
 from loadtest import kbgen
-from loadtest.driver import Options, build_parser, main, run
+from loadtest.driver import build_parser, main, run
 from loadtest.httpload import build_request
 from loadtest.model import Model
+from loadtest.options import Options
 
 
 def ev(kind: str, subject: str, version: int, eid: str, **data: object) -> dict:

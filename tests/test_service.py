@@ -71,7 +71,8 @@ def test_the_log_is_chosen_by_the_config(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("KBGRAPH_TEST_MAC", "a cluster secret of 32 bytes....")
     (tmp_path / "js").mkdir()
     jetstream_path = write_config(
-        tmp_path / "js", '[log]\nkind = "jetstream"\nmac_secret_env = "KBGRAPH_TEST_MAC"\n'
+        tmp_path / "js",
+        '[log]\nkind = "jetstream"\n[log.jetstream]\nmac_secret_env = "KBGRAPH_TEST_MAC"\n',
     )
     jetstream = load_config(jetstream_path)
     store = open_store(sqlite)

@@ -42,7 +42,7 @@ PROTOCOL: Final = "kbgraph.http.server:BoundedHttpToolsProtocol"
 def limits() -> LimitsConfig:
     """This process's limits, from the config file in ``KBGRAPH_CONFIG``."""
     path = os.environ.get(CONFIG_ENV)
-    return load_config(path).limits if path else LimitsConfig()
+    return load_config(path, quiet=True).limits if path else LimitsConfig()
 
 
 def _refusal(status: int, reason: str, message: str) -> bytes:

@@ -16,7 +16,7 @@ from typing import Final
 import msgspec
 import nats.js.errors
 
-from kbgraph.config import Config, LogConfig
+from kbgraph.config import Config, JetStreamConfig
 from kbgraph.log.jetstream import snapshots, wire
 from kbgraph.log.jetstream.connect import connect, decision_rules, signer
 from kbgraph.log.jetstream.node import NODE_ENV
@@ -29,7 +29,7 @@ class DecisionRefused(ValueError):
     """The decision would not do what it says (no such message, or decided already)."""
 
 
-async def skip(config: LogConfig, position: int, reason: str) -> int:
+async def skip(config: JetStreamConfig, position: int, reason: str) -> int:
     """Publish "skip ``position``" with ``reason``; the decision's own stream sequence.
 
     Checked first: the message exists and is a delivery, and no decision skips it already. A
@@ -92,7 +92,7 @@ def restore_before_serving(config: Config) -> str | None:
 
     async def run() -> None:
         nc = await asyncio.wait_for(
-            connect(config.log, "kbgraph-restore", reconnect=False), CONNECT_SECONDS
+            connect(config.log.jetstream, "kbgraph-restore", reconnect=False), CONNECT_SECONDS
         )
         try:
             settings = SimpleNamespace(
@@ -100,10 +100,10 @@ def restore_before_serving(config: Config) -> str | None:
                 named_kbs=frozenset(config.webhooks.kbs),
                 dedupe_keys=config.store.dedupe_keys,
             )
-            signing = signer(config.log)
+            signing = signer(config.log.jetstream)
             await snapshots.prepare(
                 nc.jetstream(timeout=30),
-                config.log.stream,
+                config.log.jetstream.stream,
                 signing,
                 decision_rules(settings, signing),
                 Path(config.store.path),

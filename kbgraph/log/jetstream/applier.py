@@ -78,7 +78,7 @@ def write_status(path: Path, status: Status) -> None:
 
 async def run(config_path: str, parent: int) -> None:
     """Apply the stream into the store until stopped (SIGTERM) or orphaned (``parent`` gone)."""
-    config = load_config(config_path)
+    config = load_config(config_path, quiet=True)  # serve warned of it
     path = Path(config.store.path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path(path), "a+b") as lock:
@@ -89,13 +89,13 @@ async def run(config_path: str, parent: int) -> None:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         store = open_store(config)
         applier = JetStreamLog(
-            config.log,
+            config.log.jetstream,
             store,
             checkpoints=config.store.checkpoint_folder,
             vector_max_chars=config.embeddings.max_chars,
         )
         await applier.follow()
-        log.info("applier of stream %s started (pid %s)", config.log.stream, os.getpid())
+        log.info("applier of stream %s started (pid %s)", config.log.jetstream.stream, os.getpid())
         try:
             while not stop.is_set() and os.getppid() == parent:
                 stuck = applier.stuck.position if applier.stuck is not None else None

@@ -26,11 +26,11 @@ def open_log(config: Config, store: Store, projections: Projections) -> Delivery
     if os.environ.get(APPLIER_ENV):  # one of several workers: the node's applier applies
         from kbgraph.log.jetstream.worker import WorkerLog
 
-        return WorkerLog(config.log, store, projections)
+        return WorkerLog(config.log.jetstream, store, projections)
     from kbgraph.log.jetstream.node import JetStreamLog
 
     return JetStreamLog(
-        config.log,
+        config.log.jetstream,
         store,
         on_applied=projections.kick,
         checkpoints=config.store.checkpoint_folder,
@@ -43,7 +43,7 @@ def serving_problem(config: Config) -> str | None:
     restores a snapshot into an empty store first."""
     from kbgraph.log.jetstream.connect import secrets_problem
 
-    problem = secrets_problem(config.log)
+    problem = secrets_problem(config.log.jetstream)
     if problem:
         return problem
     from kbgraph.log.jetstream.admin import restore_before_serving

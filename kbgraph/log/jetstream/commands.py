@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import sys
 
-from kbgraph.config import ConfigError, load_config
+from kbgraph.config import JETSTREAM_SECTION, ConfigError, load_config
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,7 +20,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         description="Run it only once every node's /readyz names the same failing position:"
         " a node that applied the message would then differ, and stops.",
     )
-    cmd.add_argument("--config", required=True, help="a node's TOML config (its [log])")
+    cmd.add_argument(
+        "--config",
+        required=True,
+        help=f"a node's TOML config (its [log] and [{JETSTREAM_SECTION}])",
+    )
     cmd.add_argument("--position", required=True, type=int, help="the stream sequence to skip")
     cmd.add_argument("--reason", required=True, help="why (noted in every node's store)")
     cmd.set_defaults(func=cmd_skip)
@@ -38,7 +42,7 @@ def cmd_skip(args: argparse.Namespace) -> int:
     from kbgraph.log.jetstream import admin  # nats-py: only for this command
 
     try:
-        seq = asyncio.run(admin.skip(config.log, args.position, args.reason))
+        seq = asyncio.run(admin.skip(config.log.jetstream, args.position, args.reason))
     except admin.DecisionRefused as exc:
         print(f"kbgraph: cluster skip: {exc}", file=sys.stderr)
         return 1

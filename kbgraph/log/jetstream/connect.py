@@ -16,7 +16,7 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 
-from kbgraph.config import LogConfig
+from kbgraph.config import JETSTREAM_SECTION, JetStreamConfig
 from kbgraph.log.jetstream.wire import Signer
 
 log = logging.getLogger("kbgraph.log.jetstream")
@@ -34,26 +34,29 @@ class SecretMissing(RuntimeError):
     """A secret the config points to (a file, a variable) is not there."""
 
 
-def read_secret(config: LogConfig, key: str) -> bytes | None:
-    """The secret ``log.<key>_file`` or ``log.<key>_env`` names (stripped), if configured."""
+def read_secret(config: JetStreamConfig, key: str) -> bytes | None:
+    """The secret ``<key>_file`` or ``<key>_env`` of ``[log.jetstream]`` names (stripped), if
+    configured."""
     path, env = getattr(config, f"{key}_file"), getattr(config, f"{key}_env")
     if path:
         try:
             value = open(path, "rb").read().strip()  # noqa: SIM115 - read at once
         except OSError as exc:
-            raise SecretMissing(f"log.{key}_file: cannot read {path}: {exc.strerror}") from None
+            raise SecretMissing(
+                f"{JETSTREAM_SECTION}.{key}_file: cannot read {path}: {exc.strerror}"
+            ) from None
         if not value:
-            raise SecretMissing(f"log.{key}_file: {path} is empty")
+            raise SecretMissing(f"{JETSTREAM_SECTION}.{key}_file: {path} is empty")
         return value
     if env:
         value = os.environb.get(env.encode(), b"").strip()
         if not value:
-            raise SecretMissing(f"log.{key}_env: the variable {env} is not set")
+            raise SecretMissing(f"{JETSTREAM_SECTION}.{key}_env: the variable {env} is not set")
         return value
     return None
 
 
-def security_options(config: LogConfig) -> dict[str, Any]:
+def security_options(config: JetStreamConfig) -> dict[str, Any]:
     """nats-py's own connect options for the configured credentials and TLS."""
     options: dict[str, Any] = {}
     password = read_secret(config, "password")
@@ -76,7 +79,7 @@ def security_options(config: LogConfig) -> dict[str, Any]:
     return options
 
 
-def secrets_problem(config: LogConfig) -> str | None:
+def secrets_problem(config: JetStreamConfig) -> str | None:
     """Why the node could not read its secrets or TLS files (checked before serving)."""
     try:
         signer(config)
@@ -107,24 +110,28 @@ def decision_rules(store: RuleSettings, signer: Signer | None = None) -> str:
     return rules if signer is None else f"{rules}; mac={signer.fingerprint()}"
 
 
-def signer(config: LogConfig) -> Signer:
+def signer(config: JetStreamConfig) -> Signer:
     secret = read_secret(config, "mac_secret")
     if secret is None:
-        raise SecretMissing("log.mac_secret_file or log.mac_secret_env: not configured")
+        raise SecretMissing(
+            f"{JETSTREAM_SECTION}.mac_secret_file or {JETSTREAM_SECTION}.mac_secret_env:"
+            " not configured"
+        )
     try:
         return Signer(secret)
     except ValueError as exc:
-        raise SecretMissing(f"log.mac_secret: {exc}") from None
+        raise SecretMissing(f"{JETSTREAM_SECTION}.mac_secret: {exc}") from None
 
 
 CLOSED_AFTER_HANDSHAKE: Final = (
     ": the server closed the connection right after the TLS handshake, which is how a TLS 1.3"
-    " server refuses a client certificate it does not trust (log.tls_cert_file); its alert"
-    " ('unknown ca', 'bad certificate') is lost when our first write finds the socket closed"
+    " server refuses a client certificate it does not trust"
+    f" ({JETSTREAM_SECTION}.tls_cert_file); its alert ('unknown ca', 'bad certificate') is lost"
+    " when our first write finds the socket closed"
 )
 
 
-def _refusal_hint(config: LogConfig, seen: BaseException | None) -> str:
+def _refusal_hint(config: JetStreamConfig, seen: BaseException | None) -> str:
     """``CLOSED_AFTER_HANDSHAKE`` when a failure looks like a TLS 1.3 server refusing our client
     certificate, else "": it checks the certificate after the client's side of the handshake is
     done, so the client may learn of the refusal only as a closed socket on its first write
@@ -138,7 +145,7 @@ async def _quiet(exc: Exception) -> None:
 
 
 async def connect(
-    config: LogConfig,
+    config: JetStreamConfig,
     name: str,
     *,
     disconnected: Callable[[], Awaitable[None]] | None = None,
@@ -215,7 +222,7 @@ async def disconnect(nc: Any, tasks: Iterable[asyncio.Task[Any] | None]) -> None
             await nc.close()
 
 
-async def ensure_stream(js: Any, config: LogConfig, rules: str) -> int:
+async def ensure_stream(js: Any, config: JetStreamConfig, rules: str) -> int:
     """Create the stream if missing (every node may try: it is idempotent); its last seq.
 
     The stream's metadata holds the decision rules (``decision_rules``) of the first node
@@ -251,8 +258,8 @@ async def ensure_stream(js: Any, config: LogConfig, rules: str) -> int:
         raise RulesDiffer(
             f"this node decides with {rules}, the nodes of stream {stream} with"
             f" {stated}: every node must decide alike ([limits] max_kbs, [store]"
-            " dedupe_keys, the [webhooks.kbs] names, [log] mac_secret), so this one follows"
-            " nothing"
+            f" dedupe_keys, the [webhooks.kbs] names, [{JETSTREAM_SECTION}] mac_secret), so this"
+            " one follows nothing"
         )
     if info.config.num_replicas != config.replicas:
         log.warning(

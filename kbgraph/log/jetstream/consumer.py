@@ -72,6 +72,17 @@ def count_notes(store: Store, stream: str) -> None:
         NOTED.labels(stream, kind).inc(count)
 
 
+def forget_stream(stream: str) -> None:
+    """Remove ``stream``'s series from ``STREAM_METRICS`` (its log closed: a process that
+    follows it no more must not show it on ``/metrics``, nor a position it stopped at)."""
+    for metric in STREAM_METRICS:
+        for family in metric.collect():
+            for sample in family.samples:  # labels in the metric's order: what remove takes
+                if sample.labels.get("stream") == stream:
+                    with contextlib.suppress(KeyError):  # a counter's _created: gone already
+                        metric.remove(*sample.labels.values())
+
+
 class _Collectors:
     def __init__(self, collectors: tuple[Any, ...]) -> None:
         self.collectors = collectors

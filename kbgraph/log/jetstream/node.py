@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from kbgraph.config import EmbeddingsConfig, LogConfig
+from kbgraph.config import EmbeddingsConfig, JetStreamConfig
 from kbgraph.events import Event
 from kbgraph.log import LogUnavailable
 from kbgraph.log.jetstream import snapshots, wire
@@ -31,13 +31,13 @@ from kbgraph.log.jetstream.consumer import (
     StreamConsumer,
     Stuck,
     count_notes,
+    forget_stream,
 )
-from kbgraph.log.jetstream.publisher import Publisher
+from kbgraph.log.jetstream.publisher import Publisher, applied_outcome
 from kbgraph.store import DeliveryResult, Store, WebhookMessage
 
 log = logging.getLogger("kbgraph.log.jetstream")
 
-APPLY_WAIT_SECONDS: Final = 30.0  # a published delivery not applied here by then: 503
 NODE_ENV: Final = "KBGRAPH_NODE_ID"  # set by kbgraph serve: its start-up report's key
 REPORT_SECONDS: Final = 5.0  # this node's position to "<stream>-nodes" this often (it is live)
 WATCH_SECONDS: Final = 1.0  # the stream's leader asked this often whether it answers
@@ -51,7 +51,7 @@ class JetStreamLog(StreamConsumer, Publisher):
 
     def __init__(
         self,
-        config: LogConfig,
+        config: JetStreamConfig,
         store: Store,
         on_applied: Callable[[], None] = lambda: None,
         checkpoints: Path | None = None,
@@ -100,6 +100,7 @@ class JetStreamLog(StreamConsumer, Publisher):
         if self.share is not None:
             await self.share.close()
         await disconnect(self._nc, (self._watch_task, self._upkeep_task, self._task))
+        forget_stream(self.stream)
 
     def problem(self) -> str | None:
         """Why this node is not ready: not connected (yet), failing to follow (a message its
@@ -262,9 +263,8 @@ class JetStreamLog(StreamConsumer, Publisher):
 
         Raises the store's refusals (``ReplayRefused``, ``KBLimitReached``) as the follower
         decided them, and ``LogUnavailable`` when the stream did not acknowledge in time, this
-        node has not applied the message within ``APPLY_WAIT_SECONDS`` (a retry of the
-        delivery is then answered as duplicates, or applied if it never got in), or this node
-        cannot follow the stream now (nothing is published then).
+        node has not applied the message in time (``applied_outcome``), or this node cannot
+        follow the stream now (nothing is published then).
         """
         if not events:  # nothing to publish: the KB's position as this node holds it
             return await self.store.append_async(kb, events, message=message)
@@ -281,12 +281,7 @@ class JetStreamLog(StreamConsumer, Publisher):
 
         try:
             await self._publish(subject, payload, headers, claim)
-            try:
-                return await asyncio.wait_for(asyncio.shield(waiter), APPLY_WAIT_SECONDS)
-            except TimeoutError:
-                raise LogUnavailable(
-                    "stored in the stream, not yet applied on this node: retry"
-                ) from None
+            return await applied_outcome(waiter)
         finally:
             for msg_id in claimed:
                 self._waiters.pop(msg_id, None)

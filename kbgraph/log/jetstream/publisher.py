@@ -22,23 +22,36 @@ from typing import Any, Final
 import nats.errors
 import nats.js.errors
 
-from kbgraph.config import LogConfig
+from kbgraph.config import JetStreamConfig
 from kbgraph.events import Event
 from kbgraph.log import DeliverySkipped, DeliveryTooLarge, LogUnavailable
 from kbgraph.log.jetstream import wire
 from kbgraph.log.jetstream.connect import connect
 from kbgraph.log.jetstream.embedder import ClusterEmbedder
-from kbgraph.store import WebhookMessage
+from kbgraph.store import DeliveryResult, WebhookMessage
 
 log = logging.getLogger("kbgraph.log.jetstream")
 IN_PROCESS: Final = 10158  # JetStream: a publish with this Msg-Id is being stored: ask again
 PUBLISH_ATTEMPTS: Final = 3  # Msg-Ids found taken by another's message: then 503
+APPLY_WAIT_SECONDS: Final = 30.0  # a published delivery not applied here by then: 503
+
+
+async def applied_outcome(outcome: asyncio.Future[DeliveryResult]) -> DeliveryResult:
+    """The result of a published delivery once this node has applied it, as ``outcome`` (set
+    by whoever applies: the node's follower, or a worker's poll of the applier's store) gets
+    it; ``LogUnavailable`` after ``APPLY_WAIT_SECONDS`` (a retry of the delivery is then
+    answered as duplicates, or applied if it never got in). ``outcome`` is left to its owner:
+    shielded here, neither cancelled nor forgotten."""
+    try:
+        return await asyncio.wait_for(asyncio.shield(outcome), APPLY_WAIT_SECONDS)
+    except TimeoutError:
+        raise LogUnavailable("stored in the stream, not yet applied on this node: retry") from None
 
 
 class Publisher:
     """The publishing half of a process's end of the stream (attributes set by its owner)."""
 
-    config: LogConfig
+    config: JetStreamConfig
     stream: str
     signer: wire.Signer
     _nc: Any

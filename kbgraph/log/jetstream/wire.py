@@ -29,7 +29,8 @@ MIN_SECRET_BYTES: Final = 16
 
 
 class Signer:
-    """Signs and checks messages with the cluster's secret (``[log] mac_secret_file/_env``)."""
+    """Signs and checks messages with the cluster's secret (``[log.jetstream]``
+    ``mac_secret_file`` or ``mac_secret_env``)."""
 
     def __init__(self, secret: bytes) -> None:
         if len(secret) < MIN_SECRET_BYTES:

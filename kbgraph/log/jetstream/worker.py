@@ -19,13 +19,13 @@ from typing import Any, Final
 
 import msgspec
 
-from kbgraph.config import LogConfig
+from kbgraph.config import JetStreamConfig
 from kbgraph.events import Event
 from kbgraph.log import DeliverySkipped, LogUnavailable
 from kbgraph.log.jetstream.applier import ApplierProbe, serve_applier_metrics
 from kbgraph.log.jetstream.connect import disconnect, signer
-from kbgraph.log.jetstream.node import APPLY_WAIT_SECONDS, NODE_ENV
-from kbgraph.log.jetstream.publisher import Publisher
+from kbgraph.log.jetstream.node import NODE_ENV
+from kbgraph.log.jetstream.publisher import APPLY_WAIT_SECONDS, Publisher, applied_outcome
 from kbgraph.projection.follower import Projections
 from kbgraph.store import DeliveryResult, KBLimitReached, ReplayRefused, Store, WebhookMessage
 
@@ -39,7 +39,7 @@ class WorkerLog(Publisher):
     """A worker's end of the stream, a ``kbgraph.log.DeliveryLog``: publish here,
     the node's applier applies."""
 
-    def __init__(self, config: LogConfig, store: Store, projections: Projections) -> None:
+    def __init__(self, config: JetStreamConfig, store: Store, projections: Projections) -> None:
         self.config = config
         self.stream = config.stream
         self.signer = signer(config)  # raises SecretMissing, naming the key
@@ -118,11 +118,7 @@ class WorkerLog(Publisher):
         if self._poller is None or self._poller.done():
             self._poller = asyncio.create_task(self._poll(), name="kbgraph-worker-outcomes")
         try:
-            return await asyncio.wait_for(asyncio.shield(future), APPLY_WAIT_SECONDS)
-        except TimeoutError:
-            raise LogUnavailable(
-                "stored in the stream, not yet applied on this node: retry"
-            ) from None
+            return await applied_outcome(future)
         finally:
             if self._waiting.get(seq) is future and not future.done():
                 del self._waiting[seq]
