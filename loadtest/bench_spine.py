@@ -23,7 +23,8 @@ outside against a test provider that counts what it is asked (``loadtest.embed_p
    stream's bytes per event, the same rows everywhere; and a node's CPU per upsert, running
    the model against taking the vector its message shipped.
 
-``--skip-single`` runs the cluster phase alone. ``--peer CHECKOUT`` runs the same phases
+``--skip-single`` runs the cluster phases alone, ``--local-model-only`` of them
+``cluster_local``. ``--peer CHECKOUT`` runs the same phases
 against another checkout's server (its ``.venv``) first, side by side. The last line is one
 JSON object.
 """
@@ -308,7 +309,8 @@ def measure(tmp: Path, args: argparse.Namespace, root: Path | None) -> dict[str,
         result["workers"] = workers_and_restart(second, args.concepts, args.delay, root)
     if args.cluster or args.skip_single:
         (tmp / "cluster").mkdir()
-        result["cluster"] = cluster(tmp / "cluster", args.concepts, args.changes, root)
+        if not args.local_model_only:
+            result["cluster"] = cluster(tmp / "cluster", args.concepts, args.changes, root)
         (tmp / "cluster_local").mkdir()
         result["cluster_local"] = cluster_local(
             tmp / "cluster_local", args.concepts, args.changes, root
@@ -326,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changes", type=int, default=30, help="concepts changed (--cluster)")
     parser.add_argument("--cluster", action="store_true", help="the 3-node phase too")
     parser.add_argument("--skip-single", action="store_true", help="the cluster phase alone")
+    parser.add_argument(
+        "--local-model-only", action="store_true", help="of the cluster phases, cluster_local"
+    )
     parser.add_argument("--peer", type=Path, help="a checkout to measure too (its .venv)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-spine-") as tmp:

@@ -118,7 +118,9 @@ async def run(folder: Path, log_toml: str, concepts: int, changes: int) -> dict[
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="loadtest/cluster_model.py")
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.cluster_model", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--folder", type=Path, required=True)
     parser.add_argument("--log", type=Path, required=True, help="a node's [log] section")
     parser.add_argument("--concepts", type=int, default=120)
