@@ -3,7 +3,7 @@ cluster runs the local model per concept change.
 
 Three nodes in one process (each its own store, end of the stream and projection), each
 node's model a counting wrapper of the real local model, following the stream of the cluster
-``bench_spine`` started (``--log``: the ``[log]`` section of a node): ``--concepts`` 40-word
+``bench_spine`` started (``--log``: the ``[log]`` sections of a node): ``--concepts`` 40-word
 concepts created in deliveries of 10, then ``--changes`` changed, the deliveries spread over
 the nodes, every node followed to the end. Prints one JSON line: the texts each node's model
 embedded (its store, its publisher, its projection), the texts per change for the cluster
@@ -67,7 +67,7 @@ async def run(folder: Path, log_toml: str, concepts: int, changes: int) -> dict[
     model = LocalEmbedder()
     nodes: list[tuple[Counting, Store, JetStreamLog, Projections]] = []
     try:
-        config = parse_config(log_toml).log
+        config = parse_config(log_toml).log.jetstream
         for i in range(3):
             counting = Counting(model)
             store = Store(folder / f"node{i}.db", carrier=Carrier(counting, 4000))
@@ -122,7 +122,7 @@ def main() -> int:
         prog="python -m loadtest.cluster_model", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--folder", type=Path, required=True)
-    parser.add_argument("--log", type=Path, required=True, help="a node's [log] section")
+    parser.add_argument("--log", type=Path, required=True, help="a node's [log] sections (TOML)")
     parser.add_argument("--concepts", type=int, default=120)
     parser.add_argument("--changes", type=int, default=30)
     args = parser.parse_args()
