@@ -130,7 +130,8 @@ def analyser(
 
 def analyse(group: list[Pending], carrier: Carrier | None = None) -> None:
     """Each upsert's text analysis for the log (``eventlog.analysis_of``) and, with
-    ``carrier`` (the local model), its vector, the group's texts embedded in one call; by the
+    ``carrier`` (the local model), its vector (the one its stream message shipped, if any:
+    ``kbgraph.embeddings.shipped``), the group's other texts embedded in one call; by the
     store's analyser thread before the writer takes the deliveries: never inside a transaction
     other processes' writers wait for, nor on the writer's serial path. Never a refusal: a
     delivery whose analysis raises is decided by its writes alone, its rows carrying none (a
