@@ -17,8 +17,14 @@ outside against a test provider that counts what it is asked (``loadtest.embed_p
    ``--changes`` of them changed, deliveries spread over the nodes, until every node says
    complete: the texts the provider was asked per concept change (aim 1), and whether every
    node's store holds the same vector rows.
+5. ``cluster_local`` (``--cluster``): the same over the local model, three nodes in one process
+   (``loadtest/cluster_model.py``) whose models count what they run: the texts per change
+   for the cluster (aim 1: only the process that took a delivery runs it), per node, the
+   stream's bytes per event, the same rows everywhere; and a node's CPU per upsert, running
+   the model against taking the vector its message shipped.
 
-``--skip-single`` runs the cluster phase alone. ``--peer CHECKOUT`` runs the same phases
+``--skip-single`` runs the cluster phases alone, ``--local-model-only`` of them
+``cluster_local``. ``--peer CHECKOUT`` runs the same phases
 against another checkout's server (its ``.venv``) first, side by side. The last line is one
 JSON object.
 """
@@ -29,9 +35,12 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
+import random
 import shutil
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -230,6 +239,66 @@ def cluster(folder: Path, concepts: int, changes: int, root: Path | None) -> dic
         provider.stop()
 
 
+def cluster_local(folder: Path, concepts: int, changes: int, root: Path | None) -> dict[str, Any]:
+    """The local model's phase: ``loadtest/cluster_model.py`` (copied, so that it runs on the
+    measured checkout's code alone) with that checkout's Python over a 3-server cluster; then
+    the stream's messages and bytes per event."""
+    from tests.nats_cluster import STREAM, NatsCluster
+
+    nats = NatsCluster(folder / "nats", 3)
+    try:
+        nats.start()
+        (folder / "log.toml").write_text(nats.log_toml(STREAM))
+        script = folder / "cluster_model.py"
+        shutil.copy(Path(__file__).with_name("cluster_model.py"), script)
+        python = str(root / ".venv" / "bin" / "python") if root else sys.executable
+        command = [python, str(script), "--folder", str(folder), "--log", str(folder / "log.toml")]
+        command += ["--concepts", str(concepts), "--changes", str(changes)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+        if done.returncode:
+            raise RuntimeError(f"cluster_model.py failed: {done.stderr[-3000:]}")
+        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+
+        async def stream_state() -> Any:
+            nc = await nats.connect()
+            try:
+                return (await nc.jetstream(timeout=5).stream_info(STREAM)).state
+            finally:
+                await nc.close()
+
+        state = asyncio.run(stream_state())
+        result["stream_messages"] = int(state.messages)
+        result["stream_bytes_per_event"] = round(int(state.bytes) / result["concept_changes"], 1)
+        return result
+    finally:
+        nats.stop()
+
+
+def landing_cpu(texts: int = 2000) -> dict[str, float]:
+    """CPU µs per 40-word upsert on a node: running the local model (its word cache warm)
+    against taking the vector its message shipped (``kbgraph.embeddings.shipped``)."""
+    from kbgraph.embeddings.carried import Carrier
+    from kbgraph.embeddings.local import LocalEmbedder
+    from kbgraph.embeddings.shipped import carried, ship
+    from loadtest.cluster_model import concept
+
+    rng = random.Random(3)
+    events = [concept(i, 1, rng) for i in range(texts)]
+    carrier = Carrier(LocalEmbedder(), 4000)
+    sent = ship(carrier, events)  # warms the word cache, as a running node's is
+    assert sent is not None
+    data = [e.data for e in events]
+    best = {"model": math.inf, "shipped": math.inf}
+    for _ in range(3):
+        began = time.process_time()
+        carrier.vectors(data)
+        best["model"] = min(best["model"], time.process_time() - began)
+        began = time.process_time()
+        carried(carrier, data, sent.vectors)
+        best["shipped"] = min(best["shipped"], time.process_time() - began)
+    return {k: round(v / texts * 1e6, 1) for k, v in best.items()}
+
+
 def measure(tmp: Path, args: argparse.Namespace, root: Path | None) -> dict[str, Any]:
     result: dict[str, Any] = {}
     if not args.skip_single:
@@ -240,7 +309,12 @@ def measure(tmp: Path, args: argparse.Namespace, root: Path | None) -> dict[str,
         result["workers"] = workers_and_restart(second, args.concepts, args.delay, root)
     if args.cluster or args.skip_single:
         (tmp / "cluster").mkdir()
-        result["cluster"] = cluster(tmp / "cluster", args.concepts, args.changes, root)
+        if not args.local_model_only:
+            result["cluster"] = cluster(tmp / "cluster", args.concepts, args.changes, root)
+        (tmp / "cluster_local").mkdir()
+        result["cluster_local"] = cluster_local(
+            tmp / "cluster_local", args.concepts, args.changes, root
+        )
     return result
 
 
@@ -254,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changes", type=int, default=30, help="concepts changed (--cluster)")
     parser.add_argument("--cluster", action="store_true", help="the 3-node phase too")
     parser.add_argument("--skip-single", action="store_true", help="the cluster phase alone")
+    parser.add_argument(
+        "--local-model-only", action="store_true", help="of the cluster phases, cluster_local"
+    )
     parser.add_argument("--peer", type=Path, help="a checkout to measure too (its .venv)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-spine-") as tmp:
@@ -276,6 +353,15 @@ def main(argv: list[str] | None = None) -> int:
         part = result["cluster"]
         aims["cluster_one_embed_per_change"] = part["embed_calls_per_change"] == 1
         aims["cluster_same_rows_everywhere"] = part["same_rows_on_every_node"]
+    if "cluster_local" in result:
+        part = result["cluster_local"]
+        result["cluster_local"]["node_cpu_us_per_event"] = landing_cpu()
+        aims["cluster_local_model_once_per_change"] = part["embed_calls_per_change"] == 1
+        # the model runs only where a delivery was taken: every other node 0 times
+        aims["cluster_local_other_nodes_run_model_0_times"] = (
+            part["texts_embedded_per_node"] == part["events_taken_per_node"]
+        )
+        aims["cluster_local_same_rows_everywhere"] = part["same_rows_on_every_node"]
     result["aims"] = aims
     if peer is not None:
         result["peer"] = peer

@@ -40,6 +40,7 @@ STREAMS = [
     *("t-two", "t-cut", "t-rules", "t-skip", "t-mac", "t-snap", "t-fault", "t-work", "t-squat"),
     "t-vec",
     *("t-vrep", "t-vlease", "t-vstall"),
+    "t-ship",
 ]
 # the administrator's own stream, made to see the cluster ready (a node's streams are its
 # own to create: it states its decision rules then, and may not change them after)

@@ -31,6 +31,8 @@ import httpx
 import msgspec
 import pytest
 
+from kbgraph.embeddings.providers import local_available
+from kbgraph.events import ConceptUpserted
 from kbgraph.log.jetstream import decode_message
 from kbgraph.store import Store
 from tests import webhook_client as wc
@@ -130,7 +132,7 @@ def test_two_nodes_one_kb_decide_as_one_store(shared_cluster: NatsCluster, tmp_p
         with Store(tmp_path / "reference.db") as reference:
             seqs: list[tuple[int, int]] = []
             for _, at, payload in messages:
-                kb, events, message = decode_message(payload)
+                kb, events, message, _ = decode_message(payload)
                 assert message is not None
                 reference.clock = lambda at=at: at
                 expected = reference.append(kb, events, message=message)
@@ -310,7 +312,7 @@ def publishers(cluster: NatsCluster, stream: str) -> dict[str, str]:
             out = {}
             for seq in range(1, last + 1):
                 raw = await js.get_msg(stream, seq)
-                _, _, message = decode_message(raw.data or b"")
+                message = decode_message(raw.data or b"").message
                 assert message is not None
                 out[message.id] = (raw.headers or {})["Nats-Msg-Id"].rsplit("-", 1)[0]
             return out
@@ -397,8 +399,11 @@ def test_two_workers_per_node_answer_as_one_node(
         assert len(messages) == final == len(sent)  # nothing published while refused
         with Store(tmp_path / "reference.db") as reference:
             for _, at, payload in messages:  # decided as one store decides the stream's order
-                kb, events, message = decode_message(payload)
+                kb, events, message, shipped = decode_message(payload)
                 assert message is not None
+                # the worker that took it shipped the local model's vectors of its upserts
+                upserts = any(isinstance(e, ConceptUpserted) for e in events)
+                assert (shipped is not None) == (upserts and local_available())
                 reference.clock = lambda at=at: at
                 expected = msgspec.to_builtins(reference.append(kb, events, message=message))
                 assert answers[message.id].pop(0) == expected, message.id

@@ -74,10 +74,11 @@ class StandIn(Publisher):
         self.signer = wire.Signer(b"a cluster secret of enough bytes")
         self._js = stream
         self._nc = SimpleNamespace(max_payload=1 << 20)
+        self.store = SimpleNamespace(carrier=None)  # no local model: no vectors shipped
         self._msg_ids("node")
 
     def delivery(self) -> tuple[str, bytes, dict[str, str]]:
-        return self._message("kb", [upsert("a/b")], None, set())
+        return asyncio.run(self._message("kb", [upsert("a/b")], None, set()))
 
     async def publish(self, subject: str, payload: bytes, headers: dict, claim=None) -> int:
         return await self._publish(subject, payload, headers, claim or (lambda msg_id: None))

@@ -204,8 +204,8 @@ def test_a_closed_probe_leaves_metrics_to_the_one_still_open(tmp_path: Path) -> 
 def test_delivery_encoding_round_trips() -> None:
     events = [upsert("a", 1, links=["b"]), link_added("a", "c", 2)]
     message = WebhookMessage("msg_1", b"\x00" * 32)
-    assert decode_message(encode_message("kb", events, message)) == ("kb", events, message)
-    assert decode_message(encode_message("kb", events, None)) == ("kb", events, None)
+    assert decode_message(encode_message("kb", events, message)) == ("kb", events, message, None)
+    assert decode_message(encode_message("kb", events, None)) == ("kb", events, None, None)
 
 
 def submit(store: Store, kb: str, events, seq: int, at: float = 1000.0, message=None):
@@ -397,7 +397,7 @@ def test_a_delivery_is_checked_before_it_is_published() -> None:
     events = [upsert(f"c{i}", text="word " * 2000) for i in range(10)]
     payload, headers = pack("kb", events, None)
     assert headers == {"Kbgraph-Encoding": "deflate"} and len(payload) < 20_000
-    assert unpack(payload, headers) == ("kb", events, None)
+    assert unpack(payload, headers) == ("kb", events, None, None)
 
 
 @pytest.mark.parametrize("key", ["password", "token", "nkey_seed", "mac_secret"])

@@ -16,7 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from kbgraph.embeddings import shipped
 from kbgraph.embeddings.carried import Carrier
+from kbgraph.embeddings.shipped import Shipped
 from kbgraph.events import ConceptUpserted, Event
 from kbgraph.store import statements as sql
 from kbgraph.store import vectorrows
@@ -85,6 +87,9 @@ class Pending:
     # model's, kbgraph.embeddings.carried), under ``carried_model``
     carried_rows: dict[int, vectorrows.VectorRow] = field(default_factory=dict)
     carried_model: str = ""
+    # the local model's vectors its message shipped (kbgraph.embeddings.shipped): those of
+    # the store's model's key are taken in place of running the model
+    shipped: Shipped | None = None
 
 
 ANALYSE_EVENTS: Final = 2_000  # deliveries analysed together, until they hold this many events
@@ -125,32 +130,34 @@ def analyser(
 
 def analyse(group: list[Pending], carrier: Carrier | None = None) -> None:
     """Each upsert's text analysis for the log (``eventlog.analysis_of``) and, with
-    ``carrier`` (the local model), its vector, the group's texts embedded in one call; by the
+    ``carrier`` (the local model), its vector (the one its stream message shipped, if any:
+    ``kbgraph.embeddings.shipped``), the group's other texts embedded in one call; by the
     store's analyser thread before the writer takes the deliveries: never inside a transaction
     other processes' writers wait for, nor on the writer's serial path. Never a refusal: a
     delivery whose analysis raises is decided by its writes alone, its rows carrying none (a
     vector that fails leaves the rows without one: the followers embed them as before)."""
     upserts = [
-        (pending, e)
+        (pending, i, e)
         for pending in group
         if pending.note is None
-        for e in pending.events
+        for i, e in enumerate(pending.events)
         if isinstance(e, ConceptUpserted)
     ]
     carried: list[tuple[str, bytes] | None] = [None] * len(upserts)
     if carrier is not None and upserts:
         try:
-            made = carrier.vectors([e.data for _, e in upserts])
+            wires = [shipped.wire(pending.shipped, carrier.key, i) for pending, i, _ in upserts]
+            made = shipped.carried(carrier, [e.data for *_, e in upserts], wires)
         except Exception:  # e.g. text the tokenizer refuses: the followers' fallback
             made = []
-        for i, ((pending, event), one) in enumerate(zip(upserts, made, strict=False)):
+        for i, ((pending, _, event), one) in enumerate(zip(upserts, made, strict=False)):
             carried[i] = (carrier.key, one.packed)
             pending.carried_model = carrier.model
             pending.carried_rows[id(event)] = vectorrows.VectorRow(
                 event.subject, one.text_hash, one.vector, ""
             )
     failed: set[int] = set()
-    for (pending, event), vector in zip(upserts, carried, strict=True):
+    for (pending, _, event), vector in zip(upserts, carried, strict=True):
         if id(pending) in failed:
             continue
         try:

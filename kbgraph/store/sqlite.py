@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final, TypeVar
 
-from kbgraph.embeddings.carried import Carrier
+from kbgraph.embeddings import carried, shipped
 from kbgraph.events import Event
 from kbgraph.store import logcut, positions, schema, vectorrows
 from kbgraph.store import statements as sql
@@ -89,7 +89,7 @@ class Store:
         max_kbs: int | None = None,
         named_kbs: frozenset[str] = frozenset(),
         dedupe_keys: int = DEDUPE_KEYS,
-        carrier: Carrier | None = None,
+        carrier: carried.Carrier | None = None,
     ) -> None:
         """Open (creating) the store; ``read_only`` opens an existing one for reading only
         (``load``, ``read_log``: what a process that only follows the log needs). A delivery
@@ -268,6 +268,7 @@ class Store:
         at: float,
         position: tuple[str, int],
         resolve: Callable[[DeliveryResult | None, BaseException | None], None],
+        vectors: shipped.Shipped | None = None,
     ) -> None:
         """Queue one delivery read from a replicated log at ``position`` (stream, sequence).
 
@@ -276,8 +277,11 @@ class Store:
         first position does not follow the stored one, or that fails for a reason other than
         the delivery's own refusal (``ReplayRefused``, ``KBLimitReached``), commits nothing
         and resolves every member with the error: the caller reads on from ``log_position``.
+        ``vectors``: the local model's, shipped in its message (``kbgraph.embeddings.shipped``).
         """
-        self._submit(Pending(kb, list(events), resolve, message, at=at, position=position))
+        pending = Pending(kb, list(events), resolve, message, at=at, position=position)
+        pending.shipped = vectors
+        self._submit(pending)
 
     def submit_note_from_log(
         self,

@@ -385,7 +385,7 @@ class StreamConsumer:
                 return
         else:
             try:
-                kb, events, message = wire.unpack(msg.data or b"", headers)
+                kb, events, message, shipped = wire.unpack(msg.data or b"", headers)
             except Exception as exc:  # the same bytes fail alike on every node
                 note = ("unreadable", f"not a delivery: {exc!r}"[:500])
             if seq in self._skips:
@@ -396,7 +396,7 @@ class StreamConsumer:
                 note = ("skipped", f"a re-send of a skipped delivery (webhook-id {shown!r})")
             elif note is None:
                 at = msg.metadata.timestamp.timestamp()
-                self.store.submit_from_log(kb, events, message, at, position, resolve)
+                self.store.submit_from_log(kb, events, message, at, position, resolve, shipped)
                 return
         NOTED.labels(self.stream, note[0]).inc()
         if note[0] == "skipped":

@@ -271,7 +271,7 @@ class JetStreamLog(StreamConsumer, Publisher):
         refusal = self.refusal()
         if refusal is not None:
             raise LogUnavailable(refusal)
-        subject, payload, headers = self._message(kb, events, message, self.skipped_messages)
+        subject, payload, headers = await self._message(kb, events, message, self.skipped_messages)
         waiter: asyncio.Future[DeliveryResult] = asyncio.get_running_loop().create_future()
         claimed: list[str] = []
 

@@ -12,6 +12,7 @@ write the stream claimed the id first, and the delivery is published again under
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import secrets
@@ -23,12 +24,13 @@ import nats.errors
 import nats.js.errors
 
 from kbgraph.config import JetStreamConfig
+from kbgraph.embeddings import shipped
 from kbgraph.events import Event
 from kbgraph.log import DeliverySkipped, DeliveryTooLarge, LogUnavailable
 from kbgraph.log.jetstream import wire
 from kbgraph.log.jetstream.connect import connect
 from kbgraph.log.jetstream.embedder import ClusterEmbedder
-from kbgraph.store import DeliveryResult, WebhookMessage
+from kbgraph.store import DeliveryResult, Store, WebhookMessage
 
 log = logging.getLogger("kbgraph.log.jetstream")
 IN_PROCESS: Final = 10158  # JetStream: a publish with this Msg-Id is being stored: ask again
@@ -54,6 +56,7 @@ class Publisher:
     config: JetStreamConfig
     stream: str
     signer: wire.Signer
+    store: Store  # its carrier (the local model) embeds what the delivery ships
     _nc: Any
     _js: Any
     connected: bool
@@ -101,22 +104,29 @@ class Publisher:
         published, so nobody can store a message under it first."""
         return f"{self._id_prefix}-{secrets.token_hex(16)}"
 
-    def _message(
+    async def _message(
         self,
         kb: str,
         events: list[Event],
         message: WebhookMessage | None,
         skipped: set[WebhookMessage],
     ) -> tuple[str, bytes, dict[str, str]]:
-        """(subject, payload, headers) of one delivery, signed; refusals first:
+        """(subject, payload, headers) of one delivery, signed, with the local model's vectors
+        of its upserts (``kbgraph.embeddings.shipped``: every node takes them in place of
+        running the model) unless they would make it too big; refusals first:
         ``DeliverySkipped`` (a re-send of a delivery an operator skipped), ``DeliveryTooLarge``."""
         if message is not None and message in skipped:  # nothing published
             raise DeliverySkipped(
                 f"webhook-id {message.id[:64]!r}: this delivery was skipped by an operator's"
                 " decision on every node (kbgraph cluster skip); send it anew, changed"
             )
-        payload, headers = wire.pack(kb, events, message)
         limit = self._nc.max_payload - 1024  # room for the headers
+        carrier = self.store.carrier
+        vectors = None
+        if carrier is not None:
+            with contextlib.suppress(Exception):  # e.g. a text its tokenizer refuses
+                vectors = await asyncio.to_thread(shipped.ship, carrier, events)
+        payload, headers = wire.pack_within(kb, events, message, vectors, limit)
         if len(payload) > limit:
             raise DeliveryTooLarge(
                 f"delivery of {len(payload)} bytes (compressed) is over the stream's"

@@ -9,11 +9,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import zlib
-from typing import Final
+from typing import Final, NamedTuple
 
 import msgspec
 import numpy as np
 
+from kbgraph.embeddings.shipped import Shipped
 from kbgraph.events import Event, decode_from_log, encode_for_log
 from kbgraph.names import is_kb_name
 from kbgraph.store import WebhookMessage
@@ -76,12 +77,26 @@ class StreamVectors(msgspec.Struct, array_like=True, frozen=True):
 
 
 class StreamDelivery(msgspec.Struct, array_like=True, frozen=True):
-    """One delivery as the stream carries it (MessagePack)."""
+    """One delivery as the stream carries it (MessagePack). Older code reads the fields it
+    knows and ignores those after them (the vectors), and reads a message without them."""
 
     kb: str
     events: list[bytes]  # each ``encode_for_log(event)``
     message_id: str | None = None  # the signed webhook message, if any
     message_digest: bytes | None = None
+    # the local model's vectors of its upserts (``kbgraph.embeddings.shipped``): the model's
+    # key ("" none), per event its vector or None
+    vector_key: str = ""
+    vectors: list[bytes | None] = msgspec.field(default_factory=list)
+
+
+class Unpacked(NamedTuple):
+    """A delivery as a node reads it from its message."""
+
+    kb: str
+    events: list[Event]
+    message: WebhookMessage | None
+    vectors: Shipped | None  # the local model's, when the message carries them
 
 
 class Skip(msgspec.Struct, tag="skip", frozen=True, forbid_unknown_fields=True):
@@ -103,35 +118,41 @@ class NotPublishable(ValueError):
     """A delivery that the nodes could not read back as it was taken (a bug, never input)."""
 
 
-def encode_message(kb: str, events: list[Event], message: WebhookMessage | None) -> bytes:
+def encode_message(
+    kb: str, events: list[Event], message: WebhookMessage | None, vectors: Shipped | None = None
+) -> bytes:
     return _encoder.encode(
         StreamDelivery(
             kb,
             [encode_for_log(event) for event in events],
             message.id if message else None,
             message.digest if message else None,
+            vectors.key if vectors else "",
+            vectors.vectors if vectors else [],
         )
     )
 
 
-def decode_message(payload: bytes) -> tuple[str, list[Event], WebhookMessage | None]:
+def decode_message(payload: bytes) -> Unpacked:
     delivery = _decoder.decode(payload)
     message = None
     if delivery.message_id is not None and delivery.message_digest is not None:
         message = WebhookMessage(delivery.message_id, delivery.message_digest)
-    return delivery.kb, [decode_from_log(raw) for raw in delivery.events], message
+    events = [decode_from_log(raw) for raw in delivery.events]
+    vectors = Shipped(delivery.vector_key, delivery.vectors) if delivery.vector_key else None
+    return Unpacked(delivery.kb, events, message, vectors)
 
 
 def pack(
-    kb: str, events: list[Event], message: WebhookMessage | None
+    kb: str, events: list[Event], message: WebhookMessage | None, vectors: Shipped | None = None
 ) -> tuple[bytes, dict[str, str]]:
     """The payload and headers of a delivery, checked before it is published: every node
     decodes exactly this payload, so a delivery it would not read back as taken (an invalid
     KB name, an event that does not survive the log's encoding) never reaches the stream."""
     if not is_kb_name(kb):
         raise NotPublishable(f"kb name {kb!r} is not one the stream's nodes accept")
-    payload = encode_message(kb, events, message)
-    if decode_message(payload) != (kb, events, message):
+    payload = encode_message(kb, events, message, vectors)
+    if decode_message(payload) != (kb, events, message, vectors):
         raise NotPublishable(f"a delivery to kb {kb} does not read back as it was taken")
     headers: dict[str, str] = {}
     if len(payload) > COMPRESS_ABOVE:
@@ -140,9 +161,22 @@ def pack(
     return payload, headers
 
 
-def unpack(
-    payload: bytes, headers: dict[str, str]
-) -> tuple[str, list[Event], WebhookMessage | None]:
+def pack_within(
+    kb: str,
+    events: list[Event],
+    message: WebhookMessage | None,
+    vectors: Shipped | None,
+    limit: int,
+) -> tuple[bytes, dict[str, str]]:
+    """``pack`` with ``vectors`` if that is at most ``limit`` bytes, else without them (every
+    node then runs its own model): a delivery is never refused for its vectors."""
+    payload, headers = pack(kb, events, message, vectors)
+    if vectors is not None and len(payload) > limit:
+        payload, headers = pack(kb, events, message)
+    return payload, headers
+
+
+def unpack(payload: bytes, headers: dict[str, str]) -> Unpacked:
     if headers.get(ENCODING) == "deflate":
         payload = zlib.decompress(payload)
     return decode_message(payload)

@@ -103,7 +103,7 @@ class WorkerLog(Publisher):
         if refusal is not None:
             raise LogUnavailable(refusal)
         skipped = await asyncio.to_thread(self.store.skipped_messages, self.stream)
-        subject, payload, headers = self._message(kb, events, message, skipped)
+        subject, payload, headers = await self._message(kb, events, message, skipped)
         seq = await self._publish(subject, payload, headers)
         deadline = time.monotonic() + APPLY_WAIT_SECONDS
         result = await self._outcome(seq)
