@@ -79,6 +79,10 @@ KB_ROW: Final = "SELECT kid, seq, keys FROM kb WHERE name = ?"
 KB_SET_KEYS: Final = "UPDATE kb SET keys = ? WHERE kid = ?"
 KB_COUNT: Final = "SELECT count(*) FROM kb"
 MESSAGE_GET: Final = "SELECT kb, received_at FROM webhook_message WHERE id = ? AND digest = ?"
+MESSAGES_GET: Final = (  # ?1: the webhook-ids as a JSON array (a row per body of each)
+    "SELECT id, digest, kb, received_at FROM webhook_message"
+    " WHERE id IN (SELECT value FROM json_each(?1))"
+)
 MESSAGE_PUT: Final = (
     "INSERT OR REPLACE INTO webhook_message (id, digest, kb, received_at) VALUES (?, ?, ?, ?)"
 )
