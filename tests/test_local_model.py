@@ -46,7 +46,9 @@ def oracle(text: str) -> bytes:
 
 
 text = st.lists(
-    st.sampled_from([*"ab zé\n\t.-日🎉", "ing", "tion", "  ", "the", "Router", "▁", "\n\n"])
+    st.sampled_from(
+        [*"ab zé\n\t.-日🎉<>/", "ing", "tion", "  ", "the", "Router", "▁", "\n\n", "<s", "unk>"]
+    )
 ).map("".join)
 
 
@@ -56,6 +58,25 @@ def test_a_calls_vectors_are_the_oracles(texts: list[str]) -> None:
     got = MODEL.embed(texts)
     assert got.dtype == np.float32 and got.shape == (len(texts), local.DIM)
     assert [row.tobytes() for row in got] == [oracle(t) for t in texts]
+
+
+@settings(max_examples=200, deadline=None)
+@given(text)
+def test_a_texts_tokens_piece_by_piece_are_the_whole_texts(one: str) -> None:
+    """The pieces' tokens (the normaliser, then the BPE model) are those of the whole text
+    tokenized at once."""
+    assert sorted(MODEL.tokens(one)) == sorted(MODEL.whole_tokens(one))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(["<s>", "</s>", "<unk>", "a<s>b", "x<", "b>", "word"]), min_size=1))
+def test_pieces_holding_added_tokens_are_tokenized_alone(words: list[str]) -> None:
+    """A piece that may hold one of the tokenizer's added tokens (``<s>``, matched before its
+    normaliser) is tokenized alone by the tokenizer itself: a text of words and single spaces
+    gets each word's own tokens, in order (the whole text's differ around the added tokens:
+    the normaliser's mark is prepended after each)."""
+    want = [token for word in words for token in MODEL.whole_tokens(word)]
+    assert MODEL.tokens(" ".join(words)) == want
 
 
 def test_a_full_word_cache_starts_over_with_the_same_bytes(
