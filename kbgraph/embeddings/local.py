@@ -243,7 +243,8 @@ class LocalEmbedder:
                 words = self._words
                 found = list(map(words.index.get, keys))
             new = itertools.compress(keys, map(operator.is_, found, itertools.repeat(None)))
-            fresh = self._tokenize(list(dict.fromkeys(new)))
+            index = words.index  # another thread may have added some since the look-up
+            fresh = self._tokenize([k for k in dict.fromkeys(new) if k not in index])
             rows = len(self._table)
             if len(words.index) + len(fresh) > WORD_CACHE:  # start over with this call's words
                 old, words = words, _Words()
