@@ -13,9 +13,11 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kbgraph.store import Store
+from kbgraph.store.vectorrows import VectorRow
 from tests.kb_events import delete, link_added, upsert
 
 RUNAWAY_STEPS = 50_000  # progress-handler calls (of 10,000 VM steps each) before aborting
@@ -58,8 +60,10 @@ def twelve_then_delete(store: Store) -> None:
 def test_json_parameters_are_bound_as_text(tmp_path: Path, traced: list[str]) -> None:
     with Store(tmp_path / "kb.db") as store:
         twelve_then_delete(store)
+        store.write_vectors("kb", "m", [VectorRow("ab", b"h" * 16, np.ones(2, np.float32), "")])
     json_statements = [s for s in traced if "json_each(" in s]
     assert json_statements, "the store ran no json_each statement: the test proves nothing"
+    assert any(s.startswith("INSERT INTO vector") for s in json_statements)
     blobs = [s for s in json_statements if "json_each(x'" in s.lower()]
     assert blobs == [], f"JSON bound as a BLOB: {blobs[:3]}"
 

@@ -12,14 +12,18 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from kbgraph.events import ConceptUpserted, UpsertData
 from kbgraph.sources.sinks import WebhookSink
+from kbgraph.store import Store
 from kbgraph.store.schema import SCHEMA_VERSION
+from kbgraph.store.vectorrows import VectorRow
 from tests.support import ADMIN, SECRET, running, served_config
 
 pytestmark = pytest.mark.slow
@@ -113,3 +117,45 @@ def test_a_store_of_a_newer_kbgraph_is_refused_and_left_alone(tmp_path: Path) ->
     assert conn.execute("SELECT count(*) FROM link").fetchone()[0] == 5
     assert "links" not in {row[1] for row in conn.execute("PRAGMA table_info(concept)")}
     conn.close()
+
+
+# the vector table as schema 7 first had it: WITHOUT ROWID, each 1 KB row on an overflow page
+VECTOR_WITHOUT_ROWID = """CREATE TABLE vector (
+    kb TEXT NOT NULL,
+    concept TEXT NOT NULL,
+    model TEXT NOT NULL,
+    text_hash BLOB NOT NULL,
+    vec BLOB,
+    problem TEXT,
+    PRIMARY KEY (kb, model, concept)
+) WITHOUT ROWID"""
+
+
+def test_a_vector_table_without_rowid_is_rebuilt_with_its_rows(tmp_path: Path) -> None:
+    """A file whose ``vector`` table is WITHOUT ROWID (as schema 7 first made it) is given the
+    rowid table on opening, every row kept, read and rewritten as before."""
+    path = tmp_path / "kb.db"
+    Store(path).close()
+    vec = np.arange(256, dtype="<f4").tobytes()
+    rows = [("kb", "a", "m", b"h" * 16, vec, None), ("kb", "b", "m", b"g" * 16, None, "refused")]
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("DROP TABLE vector")
+        conn.execute(VECTOR_WITHOUT_ROWID)
+        conn.executemany("INSERT INTO vector VALUES (?, ?, ?, ?, ?, ?)", rows)
+        conn.commit()
+    with Store(path) as store:
+        read = sorted(store.read_vectors("kb", "m", ["a", "b"]))
+        assert [(r.concept, r.text_hash, r.problem) for r in read] == [
+            ("a", b"h" * 16, ""), ("b", b"g" * 16, "refused")
+        ]  # fmt: skip
+        assert read[0].vector is not None and read[0].vector.tobytes() == vec
+        store.write_vectors("kb", "m", [VectorRow("b", b"n" * 16, np.ones(2, np.float32), "")])
+    Store(path).close()  # opened again: nothing left to rebuild
+    with closing(sqlite3.connect(path)) as conn:
+        (table,) = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'vector'").fetchone()
+        assert "WITHOUT ROWID" not in table.upper()
+        left = conn.execute("SELECT count(*) FROM sqlite_schema WHERE name = 'vector_before'")
+        assert left.fetchone()[0] == 0
+        got = conn.execute("SELECT * FROM vector ORDER BY concept").fetchall()
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert got == [rows[0], ("kb", "b", "m", b"n" * 16, np.ones(2, "<f4").tobytes(), None)]

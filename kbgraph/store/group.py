@@ -23,7 +23,7 @@ from kbgraph.events import ConceptUpserted, Event
 from kbgraph.store import statements as sql
 from kbgraph.store import vectorrows
 from kbgraph.store.decide import AcceptedKeys, Subject, decide
-from kbgraph.store.eventlog import SqliteLog, analysis_of
+from kbgraph.store.eventlog import SqliteLog, analysis_of, json_text
 from kbgraph.store.model import DeliveryResult, KBLimitReached, ReplayRefused, WebhookMessage
 from kbgraph.store.statements import links_decoder
 from kbgraph.store.vectorrows import VectorRow
@@ -196,15 +196,21 @@ class GroupWriter:
         """A signed message (webhook-id and body) seen for another KB within ``BINDING_SECONDS``
         refuses its delivery (a signature does not cover the URL, so a captured delivery could
         be replayed into another KB); seen for the same KB, the delivery is a retry
-        (``Pending.resent``)."""
+        (``Pending.resent``). The group's messages are looked up in one statement and bound in
+        one, decided in order as if each were bound before the next was looked up."""
         clock = self.settings.clock()
+        signed: list[tuple[Pending, WebhookMessage]] = []
         for pending in group:
-            now = clock if pending.at is None else pending.at
             pending.resent = False
-            message = pending.message
-            if message is None or pending.note is not None:
-                continue
-            row = conn.execute(sql.MESSAGE_GET, message).fetchone()
+            if pending.message is not None and pending.note is None:
+                signed.append((pending, pending.message))
+        if not signed:
+            return
+        known = self.messages_known(conn, [message for _, message in signed])
+        bound: dict[WebhookMessage, tuple[str, bytes, str, float]] = {}
+        for pending, message in signed:
+            now = clock if pending.at is None else pending.at
+            row = known.get(message)
             if row is not None and row[1] >= now - BINDING_SECONDS:
                 if row[0] != pending.kb:
                     raise ReplayRefused(
@@ -213,7 +219,26 @@ class GroupWriter:
                     )
                 pending.resent = True
                 continue
-            conn.execute(sql.MESSAGE_PUT, (*message, pending.kb, now))
+            known[message] = (pending.kb, now)
+            bound[message] = (*message, pending.kb, now)
+        conn.executemany(sql.MESSAGE_PUT, list(bound.values()))
+
+    @staticmethod
+    def messages_known(
+        conn: sqlite3.Connection, messages: list[WebhookMessage]
+    ) -> dict[WebhookMessage, tuple[str, float]]:
+        """message -> (kb, received_at) of those the store holds."""
+        payload = json_text(list({m.id for m in messages}))
+        if payload is None:  # a webhook-id holding U+0000: one look-up each
+            found = ((m, conn.execute(sql.MESSAGE_GET, m).fetchone()) for m in messages)
+            return {m: (row[0], row[1]) for m, row in found if row is not None}
+        wanted = set(messages)
+        rows = conn.execute(sql.MESSAGES_GET, (payload,))
+        return {
+            m: (kb, at)
+            for id_, digest, kb, at in rows
+            if (m := WebhookMessage(id_, bytes(digest))) in wanted
+        }
 
     def prune_messages(self, conn: sqlite3.Connection, group: list[Pending]) -> None:
         """Forget messages past the binding time, at most once a minute.

@@ -20,7 +20,10 @@ from kbgraph.store.model import NewerSchema
 # and log.analysis (an upsert's text analysed once by the writer, kbgraph.search.document): a
 # nullable column older code neither writes nor reads, a row without it analysed by the reader;
 # and vector (a concept's vector per model with the hash of the text it was computed from,
-# or the provider's refusal of that text: kbgraph.store.vectorrows)
+# or the provider's refusal of that text: kbgraph.store.vectorrows), a rowid table since a
+# WITHOUT ROWID one put each 1 KB row on an overflow page of its own (4.7 KB written a vector;
+# ``_vector_rowid`` rebuilds an older file's: the same columns and key, so older code reads
+# and writes it as before)
 SCHEMA_VERSION: Final = 7
 
 _TABLES: Final = """
@@ -102,8 +105,8 @@ CREATE TABLE IF NOT EXISTS vector (
     text_hash BLOB NOT NULL,  -- of the text embedded (kbgraph.embeddings.text_hash)
     vec BLOB,  -- float32 little-endian, unit length, or NULL: the provider refused the text
     problem TEXT,  -- the refusal, when vec is NULL
-    PRIMARY KEY (kb, model, concept)
-) WITHOUT ROWID;
+    UNIQUE (kb, model, concept)
+);
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value NOT NULL
@@ -125,6 +128,7 @@ def create_or_migrate(conn: sqlite3.Connection) -> None:
             conn.execute(statement)
     if 0 < found < SCHEMA_VERSION:
         _migrate(conn)
+    _vector_rowid(conn)
     if "analysis" not in {row[1] for row in conn.execute("PRAGMA table_info(log)")}:
         conn.execute("ALTER TABLE log ADD COLUMN analysis BLOB")  # see SCHEMA_VERSION
     conn.execute(
@@ -138,6 +142,28 @@ def set_auto_vacuum(conn: sqlite3.Connection) -> None:
     """A new file frees the pages a log cut empties (``PRAGMA incremental_vacuum``); SQLite
     takes this only before the first table exists (an older file keeps its setting)."""
     conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+
+
+_VECTOR_COLUMNS: Final = "kb, concept, model, text_hash, vec, problem"
+
+
+def _vector_rowid(conn: sqlite3.Connection) -> None:
+    """An older file's ``vector`` table, WITHOUT ROWID, rebuilt as the rowid table of
+    ``_TABLES`` with its rows: in an index b-tree a row of over ~1,000 bytes (a 256-float
+    vector and its key) spills to an overflow page of its own, in a table b-tree's leaf it
+    fits."""
+    row = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'vector'").fetchone()
+    if row is None or "WITHOUT ROWID" not in row[0].upper():
+        return
+    conn.execute("ALTER TABLE vector RENAME TO vector_before")
+    for statement in _TABLES.split(";"):
+        if "TABLE IF NOT EXISTS vector (" in statement:
+            conn.execute(statement)
+    conn.execute(
+        f"INSERT INTO vector ({_VECTOR_COLUMNS}) SELECT {_VECTOR_COLUMNS} FROM vector_before"
+        " ORDER BY kb, model, concept"
+    )
+    conn.execute("DROP TABLE vector_before")
 
 
 def _migrate(conn: sqlite3.Connection) -> None:

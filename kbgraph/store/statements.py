@@ -79,6 +79,10 @@ KB_ROW: Final = "SELECT kid, seq, keys FROM kb WHERE name = ?"
 KB_SET_KEYS: Final = "UPDATE kb SET keys = ? WHERE kid = ?"
 KB_COUNT: Final = "SELECT count(*) FROM kb"
 MESSAGE_GET: Final = "SELECT kb, received_at FROM webhook_message WHERE id = ? AND digest = ?"
+MESSAGES_GET: Final = (  # ?1: the webhook-ids as a JSON array (a row per body of each)
+    "SELECT id, digest, kb, received_at FROM webhook_message"
+    " WHERE id IN (SELECT value FROM json_each(?1))"
+)
 MESSAGE_PUT: Final = (
     "INSERT OR REPLACE INTO webhook_message (id, digest, kb, received_at) VALUES (?, ?, ?, ?)"
 )
@@ -220,7 +224,20 @@ VECTORS_CURRENT: Final = (
     " JOIN kb k ON k.name = ?1 JOIN concept c ON c.kid = k.kid AND c.id = j.value"
     " LEFT JOIN vector v ON v.kb = ?1 AND v.model = ?2 AND v.concept = c.id"
 )
+_VECTOR_SET: Final = (
+    " ON CONFLICT (kb, model, concept) DO UPDATE SET text_hash = excluded.text_hash,"
+    " vec = excluded.vec, problem = excluded.problem"
+)
 VECTOR_PUT: Final = (
-    "INSERT OR REPLACE INTO vector (kb, concept, model, text_hash, vec, problem)"
-    " VALUES (?, ?, ?, ?, ?, ?)"
+    "INSERT INTO vector (kb, concept, model, text_hash, vec, problem) VALUES (?, ?, ?, ?, ?, ?)"
+    + _VECTOR_SET
+)
+# many rows (kbgraph.store.vectorrows.write): ?1 kb, ?2 model, ?3 the hashes and ?4 the
+# vectors one after another, ?5 each row's [concept, hash at, its length, vector at (0: none,
+# refused), its length, problem]
+VECTORS_PUT: Final = (
+    "INSERT INTO vector (kb, concept, model, text_hash, vec, problem)"
+    " SELECT ?1, value ->> 0, ?2, substr(?3, value ->> 1, value ->> 2),"
+    " CASE WHEN value ->> 3 > 0 THEN substr(?4, value ->> 3, value ->> 4) END, value ->> 5"
+    " FROM json_each(?5) WHERE true ORDER BY key" + _VECTOR_SET
 )

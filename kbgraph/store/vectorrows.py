@@ -24,6 +24,7 @@ import numpy as np
 
 from kbgraph.embeddings import concept_text, text_hash
 from kbgraph.store import statements as sql
+from kbgraph.store.eventlog import json_text
 
 _ids = msgspec.json.Encoder()
 
@@ -52,21 +53,38 @@ def read(conn: sqlite3.Connection, kb: str, model: str, concepts: list[str]) -> 
 
 
 def write(conn: sqlite3.Connection, kb: str, model: str, rows: list[VectorRow]) -> None:
-    """Store ``rows`` (call inside a write transaction)."""
-    conn.executemany(
-        sql.VECTOR_PUT,
-        [
-            (
-                kb,
-                r.concept,
-                model,
-                r.text_hash,
-                None if r.vector is None else np.asarray(r.vector, "<f4").tobytes(),
-                None if r.vector is not None else r.problem,
-            )
-            for r in rows
-        ],
-    )
+    """Store ``rows`` (call inside a write transaction), in order: a concept's last row wins.
+
+    One statement for them all (``VECTORS_PUT``): the hashes and the vectors travel as two
+    blobs, each row cut out of them by offset and length, the rest as JSON text (row by row
+    when a concept or a refusal holds U+0000, which SQLite's JSON functions cut at)."""
+    if not rows:
+        return
+    vectors = [None if r.vector is None else np.asarray(r.vector, "<f4").tobytes() for r in rows]
+    meta = []
+    at = vec_at = 1  # substr() counts from 1; a vector at 0 is none (refused)
+    for r, vec in zip(rows, vectors, strict=True):
+        size = len(vec) if vec is not None else 0
+        meta.append(
+            (r.concept, at, len(r.text_hash), vec_at if vec is not None else 0, size,
+             None if vec is not None else r.problem)
+        )  # fmt: skip
+        at += len(r.text_hash)
+        vec_at += size
+    payload = json_text(meta)
+    if payload is None:
+        conn.executemany(
+            sql.VECTOR_PUT,
+            [
+                (kb, r.concept, model, r.text_hash, vec, None if vec is not None else r.problem)
+                for r, vec in zip(rows, vectors, strict=True)
+            ],
+        )
+        return
+    # a byte after each: an empty bytes binds as NULL (no row holds none, a vector may be empty)
+    hashes = b"".join(r.text_hash for r in rows) + b"\0"
+    blob = b"".join(vec for vec in vectors if vec is not None) + b"\0"
+    conn.execute(sql.VECTORS_PUT, (kb, model, hashes, blob, payload))
 
 
 def take(
