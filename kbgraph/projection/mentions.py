@@ -29,7 +29,6 @@ scan of the whole KB, but at the first build.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -37,9 +36,9 @@ from typing import Final, NamedTuple
 
 import numpy as np
 
-from kbgraph.search import STOP_WORDS, SearchIndex, tokenize, tokens_with_offsets
+from kbgraph.search import SearchIndex, tokenize, tokens_with_offsets
 from kbgraph.search.analysis import stem
-from kbgraph.search.nametrie import NAME_SEP
+from kbgraph.search.nametrie import NAME_SEP, mentionable
 
 VIEW_CACHE_ENTRIES: Final = 16
 TEXT_HITS: Final = 0xFFFFFFFF  # a term posting's text-field hits (kbgraph.search.bulk.FIELD)
@@ -49,12 +48,6 @@ class Occurrence(NamedTuple):
     start: int  # first token
     end: int  # one past the last token
     key: str  # the name's folded tokens joined by NAME_SEP
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def mentionable(key: str) -> bool:
-    """A name of stop words alone ("The Who", "Of The") names nothing."""
-    return any(token not in STOP_WORDS for token in key.split(NAME_SEP))
 
 
 def take(occurrences: Iterable[Occurrence]) -> list[Occurrence]:
@@ -95,8 +88,7 @@ def scan(index: SearchIndex, text: str) -> list[Occurrence]:
     """Every occurrence in ``text`` of a mentionable name some concept holds."""
     if not text:
         return []
-    found = index.name_trie().matches(words(text))
-    return [Occurrence(i, j, key) for i, j, key in found if mentionable(key)]
+    return [Occurrence(i, j, key) for i, j, key in index.name_trie().matches(words(text))]
 
 
 def find(text: str, key: str) -> list[Occurrence]:

@@ -369,9 +369,14 @@ def _grown(arr: np.ndarray, size: int) -> np.ndarray:
 
 
 def warm_up() -> None:
-    """Compile (or load from the on-disk cache) the BM25F kernel, before serving."""
+    """Compile (or load from the on-disk cache) the BM25F and name trie kernels, before
+    serving."""
+    NameTrie(["warm"])  # its bulk insert
     index = SearchIndex()
+    index.name_trie()
     index.put(0, "warm", "up")
+    index.name_trie().matches(["warm", "up"])
+    index.remove(0)
     for writeable in (True, False):
         mask = np.ones(1, np.uint8)
         mask.flags.writeable = writeable
