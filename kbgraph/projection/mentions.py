@@ -29,9 +29,10 @@ scan of the whole KB, but at the first build.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Final, NamedTuple
 
 import numpy as np
@@ -41,6 +42,7 @@ from kbgraph.search.analysis import stem
 from kbgraph.search.nametrie import NAME_SEP, mentionable
 
 VIEW_CACHE_ENTRIES: Final = 16
+BUILD_CHUNK: Final = 1 << 12  # texts scanned in one compiled call by the first build
 TEXT_HITS: Final = 0xFFFFFFFF  # a term posting's text-field hits (kbgraph.search.bulk.FIELD)
 
 
@@ -232,12 +234,35 @@ class Mentions:
     # --- building and patching (follower thread, write lock held) ------------------------
 
     def build(self, nodes: Iterable[int]) -> None:
-        """Scan every text of ``nodes`` (the existing concepts), once."""
-        for u in nodes:
-            self._store(u, scan(self.index, self._text_of(u)))
+        """Scan every text of ``nodes`` (the existing concepts), once: ``BUILD_CHUNK`` texts'
+        tokens at a time in one compiled call."""
+        trie = self.index.name_trie()
+        nodes_of = list(nodes)
+        nodes = iter(nodes_of)
+        while chunk := list(itertools.islice(nodes, BUILD_CHUNK)):
+            tokens: list[str] = []
+            bounds = [0]
+            for u in chunk:
+                tokens += words(self._text_of(u))
+                bounds.append(len(tokens))
+            found = trie.match_ids(trie.ids(tokens), np.array(bounds, np.int64))
+            for k, group in itertools.groupby(found, key=lambda m: m[0]):
+                self._store(chunk[k], [Occurrence(i, j, key) for _, i, j, key in group])
+        self._holders = self._named_in(self.by_key, nodes_of)
         for u in list(self.occ):
             self._refresh(u)
         self.gen += 1
+
+    def _named_in(self, keys: Container[str], nodes: Iterable[int]) -> dict[str, list[int]]:
+        """The holders among ``nodes`` (ascending) of each of ``keys`` held by some, read
+        node by node (a key at a time costs a postings lookup each)."""
+        found: dict[str, list[int]] = {}
+        names = self.index.names
+        for u in nodes:
+            for key in names.node_keys_of(u):
+                if key in keys:
+                    found.setdefault(key, []).append(u)
+        return found
 
     def text_changed(self, u: int) -> None:
         """u exists with a new text (or names, or links): its occurrences and edges again."""

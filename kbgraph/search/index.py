@@ -271,7 +271,7 @@ class SearchIndex:
         """Every name key (once per concept holding it) as a ``NameTrie``."""
         if self._trie is None:
             self._trie = NameTrie(
-                key for key, holders in self.names.as_dict().items() for _ in holders
+                key for key, count in self.names.counts().items() for _ in range(count)
             )
         return self._trie
 

@@ -318,8 +318,8 @@ class NameTrie:
                 break
             out = np.empty((found, 4), np.int32)
         self.lookups += lookups
-        keys = self._node_key
-        return [(k, i, j, cast(str, keys[node])) for k, i, j, node in out[:found].tolist()]
+        keys = cast(list[str], self._node_key)  # a node a name ends at holds its key
+        return [(k, i, j, keys[node]) for k, i, j, node in out[:found].tolist()]
 
     def matches(self, tokens: Sequence[str]) -> list[tuple[int, int, str]]:
         """Every (first token, end token, key) where a name's tokens occur in ``tokens``, by
