@@ -65,12 +65,13 @@ def take(occurrences: Iterable[Occurrence]) -> list[Occurrence]:
 
 
 def split(occurrences: Sequence[Occurrence]) -> tuple[list[Occurrence], list[Occurrence]]:
-    """(plain, contested): the occurrences overlapping no other, and the others."""
+    """(plain, contested): of ``occurrences`` (by first token), those overlapping no other,
+    and the others."""
     plain: list[Occurrence] = []
     contested: list[Occurrence] = []
     group: list[Occurrence] = []
     reach = -1
-    for o in sorted(occurrences, key=lambda o: (o.start, -o.end)):
+    for o in occurrences:
         if group and o.start >= reach:
             (plain if len(group) == 1 else contested).extend(group)
             group = []
@@ -330,37 +331,53 @@ class Mentions:
 
     def _store(self, u: int, occurrences: list[Occurrence]) -> None:
         """Replace u's occurrences, keeping ``by_key`` (edges: ``_refresh``)."""
-        for key in {o.key for o in self.occ.pop(u, ())}:
-            sources = self.by_key[key]
+        old = {o.key for o in self.occ.pop(u, ())}
+        new = {o.key for o in occurrences}
+        by_key = self.by_key
+        for key in old - new:
+            sources = by_key[key]
             sources.discard(u)
             if not sources:
-                del self.by_key[key]
+                del by_key[key]
         if occurrences:
             self.occ[u] = occurrences
-            for key in {o.key for o in occurrences}:
-                self.by_key.setdefault(key, set()).add(u)
+            for key in new - old:
+                found = by_key.get(key)
+                if found is None:
+                    by_key[key] = {u}
+                else:
+                    found.add(u)
 
     def _refresh(self, u: int) -> None:
         """u's plain edges and contested occurrences from its occurrences, now."""
         plain, contested = split(self.occ.get(u, ()))
         targets: set[int] = set()
         if plain:
-            declared = set(self._declared(u))
+            cached = self._holders
             for o in plain:
-                targets.update(v for v in self.holders(o.key) if v != u and v not in declared)
+                found = cached.get(o.key)
+                targets.update(self.holders(o.key) if found is None else found)
+            targets.discard(u)
+            if targets:
+                targets.difference_update(self._declared(u))
         old = self.out.pop(u, set())
+        inn = self.inn
         for v in old - targets:
-            sources = self.inn[v]
+            sources = inn[v]
             sources.discard(u)
             if not sources:
-                del self.inn[v]
+                del inn[v]
         for v in targets - old:
-            self.inn.setdefault(v, set()).add(u)
+            into = inn.get(v)
+            if into is None:
+                inn[v] = {u}
+            else:
+                into.add(u)
         if targets:
             self.out[u] = targets
         if contested:
             self.contested[u] = contested
-        else:
+        elif self.contested:
             self.contested.pop(u, None)
 
     def holders(self, key: str) -> list[int]:
