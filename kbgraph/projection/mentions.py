@@ -29,7 +29,6 @@ scan of the whole KB, but at the first build.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Container, Iterable, Sequence
@@ -80,6 +79,19 @@ def split(occurrences: Sequence[Occurrence]) -> tuple[list[Occurrence], list[Occ
     if group:
         (plain if len(group) == 1 else contested).extend(group)
     return plain, contested
+
+
+def alone(src: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Of occurrences by source, then first token, those overlapping no other of their
+    source's (``split``'s plain, for many texts at once): a group of overlapping ones starts
+    where an occurrence starts at or after the furthest end before it in its text."""
+    width = int(end.max()) + 1  # each source's tokens apart from the next one's
+    first, last = src * width + start, src * width + end
+    opens = np.ones(len(src), bool)
+    opens[1:] = first[1:] >= np.maximum.accumulate(last)[:-1]
+    group = np.cumsum(opens) - 1
+    result: np.ndarray = np.bincount(group)[group] == 1
+    return result
 
 
 def words(text: str) -> list[str]:
@@ -235,24 +247,58 @@ class Mentions:
     # --- building and patching (follower thread, write lock held) ------------------------
 
     def build(self, nodes: Iterable[int]) -> None:
-        """Scan every text of ``nodes`` (the existing concepts), once: ``BUILD_CHUNK`` texts'
-        tokens at a time in one compiled call."""
+        """Scan every text of ``nodes`` (the existing concepts, ascending), once, into an
+        empty ``Mentions``: ``BUILD_CHUNK`` texts' tokens at a time in one compiled call,
+        plain and contested told apart for every text at once (``alone``), and the edges
+        ``_refresh`` would make, made in one pass."""
+        assert not self.occ, "build fills an empty Mentions"
         trie = self.index.name_trie()
         nodes_of = list(nodes)
-        nodes = iter(nodes_of)
-        while chunk := list(itertools.islice(nodes, BUILD_CHUNK)):
+        rows: list[tuple[int, int, int, str]] = []
+        for at in range(0, len(nodes_of), BUILD_CHUNK):
+            chunk = nodes_of[at : at + BUILD_CHUNK]
             tokens: list[str] = []
             bounds = [0]
             for u in chunk:
                 tokens += words(self._text_of(u))
                 bounds.append(len(tokens))
             found = trie.match_ids(trie.ids(tokens), np.array(bounds, np.int64))
-            for k, group in itertools.groupby(found, key=lambda m: m[0]):
-                self._store(chunk[k], [Occurrence(i, j, key) for _, i, j, key in group])
-        self._holders = self._named_in(self.by_key, nodes_of)
-        for u in list(self.occ):
-            self._refresh(u)
+            rows += [(chunk[k], i, j, key) for k, i, j, key in found]
         self.gen += 1
+        if not rows:
+            return
+        texts, starts, ends, _ = zip(*rows, strict=True)
+        plains = alone(*(np.array(c, np.int64) for c in (texts, starts, ends))).tolist()
+        holders = self._holders = self._named_in({row[3] for row in rows}, nodes_of)
+        occ, by_key, out, contested = self.occ, self.by_key, self.out, self.contested
+        for (s, i, j, key), plain in zip(rows, plains, strict=True):
+            o = Occurrence(i, j, key)
+            if (held := occ.get(s)) is None:
+                occ[s] = [o]
+            else:
+                held.append(o)
+            if (sources := by_key.get(key)) is None:
+                by_key[key] = {s}
+            else:
+                sources.add(s)
+            if not plain:
+                contested.setdefault(s, []).append(o)
+            elif (targets := out.get(s)) is None:
+                out[s] = set(holders[key])
+            else:
+                targets.update(holders[key])
+        inn = self.inn
+        for s, targets in list(out.items()):
+            targets.discard(s)
+            if targets:
+                targets.difference_update(self._declared(s))
+            if not targets:
+                del out[s]
+            for v in targets:
+                if (into := inn.get(v)) is None:
+                    inn[v] = {s}
+                else:
+                    into.add(s)
 
     def _named_in(self, keys: Container[str], nodes: Iterable[int]) -> dict[str, list[int]]:
         """The holders among ``nodes`` (ascending) of each of ``keys`` held by some, read
