@@ -38,90 +38,87 @@ def mentionable(key: str) -> bool:
     return any(token not in STOP_WORDS for token in key.split(NAME_SEP))
 
 
+FROM, TOKEN, TO, ENDS = 0, 1, 2, 3  # an edge's row: its node, token, child, names ending
+
+
 @njit(cache=True, nogil=True, inline="always")
-def _slot(edge_from: np.ndarray, edge_token: np.ndarray, node: int, token: int) -> np.int64:
-    """The slot of edge (node, token), or of the empty slot where it would go."""
-    mask = np.uint64(len(edge_from) - 1)
+def _slot(edges: np.ndarray, node: int, token: int) -> np.int64:
+    """The row of edge (node, token), or of the empty row where it would go."""
+    mask = np.uint64(len(edges) - 1)
     h = (np.uint64(node) * np.uint64(0x9E3779B97F4A7C15)) ^ (
         np.uint64(token) * np.uint64(0xC2B2AE3D27D4EB4F)
     )
     at = np.int64((h ^ (h >> np.uint64(29))) & mask)
-    while edge_from[at] >= 0 and (edge_from[at] != node or edge_token[at] != token):
+    while edges[at, FROM] >= 0 and (edges[at, FROM] != node or edges[at, TOKEN] != token):
         at = (at + 1) & np.int64(mask)
     return at
 
 
 @njit(cache=True, nogil=True)
 def _insert(
-    edge_from: np.ndarray,
-    edge_token: np.ndarray,
-    edge_to: np.ndarray,
-    through: np.ndarray,
-    ids: np.ndarray,
-    nodes: int,
+    edges: np.ndarray, through: np.ndarray, ids: np.ndarray, nodes: int
 ) -> tuple[int, int, int]:
-    """Add one count of the name ``ids`` (capacity for ``len(ids)`` more nodes and edges
-    checked by the caller): (its last node, nodes now, dead nodes it made live again)."""
+    """Add the path of the name ``ids`` (room for ``len(ids)`` more nodes and edges checked
+    by the caller), its count not: (the row of its last edge, nodes now, dead nodes it made
+    live again)."""
     node = 0
+    at = np.int64(-1)
     revived = 0
     for t in ids:
-        at = _slot(edge_from, edge_token, node, t)
-        if edge_from[at] < 0:
-            edge_from[at] = node
-            edge_token[at] = t
-            edge_to[at] = nodes
+        at = _slot(edges, node, t)
+        if edges[at, FROM] < 0:
+            edges[at, FROM] = node
+            edges[at, TOKEN] = t
+            edges[at, TO] = nodes
+            edges[at, ENDS] = 0
             nodes += 1
-        elif through[edge_to[at]] == 0:
+        elif through[edges[at, TO]] == 0:
             revived += 1
-        node = edge_to[at]
+        node = edges[at, TO]
         through[node] += 1
-    return node, nodes, revived
+    return int(at), nodes, revived
 
 
 @njit(cache=True, nogil=True)
 def _insert_many(
-    edge_from: np.ndarray,
-    edge_token: np.ndarray,
-    edge_to: np.ndarray,
+    edges: np.ndarray,
     through: np.ndarray,
     ids: np.ndarray,
     bounds: np.ndarray,
     nodes: int,
     last: np.ndarray,
-) -> int:
-    """``_insert`` of each name ``ids[bounds[k]:bounds[k + 1]]``, its last node in
-    ``last[k]``: nodes now."""
+) -> tuple[int, int]:
+    """``_insert`` of each name ``ids[bounds[k]:bounds[k + 1]]``, counted, the row of its
+    last edge in ``last[k]``: (nodes now, dead nodes made live again)."""
+    revived = 0
     for k in range(len(bounds) - 1):
-        last[k], nodes, _ = _insert(
-            edge_from, edge_token, edge_to, through, ids[bounds[k] : bounds[k + 1]], nodes
-        )
-    return nodes
+        at, nodes, again = _insert(edges, through, ids[bounds[k] : bounds[k + 1]], nodes)
+        edges[at, ENDS] += 1
+        last[k] = at
+        revived += again
+    return nodes, revived
 
 
 @njit(cache=True, nogil=True)
-def _find(
-    edge_from: np.ndarray, edge_token: np.ndarray, edge_to: np.ndarray, ids: np.ndarray
-) -> int:
-    """The node the name ``ids`` ends at, or -1."""
+def _find(edges: np.ndarray, ids: np.ndarray) -> int:
+    """The row of the last edge of the name ``ids``, or -1."""
     node = 0
+    at = np.int64(-1)
     for t in ids:
-        at = _slot(edge_from, edge_token, node, t)
-        if edge_from[at] < 0:
+        at = _slot(edges, node, t)
+        if edges[at, FROM] < 0:
             return -1
-        node = edge_to[at]
-    return node
+        node = edges[at, TO]
+    return int(at)
 
 
 @njit(cache=True, nogil=True)
-def _lower(
-    edge_from: np.ndarray, edge_token: np.ndarray, edge_to: np.ndarray, through: np.ndarray,
-    ids: np.ndarray,
-) -> int:  # fmt: skip
+def _lower(edges: np.ndarray, through: np.ndarray, ids: np.ndarray) -> int:
     """One count of the held name ``ids`` less along its path: the nodes it left dead."""
     node = 0
     dead = 0
     for t in ids:
-        node = edge_to[_slot(edge_from, edge_token, node, t)]
+        node = edges[_slot(edges, node, t), TO]
         through[node] -= 1
         if through[node] == 0:
             dead += 1
@@ -129,29 +126,20 @@ def _lower(
 
 
 @njit(cache=True, nogil=True)
-def _rehash(
-    edge_from: np.ndarray, edge_token: np.ndarray, edge_to: np.ndarray,
-    new_from: np.ndarray, new_token: np.ndarray, new_to: np.ndarray,
-) -> None:  # fmt: skip
-    for at in range(len(edge_from)):
-        if edge_from[at] >= 0:
-            to = _slot(new_from, new_token, edge_from[at], edge_token[at])
-            new_from[to], new_token[to], new_to[to] = edge_from[at], edge_token[at], edge_to[at]
+def _rehash(edges: np.ndarray, new: np.ndarray) -> None:
+    for at in range(len(edges)):
+        if edges[at, FROM] >= 0:
+            new[_slot(new, edges[at, FROM], edges[at, TOKEN])] = edges[at]
 
 
 @njit(cache=True, nogil=True)
 def match(
-    ids: np.ndarray,
-    bounds: np.ndarray,
-    edge_from: np.ndarray,
-    edge_token: np.ndarray,
-    edge_to: np.ndarray,
-    ends: np.ndarray,
-    out: np.ndarray,
+    ids: np.ndarray, bounds: np.ndarray, edges: np.ndarray, out: np.ndarray
 ) -> tuple[int, int]:
     """Every (text, first token, end token, node) where a name ends, texts ``ids[bounds[k]:
     bounds[k + 1]]``, by text, first token, end; written to ``out`` (rows of 4) while it has
-    room. Returns (matches, edges looked up): a caller whose ``out`` was short calls again."""
+    room. Returns (matches, edges looked up): a caller whose ``out`` was short calls again.
+    An edge is one row (16 bytes): a step of the walk reads one cache line."""
     found = 0
     lookups = 0
     for k in range(len(bounds) - 1):
@@ -161,12 +149,12 @@ def match(
             j = i
             while j < stop and ids[j] >= 0:
                 lookups += 1
-                at = _slot(edge_from, edge_token, node, ids[j])
-                if edge_from[at] < 0:
+                at = _slot(edges, node, ids[j])
+                if edges[at, FROM] < 0:
                     break
-                node = edge_to[at]
+                node = edges[at, TO]
                 j += 1
-                if ends[node] > 0:
+                if edges[at, ENDS] > 0:
                     if found < len(out):
                         out[found, 0] = k
                         out[found, 1] = i - start
@@ -201,30 +189,26 @@ class NameTrie:
                 ids.append(found)
             bounds.append(len(ids))
         self._room(len(ids))
-        last = np.empty(len(held), np.int32)
-        nodes = _insert_many(
-            self._edge_from,
-            self._edge_token,
-            self._edge_to,
+        last = np.empty(len(held), np.int64)
+        nodes, revived = _insert_many(
+            self._edges,
             self._through,
             np.array(ids, np.int32),
             np.array(bounds, np.int64),
             len(self),
             last,
         )
+        self._dead -= revived
         self._node_key.extend([None] * (nodes - len(self)))
-        for key, node in zip(held, last.tolist(), strict=True):
+        for key, node in zip(held, self._edges[last, TO].tolist(), strict=True):
             self._node_key[node] = key
-        np.add.at(self._ends, last, 1)
 
     def _reset(self) -> None:
         self._token_id: dict[str, int] = {}
         self._node_key: list[str | None] = [None]  # node -> the key ending there (root: none)
-        self._ends = np.zeros(1024, np.int32)  # node -> names (counted) ending there
         self._through = np.zeros(1024, np.int32)  # node -> names (counted) passing there
-        self._edge_from = np.full(2048, -1, np.int32)
-        self._edge_token = np.zeros(2048, np.int32)
-        self._edge_to = np.zeros(2048, np.int32)
+        self._edges = np.zeros((2048, 4), np.int32)  # rows FROM, TOKEN, TO, ENDS
+        self._edges[:, FROM] = -1  # an empty row
         self._dead = 0
 
     def __len__(self) -> int:
@@ -247,58 +231,53 @@ class NameTrie:
         ids = self._name_ids(key, True)
         assert ids is not None
         self._room(len(ids))
-        node, nodes, revived = _insert(
-            self._edge_from, self._edge_token, self._edge_to, self._through, ids, len(self)
-        )
+        at, nodes, revived = _insert(self._edges, self._through, ids, len(self))
         self._dead -= revived
         self._node_key.extend([None] * (nodes - len(self)))
-        self._node_key[node] = key
-        self._ends[node] += 1
+        self._node_key[int(self._edges[at, TO])] = key
+        self._edges[at, ENDS] += 1
 
     def discard(self, key: str) -> None:
         """Forget one count of ``key``; a key not held is ignored."""
         ids = self._name_ids(key, False) if mentionable(key) else None
         if ids is None:
             return
-        node = _find(self._edge_from, self._edge_token, self._edge_to, ids)
-        if node < 0 or not self._ends[node]:
+        at = _find(self._edges, ids)
+        if at < 0 or not self._edges[at, ENDS]:
             return
-        self._ends[node] -= 1
-        if not self._ends[node]:
-            self._node_key[node] = None
-        self._dead += _lower(self._edge_from, self._edge_token, self._edge_to, self._through, ids)
+        self._edges[at, ENDS] -= 1
+        if not self._edges[at, ENDS]:
+            self._node_key[int(self._edges[at, TO])] = None
+        self._dead += _lower(self._edges, self._through, ids)
         if self._dead > max(MIN_DEAD_REBUILD, len(self) - self._dead):
             self._rebuild()
 
     def _room(self, more: int) -> None:
         """Capacity for ``more`` nodes and edges (the table kept at most half full)."""
         need = len(self) + more
-        if need > len(self._ends):
-            size = max(need, 2 * len(self._ends))
-            for name in ("_ends", "_through"):
-                old = getattr(self, name)
-                grown = np.zeros(size, np.int32)
-                grown[: len(old)] = old
-                setattr(self, name, grown)
-        if 2 * need > len(self._edge_from):  # every node but the root ends one edge
-            size = len(self._edge_from)
+        if need > len(self._through):
+            grown = np.zeros(max(need, 2 * len(self._through)), np.int32)
+            grown[: len(self._through)] = self._through
+            self._through = grown
+        if 2 * need > len(self._edges):  # every node but the root ends one edge
+            size = len(self._edges)
             while 2 * need > size:
                 size *= 2
-            new = np.full(size, -1, np.int32), np.zeros(size, np.int32), np.zeros(size, np.int32)
-            _rehash(self._edge_from, self._edge_token, self._edge_to, *new)
-            self._edge_from, self._edge_token, self._edge_to = new
+            new = np.zeros((size, 4), np.int32)
+            new[:, FROM] = -1
+            _rehash(self._edges, new)
+            self._edges = new
 
     def _rebuild(self) -> None:
         """The trie of the names held now, without the dead nodes."""
-        ends = self._ends
+        edges = self._edges
+        rows = np.flatnonzero((edges[:, FROM] >= 0) & (edges[:, ENDS] > 0))
+        keys = self._node_key
         held = [
-            key
-            for node, key in enumerate(self._node_key)
-            if key is not None
-            for _ in range(ends[node])
+            keys[node] for node, count in edges[rows][:, [TO, ENDS]].tolist() for _ in range(count)
         ]
         self._reset()
-        self._add_many(held)
+        self._add_many(cast(list[str], held))
 
     def ids(self, tokens: Sequence[str]) -> np.ndarray:
         """The token id of each of ``tokens``, ``NO_TOKEN`` for a token no name holds."""
@@ -311,9 +290,7 @@ class NameTrie:
             return []
         out = np.empty((max(16, len(ids) // 4), 4), np.int32)
         while True:
-            found, lookups = match(
-                ids, bounds, self._edge_from, self._edge_token, self._edge_to, self._ends, out
-            )
+            found, lookups = match(ids, bounds, self._edges, out)
             if found <= len(out):
                 break
             out = np.empty((found, 4), np.int32)
