@@ -29,7 +29,6 @@ from kbgraph.search.analysis import STOP_WORDS
 NAME_SEP: Final = "\x1f"  # joins a name's tokens into one key (tokens are letters and digits)
 NO_TOKEN: Final = -1  # a text's token that no name holds
 MIN_DEAD_REBUILD: Final = 1 << 12  # dead nodes tolerated before a rebuild, at least
-_EMPTY = np.empty(0, np.int32)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -169,7 +168,7 @@ class NameTrie:
     as concepts are indexed and forgotten."""
 
     def __init__(self, keys: Iterable[str] = ()) -> None:
-        self.lookups = 0  # edges looked up by the matches so far (the work tests bound)
+        self.lookups = 0  # edges the matches looked up (a statistic: readers add unlocked)
         self._reset()
         self._add_many(keys)
 
