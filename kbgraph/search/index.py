@@ -31,6 +31,7 @@ from typing import Any, Final
 import numpy as np
 from numba import njit
 
+from kbgraph.search import nametrie
 from kbgraph.search.analysis import query_terms
 from kbgraph.search.bulk import FIELD, BulkAnalyzer
 from kbgraph.search.document import Analysed, parts
@@ -376,12 +377,9 @@ def _grown(arr: np.ndarray, size: int) -> np.ndarray:
 def warm_up() -> None:
     """Compile (or load from the on-disk cache) the BM25F and name trie kernels, before
     serving."""
-    NameTrie(["warm"])  # its bulk insert
+    nametrie.warm_up()
     index = SearchIndex()
-    index.name_trie()
     index.put(0, "warm", "up")
-    index.name_trie().matches(["warm", "up"])
-    index.remove(0)
     for writeable in (True, False):
         mask = np.ones(1, np.uint8)
         mask.flags.writeable = writeable

@@ -302,3 +302,13 @@ class NameTrie:
         first token ascending, then end ascending."""
         bounds = np.array([0, len(tokens)], np.int64)
         return [(i, j, key) for _, i, j, key in self.match_ids(self.ids(tokens), bounds)]
+
+
+def warm_up() -> None:
+    """Compile (or load from the on-disk cache) every kernel of the trie, growth included, so
+    that no build or event pays it."""
+    trie = NameTrie(["warm"])  # _insert_many
+    trie.add(NAME_SEP.join(["warm", "up"]))  # _insert
+    trie.matches(["warm", "up"])  # match
+    trie.discard("warm")  # _find, _lower
+    trie.add(NAME_SEP.join(str(i) for i in range(len(trie._edges))))  # _rehash
