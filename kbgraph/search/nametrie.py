@@ -57,9 +57,8 @@ def _slot(edges: np.ndarray, node: int, token: int) -> np.int64:
 def _insert(
     edges: np.ndarray, through: np.ndarray, ids: np.ndarray, nodes: int
 ) -> tuple[int, int, int]:
-    """Add the path of the name ``ids`` (room for ``len(ids)`` more nodes and edges checked
-    by the caller), its count not: (the row of its last edge, nodes now, dead nodes it made
-    live again)."""
+    """Add one count of the name ``ids`` (room for ``len(ids)`` more nodes and edges checked
+    by the caller): (the row of its last edge, nodes now, dead nodes it made live again)."""
     node = 0
     at = np.int64(-1)
     revived = 0
@@ -75,6 +74,7 @@ def _insert(
             revived += 1
         node = edges[at, TO]
         through[node] += 1
+    edges[at, ENDS] += 1
     return int(at), nodes, revived
 
 
@@ -87,12 +87,11 @@ def _insert_many(
     nodes: int,
     last: np.ndarray,
 ) -> tuple[int, int]:
-    """``_insert`` of each name ``ids[bounds[k]:bounds[k + 1]]``, counted, the row of its
-    last edge in ``last[k]``: (nodes now, dead nodes made live again)."""
+    """``_insert`` of each name ``ids[bounds[k]:bounds[k + 1]]``, the row of its last edge
+    in ``last[k]``: (nodes now, dead nodes made live again)."""
     revived = 0
     for k in range(len(bounds) - 1):
         at, nodes, again = _insert(edges, through, ids[bounds[k] : bounds[k + 1]], nodes)
-        edges[at, ENDS] += 1
         last[k] = at
         revived += again
     return nodes, revived
@@ -230,11 +229,11 @@ class NameTrie:
         ids = self._name_ids(key, True)
         assert ids is not None
         self._room(len(ids))
-        at, nodes, revived = _insert(self._edges, self._through, ids, len(self))
+        before = len(self)
+        at, nodes, revived = _insert(self._edges, self._through, ids, before)
         self._dead -= revived
         self._node_key.extend([None] * (nodes - len(self)))
-        self._node_key[int(self._edges[at, TO])] = key
-        self._edges[at, ENDS] += 1
+        self._node_key[nodes - 1 if nodes > before else int(self._edges[at, TO])] = key
 
     def discard(self, key: str) -> None:
         """Forget one count of ``key``; a key not held is ignored."""
