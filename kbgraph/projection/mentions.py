@@ -262,7 +262,7 @@ class Mentions:
             for u in chunk:
                 tokens += words(self._text_of(u))
                 bounds.append(len(tokens))
-            found = trie.match_ids(trie.ids(tokens), np.array(bounds, np.int64))
+            found = trie.match_tokens(tokens, bounds)
             rows += [(chunk[k], i, j, key) for k, i, j, key in found]
         self.gen += 1
         if not rows:

@@ -6,8 +6,11 @@ distinct name length at each token costs the text's length times the number of l
 the first token no name continues with, so a text that repeats no name costs about its length.
 
 The trie is arrays a compiled kernel walks (a Python dict per node cost ~1 µs a token, most of
-a follower's mention scan): each token of a name is interned to an int once, a node is an
-int, and the edges are one open-addressing hash table keyed by (node, token id). Adding a name
+a follower's mention scan): a token is its string hash (``token_hash``: no lookup, where a
+dict from tokens to ids cost a cold lookup per token of every text), a node is an int, and
+the edges are one open-addressing hash table keyed by (node, token), one 32-byte row each.
+Names whose tokens hash alike share a node and every match is checked against the text's
+tokens, so a collision can neither add nor hide a name. Adding a name
 inserts the edges its path lacks; discarding one lowers the counts along its path and leaves
 the edges (a node no name passes through any more ends no name, so it matches nothing), and
 when such dead nodes outnumber the live ones the trie is built again from its names. Only
@@ -17,9 +20,9 @@ mentionable names are held: a name of stop words alone ("The Who") names nothing
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Iterable, Sequence
-from itertools import repeat
-from typing import Final, cast
+from typing import Final
 
 import numpy as np
 from numba import njit
@@ -27,7 +30,7 @@ from numba import njit
 from kbgraph.search.analysis import STOP_WORDS
 
 NAME_SEP: Final = "\x1f"  # joins a name's tokens into one key (tokens are letters and digits)
-NO_TOKEN: Final = -1  # a text's token that no name holds
+token_hash = hash  # a token's id in the trie (``NameTrie``: a collision hides nothing)
 MIN_DEAD_REBUILD: Final = 1 << 12  # dead nodes tolerated before a rebuild, at least
 
 
@@ -137,7 +140,7 @@ def match(
     """Every (text, first token, end token, node) where a name ends, texts ``ids[bounds[k]:
     bounds[k + 1]]``, by text, first token, end; written to ``out`` (rows of 4) while it has
     room. Returns (matches, edges looked up): a caller whose ``out`` was short calls again.
-    An edge is one row (16 bytes): a step of the walk reads one cache line."""
+    An edge is one row: a step of the walk reads one cache line."""
     found = 0
     lookups = 0
     for k in range(len(bounds) - 1):
@@ -145,7 +148,7 @@ def match(
         for i in range(start, stop):
             node = 0
             j = i
-            while j < stop and ids[j] >= 0:
+            while j < stop:
                 lookups += 1
                 at = _slot(edges, node, ids[j])
                 if edges[at, FROM] < 0:
@@ -164,48 +167,22 @@ def match(
 
 class NameTrie:
     """Mentionable name keys (tokens joined by ``NAME_SEP``), counted: added and discarded
-    as concepts are indexed and forgotten."""
+    as concepts are indexed and forgotten. A token is walked by its hash (``token_hash``),
+    computed from the string alone (a dict from tokens to ids was a cold lookup per token of
+    every text scanned): two names whose tokens' hashes all agree share a node, which then
+    holds both keys, and every match is checked against the text's tokens, so a hash
+    collision can neither add nor hide a name."""
 
     def __init__(self, keys: Iterable[str] = ()) -> None:
         self.lookups = 0  # edges the matches looked up (a statistic: readers add unlocked)
         self._reset()
         self._add_many(keys)
 
-    def _add_many(self, keys: Iterable[str]) -> None:
-        """``add`` of each of ``keys``, in one compiled pass (a first use, a rebuild)."""
-        held = [key for key in keys if mentionable(key)]
-        if not held:
-            return
-        token_id = self._token_id
-        ids: list[int] = []
-        bounds = [0]
-        for key in held:
-            for token in key.split(NAME_SEP):
-                found = token_id.get(token)
-                if found is None:
-                    found = token_id[token] = len(token_id)
-                ids.append(found)
-            bounds.append(len(ids))
-        self._room(len(ids))
-        last = np.empty(len(held), np.int64)
-        nodes, revived = _insert_many(
-            self._edges,
-            self._through,
-            np.array(ids, np.int32),
-            np.array(bounds, np.int64),
-            len(self),
-            last,
-        )
-        self._dead -= revived
-        self._node_key.extend([None] * (nodes - len(self)))
-        for key, node in zip(held, self._edges[last, TO].tolist(), strict=True):
-            self._node_key[node] = key
-
     def _reset(self) -> None:
-        self._token_id: dict[str, int] = {}
-        self._node_key: list[str | None] = [None]  # node -> the key ending there (root: none)
+        self._node_key: list[str | None] = [None]  # node -> the one key ending there, if one
+        self._shared: dict[int, dict[str, int]] = {}  # node -> its keys and counts, if two+
         self._through = np.zeros(1024, np.int32)  # node -> names (counted) passing there
-        self._edges = np.zeros((2048, 4), np.int32)  # rows FROM, TOKEN, TO, ENDS
+        self._edges = np.zeros((2048, 4), np.int64)  # rows FROM, TOKEN, TO, ENDS
         self._edges[:, FROM] = -1  # an empty row
         self._dead = 0
 
@@ -213,39 +190,81 @@ class NameTrie:
         """Nodes, the root's included."""
         return len(self._node_key)
 
-    def _name_ids(self, key: str, intern: bool) -> np.ndarray | None:
-        tokens = key.split(NAME_SEP)
-        if intern:
-            token_id = self._token_id
-            for token in tokens:
-                if token not in token_id:
-                    token_id[token] = len(token_id)
-        found = [self._token_id.get(token, NO_TOKEN) for token in tokens]
-        return None if NO_TOKEN in found else np.array(found, np.int32)
+    def _held(self, node: int, key: str, ends: int) -> None:
+        """One more count of ``key`` at ``node``, which now ends ``ends`` names."""
+        shared = self._shared.get(node)
+        if shared is not None:
+            shared[key] = shared.get(key, 0) + 1
+            return
+        own = self._node_key[node]
+        if own is None or own == key:
+            self._node_key[node] = key
+        else:  # a second key whose tokens hash alike
+            self._shared[node] = {own: ends - 1, key: 1}
+            self._node_key[node] = None
+
+    def _add_many(self, keys: Iterable[str]) -> None:
+        """``add`` of each of ``keys``, in one compiled pass (a first use, a rebuild)."""
+        held = [key for key in keys if mentionable(key)]
+        if not held:
+            return
+        tokens = [token for key in held for token in key.split(NAME_SEP)]
+        bounds = np.zeros(len(held) + 1, np.int64)
+        np.cumsum([key.count(NAME_SEP) + 1 for key in held], out=bounds[1:])
+        self._room(len(tokens))
+        last = np.empty(len(held), np.int64)
+        nodes, revived = _insert_many(
+            self._edges, self._through, self.ids(tokens), bounds, len(self), last
+        )
+        self._dead -= revived
+        self._node_key.extend([None] * (nodes - len(self)))
+        rows = self._edges[last]
+        ends_at = rows[:, TO].tolist()
+        added = Counter(ends_at)  # names this call put at each node
+        seen: Counter[int] = Counter()
+        for key, node, total in zip(held, ends_at, rows[:, ENDS].tolist(), strict=True):
+            seen[node] += 1
+            self._held(node, key, total - added[node] + seen[node])
+
+    def _name_ids(self, key: str) -> np.ndarray:
+        return self.ids(key.split(NAME_SEP))
 
     def add(self, key: str) -> None:
         if not mentionable(key):
             return
-        ids = self._name_ids(key, True)
-        assert ids is not None
+        ids = self._name_ids(key)
         self._room(len(ids))
         before = len(self)
         at, nodes, revived = _insert(self._edges, self._through, ids, before)
         self._dead -= revived
         self._node_key.extend([None] * (nodes - len(self)))
-        self._node_key[nodes - 1 if nodes > before else int(self._edges[at, TO])] = key
+        node = nodes - 1 if nodes > before else int(self._edges[at, TO])
+        self._held(node, key, int(self._edges[at, ENDS]))
 
     def discard(self, key: str) -> None:
         """Forget one count of ``key``; a key not held is ignored."""
-        ids = self._name_ids(key, False) if mentionable(key) else None
-        if ids is None:
+        if not mentionable(key):
             return
+        ids = self._name_ids(key)
         at = _find(self._edges, ids)
-        if at < 0 or not self._edges[at, ENDS]:
+        if at < 0:
+            return
+        node = int(self._edges[at, TO])
+        shared = self._shared.get(node)
+        if shared is not None:
+            if key not in shared:
+                return
+            shared[key] -= 1
+            if not shared[key]:
+                del shared[key]
+            if len(shared) == 1:
+                (self._node_key[node],) = shared
+                del self._shared[node]
+        elif self._node_key[node] != key:
             return
         self._edges[at, ENDS] -= 1
         if not self._edges[at, ENDS]:
-            self._node_key[int(self._edges[at, TO])] = None
+            self._node_key[node] = None
         self._dead += _lower(self._edges, self._through, ids)
         if self._dead > max(MIN_DEAD_REBUILD, len(self) - self._dead):
             self._rebuild()
@@ -261,7 +280,7 @@ class NameTrie:
             size = len(self._edges)
             while 2 * need > size:
                 size *= 2
-            new = np.zeros((size, 4), np.int32)
+            new = np.zeros((size, 4), np.int64)
             new[:, FROM] = -1
             _rehash(self._edges, new)
             self._edges = new
@@ -270,37 +289,51 @@ class NameTrie:
         """The trie of the names held now, without the dead nodes."""
         edges = self._edges
         rows = np.flatnonzero((edges[:, FROM] >= 0) & (edges[:, ENDS] > 0))
-        keys = self._node_key
-        held = [
-            keys[node] for node, count in edges[rows][:, [TO, ENDS]].tolist() for _ in range(count)
-        ]
+        held: list[str] = []
+        for node, count in edges[rows][:, [TO, ENDS]].tolist():
+            own = self._node_key[node]
+            if own is not None:
+                held += [own] * count
+            else:
+                for key, n in self._shared[node].items():
+                    held += [key] * n
         self._reset()
-        self._add_many(cast(list[str], held))
+        self._add_many(held)
 
     def ids(self, tokens: Sequence[str]) -> np.ndarray:
-        """The token id of each of ``tokens``, ``NO_TOKEN`` for a token no name holds."""
-        return np.fromiter(map(self._token_id.get, tokens, repeat(NO_TOKEN)), np.int32, len(tokens))
+        """Each token's ``token_hash``, the walk's token ids."""
+        return np.fromiter(map(token_hash, tokens), np.int64, len(tokens))
 
-    def match_ids(self, ids: np.ndarray, bounds: np.ndarray) -> list[tuple[int, int, int, str]]:
+    def match_tokens(
+        self, tokens: Sequence[str], bounds: Sequence[int]
+    ) -> list[tuple[int, int, int, str]]:
         """Every (text, first token, end token, key) where a name occurs in the texts
-        ``ids[bounds[k]:bounds[k + 1]]`` (``ids``' tokens), by text, first token, then end."""
-        if len(self) == 1 or not len(ids):
+        ``tokens[bounds[k]:bounds[k + 1]]``, by text, first token, then end."""
+        if len(self) == 1 or not tokens:
             return []
-        out = np.empty((max(16, len(ids) // 4), 4), np.int32)
+        ids = self.ids(tokens)
+        at = np.array(bounds, np.int64)
+        out = np.empty((max(16, len(ids) // 4), 4), np.int64)
         while True:
-            found, lookups = match(ids, bounds, self._edges, out)
+            found, lookups = match(ids, at, self._edges, out)
             if found <= len(out):
                 break
-            out = np.empty((found, 4), np.int32)
+            out = np.empty((found, 4), np.int64)
         self.lookups += lookups
-        keys = cast(list[str], self._node_key)  # a node a name ends at holds its key
-        return [(k, i, j, keys[node]) for k, i, j, node in out[:found].tolist()]
+        keys, shared = self._node_key, self._shared
+        result = []
+        for k, i, j, node in out[:found].tolist():
+            start = bounds[k]
+            name = NAME_SEP.join(tokens[start + i : start + j])
+            key = keys[node]
+            if key == name or (key is None and name in shared.get(node, ())):
+                result.append((k, i, j, name))
+        return result
 
     def matches(self, tokens: Sequence[str]) -> list[tuple[int, int, str]]:
         """Every (first token, end token, key) where a name's tokens occur in ``tokens``, by
         first token ascending, then end ascending."""
-        bounds = np.array([0, len(tokens)], np.int64)
-        return [(i, j, key) for _, i, j, key in self.match_ids(self.ids(tokens), bounds)]
+        return [(i, j, key) for _, i, j, key in self.match_tokens(tokens, [0, len(tokens)])]
 
 
 def warm_up() -> None:
