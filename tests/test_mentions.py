@@ -18,7 +18,7 @@ from kbgraph.agent import tools
 from kbgraph.agent.shapes import GraphContextRequest, GraphPathRequest
 from kbgraph.events import Event
 from kbgraph.projection import KBProjection, checkpoint
-from kbgraph.projection.mentions import unlinked
+from kbgraph.projection.mentions import Occurrence, alone, split, unlinked
 from kbgraph.search import STOP_WORDS, SearchIndex, tokenize
 from kbgraph.store import KBState
 from kbgraph.store.model import ConceptState
@@ -374,3 +374,29 @@ def test_a_mention_offset_where_folding_joins_characters() -> None:
     text = "a™ then Widget"
     mask = np.ones(2, np.uint8)
     assert unlinked(index, text, 9, mask, []) == {1: 0, 0: text.index("Widget")}
+
+
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 12), st.integers(1, 4)), max_size=8),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_the_builds_split_of_many_texts_equals_split_text_by_text(
+    texts: list[list[tuple[int, int]]],
+) -> None:
+    """``alone`` (the first build's, all texts at once) marks exactly ``split``'s plain."""
+    rows = []
+    expected = []
+    for s, spans in enumerate(texts):
+        occurrences = sorted({Occurrence(i, i + size, "k") for i, size in spans})
+        plain, _ = split(occurrences)
+        rows += [(s, o) for o in occurrences]
+        expected += [o in plain for o in occurrences]
+    if not rows:
+        return
+    src = np.array([s for s, _ in rows], np.int64)
+    start = np.array([o.start for _, o in rows], np.int64)
+    end = np.array([o.end for _, o in rows], np.int64)
+    assert alone(src, start, end).tolist() == expected

@@ -48,7 +48,7 @@ from kbgraph.events import (
     LinkRemoved,
 )
 from kbgraph.projection.arrays import MIN_NODE_CAP
-from kbgraph.projection.bulk import parts_of
+from kbgraph.projection.bulk import gc_paused, parts_of
 from kbgraph.projection.links import Links
 from kbgraph.projection.masks import Mask, MaskCache
 from kbgraph.projection.mentions import Mentions
@@ -132,7 +132,8 @@ class KBProjection:
         self.mentions = Mentions(
             self.index, lambda u: self.nodes.texts[u], lambda u: self.links.declared(u)
         )
-        self.mentions.build(np.flatnonzero(self.nodes.alive[: len(self.nodes)]).tolist())
+        with gc_paused():  # as the KB's own build: many containers made, no cycle
+            self.mentions.build(np.flatnonzero(self.nodes.alive[: len(self.nodes)]).tolist())
 
     # --- vectors (kbgraph.projection.filler settles them, from its own thread) ------------
 

@@ -29,19 +29,19 @@ scan of the whole KB, but at the first build.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Final, NamedTuple
 
 import numpy as np
 
-from kbgraph.search import STOP_WORDS, SearchIndex, tokenize, tokens_with_offsets
+from kbgraph.search import SearchIndex, tokenize, tokens_with_offsets
 from kbgraph.search.analysis import stem
-from kbgraph.search.nametrie import NAME_SEP
+from kbgraph.search.nametrie import NAME_SEP, mentionable
 
 VIEW_CACHE_ENTRIES: Final = 16
+BUILD_CHUNK: Final = 1 << 12  # texts scanned in one compiled call by the first build
 TEXT_HITS: Final = 0xFFFFFFFF  # a term posting's text-field hits (kbgraph.search.bulk.FIELD)
 
 
@@ -49,12 +49,6 @@ class Occurrence(NamedTuple):
     start: int  # first token
     end: int  # one past the last token
     key: str  # the name's folded tokens joined by NAME_SEP
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def mentionable(key: str) -> bool:
-    """A name of stop words alone ("The Who", "Of The") names nothing."""
-    return any(token not in STOP_WORDS for token in key.split(NAME_SEP))
 
 
 def take(occurrences: Iterable[Occurrence]) -> list[Occurrence]:
@@ -70,12 +64,13 @@ def take(occurrences: Iterable[Occurrence]) -> list[Occurrence]:
 
 
 def split(occurrences: Sequence[Occurrence]) -> tuple[list[Occurrence], list[Occurrence]]:
-    """(plain, contested): the occurrences overlapping no other, and the others."""
+    """(plain, contested): of ``occurrences`` (by first token), those overlapping no other,
+    and the others."""
     plain: list[Occurrence] = []
     contested: list[Occurrence] = []
     group: list[Occurrence] = []
     reach = -1
-    for o in sorted(occurrences, key=lambda o: (o.start, -o.end)):
+    for o in occurrences:
         if group and o.start >= reach:
             (plain if len(group) == 1 else contested).extend(group)
             group = []
@@ -84,6 +79,19 @@ def split(occurrences: Sequence[Occurrence]) -> tuple[list[Occurrence], list[Occ
     if group:
         (plain if len(group) == 1 else contested).extend(group)
     return plain, contested
+
+
+def alone(src: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Of occurrences by source, then first token, those overlapping no other of their
+    source's (``split``'s plain, for many texts at once): a group of overlapping ones starts
+    where an occurrence starts at or after the furthest end before it in its text."""
+    width = int(end.max()) + 1  # each source's tokens apart from the next one's
+    first, last = src * width + start, src * width + end
+    opens = np.ones(len(src), bool)
+    opens[1:] = first[1:] >= np.maximum.accumulate(last)[:-1]
+    group = np.cumsum(opens) - 1
+    result: np.ndarray = np.bincount(group)[group] == 1
+    return result
 
 
 def words(text: str) -> list[str]:
@@ -95,8 +103,7 @@ def scan(index: SearchIndex, text: str) -> list[Occurrence]:
     """Every occurrence in ``text`` of a mentionable name some concept holds."""
     if not text:
         return []
-    found = index.name_trie().matches(words(text))
-    return [Occurrence(i, j, key) for i, j, key in found if mentionable(key)]
+    return [Occurrence(i, j, key) for i, j, key in index.name_trie().matches(words(text))]
 
 
 def find(text: str, key: str) -> list[Occurrence]:
@@ -240,12 +247,69 @@ class Mentions:
     # --- building and patching (follower thread, write lock held) ------------------------
 
     def build(self, nodes: Iterable[int]) -> None:
-        """Scan every text of ``nodes`` (the existing concepts), once."""
-        for u in nodes:
-            self._store(u, scan(self.index, self._text_of(u)))
-        for u in list(self.occ):
-            self._refresh(u)
+        """Scan every text of ``nodes`` (the existing concepts, ascending), once, into an
+        empty ``Mentions``: ``BUILD_CHUNK`` texts' tokens at a time in one compiled call,
+        plain and contested told apart for every text at once (``alone``), and the edges
+        ``_refresh`` would make, made in one pass."""
+        assert not self.occ, "build fills an empty Mentions"
+        trie = self.index.name_trie()
+        nodes_of = list(nodes)
+        rows: list[tuple[int, int, int, str]] = []
+        for at in range(0, len(nodes_of), BUILD_CHUNK):
+            chunk = nodes_of[at : at + BUILD_CHUNK]
+            tokens: list[str] = []
+            bounds = [0]
+            for u in chunk:
+                tokens += words(self._text_of(u))
+                bounds.append(len(tokens))
+            found = trie.match_tokens(tokens, bounds)
+            rows += [(chunk[k], i, j, key) for k, i, j, key in found]
         self.gen += 1
+        if not rows:
+            return
+        texts, starts, ends, _ = zip(*rows, strict=True)
+        plains = alone(*(np.array(c, np.int64) for c in (texts, starts, ends))).tolist()
+        holders = self._holders = self._named_in({row[3] for row in rows}, nodes_of)
+        occ, by_key, out, contested = self.occ, self.by_key, self.out, self.contested
+        for (s, i, j, key), plain in zip(rows, plains, strict=True):
+            o = Occurrence(i, j, key)
+            if (held := occ.get(s)) is None:
+                occ[s] = [o]
+            else:
+                held.append(o)
+            if (sources := by_key.get(key)) is None:
+                by_key[key] = {s}
+            else:
+                sources.add(s)
+            if not plain:
+                contested.setdefault(s, []).append(o)
+            elif (targets := out.get(s)) is None:
+                out[s] = set(holders[key])
+            else:
+                targets.update(holders[key])
+        inn = self.inn
+        for s, targets in list(out.items()):
+            targets.discard(s)
+            if targets:
+                targets.difference_update(self._declared(s))
+            if not targets:
+                del out[s]
+            for v in targets:
+                if (into := inn.get(v)) is None:
+                    inn[v] = {s}
+                else:
+                    into.add(s)
+
+    def _named_in(self, keys: Container[str], nodes: Iterable[int]) -> dict[str, list[int]]:
+        """The holders among ``nodes`` (ascending) of each of ``keys`` held by some, read
+        node by node (a key at a time costs a postings lookup each)."""
+        found: dict[str, list[int]] = {}
+        names = self.index.names
+        for u in nodes:
+            for key in names.node_keys_of(u):
+                if key in keys:
+                    found.setdefault(key, []).append(u)
+        return found
 
     def text_changed(self, u: int) -> None:
         """u exists with a new text (or names, or links): its occurrences and edges again."""
@@ -313,37 +377,53 @@ class Mentions:
 
     def _store(self, u: int, occurrences: list[Occurrence]) -> None:
         """Replace u's occurrences, keeping ``by_key`` (edges: ``_refresh``)."""
-        for key in {o.key for o in self.occ.pop(u, ())}:
-            sources = self.by_key[key]
+        old = {o.key for o in self.occ.pop(u, ())}
+        new = {o.key for o in occurrences}
+        by_key = self.by_key
+        for key in old - new:
+            sources = by_key[key]
             sources.discard(u)
             if not sources:
-                del self.by_key[key]
+                del by_key[key]
         if occurrences:
             self.occ[u] = occurrences
-            for key in {o.key for o in occurrences}:
-                self.by_key.setdefault(key, set()).add(u)
+            for key in new - old:
+                found = by_key.get(key)
+                if found is None:
+                    by_key[key] = {u}
+                else:
+                    found.add(u)
 
     def _refresh(self, u: int) -> None:
         """u's plain edges and contested occurrences from its occurrences, now."""
         plain, contested = split(self.occ.get(u, ()))
         targets: set[int] = set()
         if plain:
-            declared = set(self._declared(u))
+            cached = self._holders
             for o in plain:
-                targets.update(v for v in self.holders(o.key) if v != u and v not in declared)
+                found = cached.get(o.key)
+                targets.update(self.holders(o.key) if found is None else found)
+            targets.discard(u)
+            if targets:
+                targets.difference_update(self._declared(u))
         old = self.out.pop(u, set())
+        inn = self.inn
         for v in old - targets:
-            sources = self.inn[v]
+            sources = inn[v]
             sources.discard(u)
             if not sources:
-                del self.inn[v]
+                del inn[v]
         for v in targets - old:
-            self.inn.setdefault(v, set()).add(u)
+            into = inn.get(v)
+            if into is None:
+                inn[v] = {u}
+            else:
+                into.add(u)
         if targets:
             self.out[u] = targets
         if contested:
             self.contested[u] = contested
-        else:
+        elif self.contested:
             self.contested.pop(u, None)
 
     def holders(self, key: str) -> list[int]:

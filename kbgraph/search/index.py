@@ -31,6 +31,7 @@ from typing import Any, Final
 import numpy as np
 from numba import njit
 
+from kbgraph.search import nametrie
 from kbgraph.search.analysis import query_terms
 from kbgraph.search.bulk import FIELD, BulkAnalyzer
 from kbgraph.search.document import Analysed, parts
@@ -159,12 +160,12 @@ class SearchIndex:
             name_keys, tag_keys = analysed.names, analysed.tags
             title_len, text_len = analysed.title_len, analysed.text_len
             term_hits = zip(analysed.terms, analysed.hits, strict=True)
-        self._forget(node)  # its lengths are set below: only its postings go
+        kept = self._forget(node, name_keys) or set()  # lengths set below: postings go
         self.terms.add(node, term_hits)
         self.names.add(node, [(key, 1) for key in name_keys])
         for key in name_keys:
             self.name_lengths[key.count(_NAME_SEP) + 1] += 1
-            if self._trie is not None:
+            if self._trie is not None and key not in kept:
                 self._trie.add(key)
         self.tags.add(node, [(key, 1) for key in tag_keys])
         self._set_lengths(node, title_len, text_len)
@@ -211,25 +212,30 @@ class SearchIndex:
 
     def remove(self, node: int) -> None:
         """Forget ``node`` (a deleted concept). Unknown nodes are ignored."""
-        if self._forget(node):
+        if self._forget(node) is not None:
             self._title_len[node] = self._text_len[node] = 0
             self._present[node] = 0
             self._stats.clear()
 
-    def _forget(self, node: int) -> bool:
-        """Drop ``node``'s postings (the three hold the same nodes); False if not held."""
+    def _forget(self, node: int, keeps: Sequence[str] = ()) -> set[str] | None:
+        """Drop ``node``'s postings (the three hold the same nodes); None if not held, else
+        its names among ``keeps`` (a put's new names): the name trie keeps their counts (a
+        text edit leaves the trie as it was)."""
         if not self.terms.remove(node):
-            return False
+            return None
+        kept = set()
         for key in self.names.node_keys_of(node):
             length = key.count(_NAME_SEP) + 1
             self.name_lengths[length] -= 1
             if not self.name_lengths[length]:
                 del self.name_lengths[length]
-            if self._trie is not None:
+            if key in keeps:
+                kept.add(key)
+            elif self._trie is not None:
                 self._trie.discard(key)
         self.names.remove(node)
         self.tags.remove(node)
-        return True
+        return kept
 
     def __len__(self) -> int:
         return self.terms.count
@@ -271,7 +277,7 @@ class SearchIndex:
         """Every name key (once per concept holding it) as a ``NameTrie``."""
         if self._trie is None:
             self._trie = NameTrie(
-                key for key, holders in self.names.as_dict().items() for _ in holders
+                key for key, count in self.names.counts().items() for _ in range(count)
             )
         return self._trie
 
@@ -369,7 +375,9 @@ def _grown(arr: np.ndarray, size: int) -> np.ndarray:
 
 
 def warm_up() -> None:
-    """Compile (or load from the on-disk cache) the BM25F kernel, before serving."""
+    """Compile (or load from the on-disk cache) the BM25F and name trie kernels, before
+    serving."""
+    nametrie.warm_up()
     index = SearchIndex()
     index.put(0, "warm", "up")
     for writeable in (True, False):

@@ -1,91 +1,346 @@
-"""The concepts' names (titles, aliases) as a trie of folded tokens, for mention matching.
+"""The concepts' names (titles, aliases) as a trie of token ids in flat arrays, for mentions.
 
 Mentions (``kbgraph.projection.mentions``) look for every name in a text. Trying each
 distinct name length at each token costs the text's length times the number of lengths
-(names of 1 to 200 words made one call take seconds); walking this trie from each token
-stops at the first token no name continues with, so a text that repeats no name costs about
-its length.
+(names of 1 to 200 words made one call take seconds); walking a trie from each token stops at
+the first token no name continues with, so a text that repeats no name costs about its length.
+
+The trie is arrays a compiled kernel walks (a Python dict per node cost ~1 µs a token, most of
+a follower's mention scan): a token is its string hash (``token_hash``: no lookup, where a
+dict from tokens to ids cost a cold lookup per token of every text), a node is an int, and
+the edges are one open-addressing hash table keyed by (node, token), one 32-byte row each.
+Names whose tokens hash alike share a node and every match is checked against the text's
+tokens, so a collision can neither add nor hide a name. Adding a name
+inserts the edges its path lacks; discarding one lowers the counts along its path and leaves
+the edges (a node no name passes through any more ends no name, so it matches nothing), and
+when such dead nodes outnumber the live ones the trie is built again from its names. Only
+mentionable names are held: a name of stop words alone ("The Who") names nothing.
 """
 
 from __future__ import annotations
 
+import functools
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Final
 
+import numpy as np
+from numba import njit
+
+from kbgraph.search.analysis import STOP_WORDS
+
 NAME_SEP: Final = "\x1f"  # joins a name's tokens into one key (tokens are letters and digits)
+token_hash = hash  # a token's id in the trie (``NameTrie``: a collision hides nothing)
+MIN_DEAD_REBUILD: Final = 1 << 12  # dead nodes tolerated before a rebuild, at least
 
 
-class _Node:
-    __slots__ = ("children", "ending", "key", "through")
+@functools.lru_cache(maxsize=1 << 16)
+def mentionable(key: str) -> bool:
+    """A name of stop words alone ("The Who", "Of The") names nothing."""
+    return any(token not in STOP_WORDS for token in key.split(NAME_SEP))
 
-    def __init__(self) -> None:
-        self.children: dict[str, _Node] = {}
-        self.key: str | None = None  # the key of the names ending here
-        self.ending = 0  # names (counted) ending here
-        self.through = 0  # names (counted) whose path passes here
+
+FROM, TOKEN, TO, ENDS = 0, 1, 2, 3  # an edge's row: its node, token, child, names ending
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _slot(edges: np.ndarray, node: int, token: int) -> np.int64:
+    """The row of edge (node, token), or of the empty row where it would go."""
+    mask = np.uint64(len(edges) - 1)
+    h = (np.uint64(node) * np.uint64(0x9E3779B97F4A7C15)) ^ (
+        np.uint64(token) * np.uint64(0xC2B2AE3D27D4EB4F)
+    )
+    at = np.int64((h ^ (h >> np.uint64(29))) & mask)
+    while edges[at, FROM] >= 0 and (edges[at, FROM] != node or edges[at, TOKEN] != token):
+        at = (at + 1) & np.int64(mask)
+    return at
+
+
+@njit(cache=True, nogil=True)
+def _insert(
+    edges: np.ndarray, through: np.ndarray, ids: np.ndarray, nodes: int
+) -> tuple[int, int, int]:
+    """Add one count of the name ``ids`` (room for ``len(ids)`` more nodes and edges checked
+    by the caller): (the row of its last edge, nodes now, dead nodes it made live again)."""
+    node = 0
+    at = np.int64(-1)
+    revived = 0
+    for t in ids:
+        at = _slot(edges, node, t)
+        if edges[at, FROM] < 0:
+            edges[at, FROM] = node
+            edges[at, TOKEN] = t
+            edges[at, TO] = nodes
+            edges[at, ENDS] = 0
+            nodes += 1
+        elif through[edges[at, TO]] == 0:
+            revived += 1
+        node = edges[at, TO]
+        through[node] += 1
+    edges[at, ENDS] += 1
+    return int(at), nodes, revived
+
+
+@njit(cache=True, nogil=True)
+def _insert_many(
+    edges: np.ndarray,
+    through: np.ndarray,
+    ids: np.ndarray,
+    bounds: np.ndarray,
+    nodes: int,
+    last: np.ndarray,
+) -> tuple[int, int]:
+    """``_insert`` of each name ``ids[bounds[k]:bounds[k + 1]]``, the row of its last edge
+    in ``last[k]``: (nodes now, dead nodes made live again)."""
+    revived = 0
+    for k in range(len(bounds) - 1):
+        at, nodes, again = _insert(edges, through, ids[bounds[k] : bounds[k + 1]], nodes)
+        last[k] = at
+        revived += again
+    return nodes, revived
+
+
+@njit(cache=True, nogil=True)
+def _find(edges: np.ndarray, ids: np.ndarray) -> int:
+    """The row of the last edge of the name ``ids``, or -1."""
+    node = 0
+    at = np.int64(-1)
+    for t in ids:
+        at = _slot(edges, node, t)
+        if edges[at, FROM] < 0:
+            return -1
+        node = edges[at, TO]
+    return int(at)
+
+
+@njit(cache=True, nogil=True)
+def _lower(edges: np.ndarray, through: np.ndarray, ids: np.ndarray) -> int:
+    """One count of the held name ``ids`` less along its path: the nodes it left dead."""
+    node = 0
+    dead = 0
+    for t in ids:
+        node = edges[_slot(edges, node, t), TO]
+        through[node] -= 1
+        if through[node] == 0:
+            dead += 1
+    return dead
+
+
+@njit(cache=True, nogil=True)
+def _rehash(edges: np.ndarray, new: np.ndarray) -> None:
+    for at in range(len(edges)):
+        if edges[at, FROM] >= 0:
+            new[_slot(new, edges[at, FROM], edges[at, TOKEN])] = edges[at]
+
+
+@njit(cache=True, nogil=True)
+def match(
+    ids: np.ndarray, bounds: np.ndarray, edges: np.ndarray, out: np.ndarray
+) -> tuple[int, int]:
+    """Every (text, first token, end token, node) where a name ends, texts ``ids[bounds[k]:
+    bounds[k + 1]]``, by text, first token, end; written to ``out`` (rows of 4) while it has
+    room. Returns (matches, edges looked up): a caller whose ``out`` was short calls again.
+    An edge is one row: a step of the walk reads one cache line."""
+    found = 0
+    lookups = 0
+    for k in range(len(bounds) - 1):
+        start, stop = bounds[k], bounds[k + 1]
+        for i in range(start, stop):
+            node = 0
+            j = i
+            while j < stop:
+                lookups += 1
+                at = _slot(edges, node, ids[j])
+                if edges[at, FROM] < 0:
+                    break
+                node = edges[at, TO]
+                j += 1
+                if edges[at, ENDS] > 0:
+                    if found < len(out):
+                        out[found, 0] = k
+                        out[found, 1] = i - start
+                        out[found, 2] = j - start
+                        out[found, 3] = node
+                    found += 1
+    return found, lookups
 
 
 class NameTrie:
-    """Name keys (tokens joined by ``NAME_SEP``), counted: added and discarded as concepts
-    are indexed and forgotten. Each node holds its children by token (a dict lookup per token
-    walked, no key built)."""
+    """Mentionable name keys (tokens joined by ``NAME_SEP``), counted: added and discarded
+    as concepts are indexed and forgotten. A token is walked by its hash (``token_hash``),
+    computed from the string alone (a dict from tokens to ids was a cold lookup per token of
+    every text scanned): two names whose tokens' hashes all agree share a node, which then
+    holds both keys, and every match is checked against the text's tokens, so a hash
+    collision can neither add nor hide a name."""
 
     def __init__(self, keys: Iterable[str] = ()) -> None:
-        self._root = _Node()
-        for key in keys:
-            self.add(key)
+        self.lookups = 0  # edges the matches looked up (a statistic: readers add unlocked)
+        self._reset()
+        self._add_many(keys)
+
+    def _reset(self) -> None:
+        self._node_key: list[str | None] = [None]  # node -> the one key ending there, if one
+        self._shared: dict[int, dict[str, int]] = {}  # node -> its keys and counts, if two+
+        self._through = np.zeros(1024, np.int32)  # node -> names (counted) passing there
+        self._edges = np.zeros((2048, 4), np.int64)  # rows FROM, TOKEN, TO, ENDS
+        self._edges[:, FROM] = -1  # an empty row
+        self._dead = 0
+
+    def __len__(self) -> int:
+        """Nodes, the root's included."""
+        return len(self._node_key)
+
+    def _held(self, node: int, key: str, ends: int) -> None:
+        """One more count of ``key`` at ``node``, which now ends ``ends`` names."""
+        shared = self._shared.get(node)
+        if shared is not None:
+            shared[key] = shared.get(key, 0) + 1
+            return
+        own = self._node_key[node]
+        if own is None or own == key:
+            self._node_key[node] = key
+        else:  # a second key whose tokens hash alike
+            self._shared[node] = {own: ends - 1, key: 1}
+            self._node_key[node] = None
+
+    def _add_many(self, keys: Iterable[str]) -> None:
+        """``add`` of each of ``keys``, in one compiled pass (a first use, a rebuild)."""
+        held = [key for key in keys if mentionable(key)]
+        if not held:
+            return
+        tokens = [token for key in held for token in key.split(NAME_SEP)]
+        bounds = np.zeros(len(held) + 1, np.int64)
+        np.cumsum([key.count(NAME_SEP) + 1 for key in held], out=bounds[1:])
+        self._room(len(tokens))
+        last = np.empty(len(held), np.int64)
+        nodes, revived = _insert_many(
+            self._edges, self._through, self.ids(tokens), bounds, len(self), last
+        )
+        self._dead -= revived
+        self._node_key.extend([None] * (nodes - len(self)))
+        rows = self._edges[last]
+        ends_at = rows[:, TO].tolist()
+        added = Counter(ends_at)  # names this call put at each node
+        seen: Counter[int] = Counter()
+        for key, node, total in zip(held, ends_at, rows[:, ENDS].tolist(), strict=True):
+            seen[node] += 1
+            self._held(node, key, total - added[node] + seen[node])
+
+    def _name_ids(self, key: str) -> np.ndarray:
+        return self.ids(key.split(NAME_SEP))
 
     def add(self, key: str) -> None:
-        node = self._root
-        for token in key.split(NAME_SEP):
-            child = node.children.get(token)
-            if child is None:
-                child = node.children[token] = _Node()
-            child.through += 1
-            node = child
-        node.key = key
-        node.ending += 1
+        if not mentionable(key):
+            return
+        ids = self._name_ids(key)
+        self._room(len(ids))
+        before = len(self)
+        at, nodes, revived = _insert(self._edges, self._through, ids, before)
+        self._dead -= revived
+        self._node_key.extend([None] * (nodes - len(self)))
+        node = nodes - 1 if nodes > before else int(self._edges[at, TO])
+        self._held(node, key, int(self._edges[at, ENDS]))
 
     def discard(self, key: str) -> None:
         """Forget one count of ``key``; a key not held is ignored."""
-        path: list[tuple[_Node, str, _Node]] = []
-        node = self._root
-        for token in key.split(NAME_SEP):
-            child = node.children.get(token)
-            if child is None:
-                return
-            path.append((node, token, child))
-            node = child
-        if not node.ending:
+        if not mentionable(key):
             return
-        node.ending -= 1
-        if not node.ending:
-            node.key = None
-        for parent, token, child in path:
-            child.through -= 1
-            if not child.through:
-                del parent.children[token]
-                return  # its subtree held this key alone
+        ids = self._name_ids(key)
+        at = _find(self._edges, ids)
+        if at < 0:
+            return
+        node = int(self._edges[at, TO])
+        shared = self._shared.get(node)
+        if shared is not None:
+            if key not in shared:
+                return
+            shared[key] -= 1
+            if not shared[key]:
+                del shared[key]
+            if len(shared) == 1:
+                (self._node_key[node],) = shared
+                del self._shared[node]
+        elif self._node_key[node] != key:
+            return
+        self._edges[at, ENDS] -= 1
+        if not self._edges[at, ENDS]:
+            self._node_key[node] = None
+        self._dead += _lower(self._edges, self._through, ids)
+        if self._dead > max(MIN_DEAD_REBUILD, len(self) - self._dead):
+            self._rebuild()
+
+    def _room(self, more: int) -> None:
+        """Capacity for ``more`` nodes and edges (the table kept at most half full)."""
+        need = len(self) + more
+        if need > len(self._through):
+            grown = np.zeros(max(need, 2 * len(self._through)), np.int32)
+            grown[: len(self._through)] = self._through
+            self._through = grown
+        if 2 * need > len(self._edges):  # every node but the root ends one edge
+            size = len(self._edges)
+            while 2 * need > size:
+                size *= 2
+            new = np.zeros((size, 4), np.int64)
+            new[:, FROM] = -1
+            _rehash(self._edges, new)
+            self._edges = new
+
+    def _rebuild(self) -> None:
+        """The trie of the names held now, without the dead nodes."""
+        edges = self._edges
+        rows = np.flatnonzero((edges[:, FROM] >= 0) & (edges[:, ENDS] > 0))
+        held: list[str] = []
+        for node, count in edges[rows][:, [TO, ENDS]].tolist():
+            own = self._node_key[node]
+            if own is not None:
+                held += [own] * count
+            else:
+                for key, n in self._shared[node].items():
+                    held += [key] * n
+        self._reset()
+        self._add_many(held)
+
+    def ids(self, tokens: Sequence[str]) -> np.ndarray:
+        """Each token's ``token_hash``, the walk's token ids."""
+        return np.fromiter(map(token_hash, tokens), np.int64, len(tokens))
+
+    def match_tokens(
+        self, tokens: Sequence[str], bounds: Sequence[int]
+    ) -> list[tuple[int, int, int, str]]:
+        """Every (text, first token, end token, key) where a name occurs in the texts
+        ``tokens[bounds[k]:bounds[k + 1]]``, by text, first token, then end."""
+        if len(self) == 1 or not tokens:
+            return []
+        ids = self.ids(tokens)
+        at = np.array(bounds, np.int64)
+        out = np.empty((max(16, len(ids) // 4), 4), np.int64)
+        while True:
+            found, lookups = match(ids, at, self._edges, out)
+            if found <= len(out):
+                break
+            out = np.empty((found, 4), np.int64)
+        self.lookups += lookups
+        keys, shared = self._node_key, self._shared
+        result = []
+        for k, i, j, node in out[:found].tolist():
+            start = bounds[k]
+            name = NAME_SEP.join(tokens[start + i : start + j])
+            key = keys[node]
+            if key == name or (key is None and name in shared.get(node, ())):
+                result.append((k, i, j, name))
+        return result
 
     def matches(self, tokens: Sequence[str]) -> list[tuple[int, int, str]]:
         """Every (first token, end token, key) where a name's tokens occur in ``tokens``, by
         first token ascending, then end ascending."""
-        root = self._root.children
-        firsts = root.keys() & set(tokens)  # in C: most tokens of a text start no name
-        size = len(tokens)
-        out: list[tuple[int, int, str]] = []
-        if not firsts:
-            return out
-        for i, token in enumerate(tokens):
-            if token not in firsts:
-                continue
-            node: _Node | None = root[token]
-            j = i + 1
-            while node is not None:
-                if node.key is not None:
-                    out.append((i, j, node.key))
-                if j == size:
-                    break
-                node = node.children.get(tokens[j])
-                j += 1
-        return out
+        return [(i, j, key) for _, i, j, key in self.match_tokens(tokens, [0, len(tokens)])]
+
+
+def warm_up() -> None:
+    """Compile (or load from the on-disk cache) every kernel of the trie, growth included, so
+    that no build or event pays it."""
+    trie = NameTrie(["warm"])  # _insert_many
+    trie.add(NAME_SEP.join(["warm", "up"]))  # _insert
+    trie.matches(["warm", "up"])  # match
+    trie.discard("warm")  # _find, _lower
+    trie.add(NAME_SEP.join(str(i) for i in range(len(trie._edges))))  # _rehash

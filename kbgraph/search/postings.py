@@ -201,6 +201,19 @@ class Postings:
             node in self._node_added
         )
 
+    def counts(self) -> dict[str, int]:
+        """key -> how many nodes hold it, of every key held (counted in numpy: a first use
+        of the name trie after a build reads every name)."""
+        rows = np.repeat(self.base_live, np.diff(self.node_off)) != 0
+        found = np.bincount(self.node_keys[rows], minlength=len(self.keys))
+        for k, holders in self._added.items():
+            found[k] += len(holders)
+        keys = self.keys
+        return {
+            keys[k]: n
+            for k, n in zip(np.flatnonzero(found).tolist(), found[found > 0].tolist(), strict=True)
+        }
+
     def as_dict(self) -> dict[str, dict[int, int]]:
         """key -> node -> hits of every key held by some node (for inspection and tests)."""
         out: dict[str, dict[int, int]] = {}

@@ -1,0 +1,70 @@
+"""The name trie's compiled walk (kbgraph.search.nametrie) against a plain oracle: every
+window of the tokens looked up among the names held; added and discarded in any order
+(through its rebuilds) equals the trie built from the names held at the end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kbgraph.search import nametrie
+from kbgraph.search.nametrie import NAME_SEP, NameTrie, mentionable
+
+WORDS = ["a", "b", "c", "the", "of", "d"]
+name_st = st.lists(st.sampled_from(WORDS), min_size=1, max_size=4).map(NAME_SEP.join)
+tokens_st = st.lists(st.sampled_from([*WORDS, "zz"]), max_size=20)
+
+
+def oracle(held: dict[str, int], tokens: list[str]) -> list[tuple[int, int, str]]:
+    names = {k for k, count in held.items() if count > 0 and mentionable(k)}
+    return [
+        (i, j, NAME_SEP.join(tokens[i:j]))
+        for i in range(len(tokens))
+        for j in range(i + 1, len(tokens) + 1)
+        if NAME_SEP.join(tokens[i:j]) in names
+    ]
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(st.tuples(st.booleans(), name_st), max_size=60),
+    st.lists(tokens_st, min_size=1, max_size=4),
+    st.integers(0, 3),
+    st.booleans(),
+)
+def test_matches_equal_the_oracle_through_adds_discards_and_rebuilds(
+    steps: list[tuple[bool, str]], texts: list[list[str]], rebuild_after: int, collide: bool
+) -> None:
+    """``collide``: tokens hashed by their length, so most of them collide ("a", "b", "c"
+    and "d" walk one edge): the matches are the same."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(nametrie, "MIN_DEAD_REBUILD", rebuild_after)  # rebuilds often
+        if collide:
+            patch.setattr(nametrie, "token_hash", len)
+        trie = NameTrie()
+        held: dict[str, int] = {}
+        for added, key in steps:
+            if added:
+                trie.add(key)
+                held[key] = held.get(key, 0) + 1
+            else:
+                trie.discard(key)
+                held[key] = max(0, held.get(key, 0) - 1)
+            assert trie.matches(texts[0]) == oracle(held, texts[0])
+        fresh = NameTrie(k for k, count in held.items() for _ in range(count))
+        tokens = [token for text in texts for token in text]
+        bounds = np.cumsum([0, *map(len, texts)]).tolist()
+        expected = [(k, *m) for k, t in enumerate(texts) for m in oracle(held, t)]
+        assert trie.match_tokens(tokens, bounds) == expected
+        assert fresh.match_tokens(tokens, bounds) == expected
+
+
+def test_a_short_output_is_called_again_with_room() -> None:
+    """Every window of 300 "x"s is a name: 45,150 matches, past the first buffer."""
+    trie = NameTrie(NAME_SEP.join(["x"] * n) for n in range(1, 301))
+    found = trie.matches(["x"] * 300)
+    assert len(found) == 300 * 301 // 2
+    assert found[:3] == [(0, 1, "x"), (0, 2, NAME_SEP.join("xx")), (0, 3, NAME_SEP.join("xxx"))]
+    assert found[-1] == (299, 300, "x")
