@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from kbgraph.projection import KBProjection, Projections
 from kbgraph.projection import nodes as nodes_module
+from kbgraph.projection.adjacency import edge_keys
 from kbgraph.search import SearchIndex
 from kbgraph.search import index as search_index
 from kbgraph.store import Store, load
@@ -75,6 +76,26 @@ def declared(columns: KBColumns) -> list[list[str]]:
             out.append(targets[at : at + count])
             at += count
     return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 24).flatmap(
+    lambda n: st.tuples(
+        st.permutations(range(n)),
+        st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=120),
+    )
+))  # fmt: skip
+def test_edge_keys_are_the_sorted_distinct_keys(case) -> None:
+    """The adjacency's keys grouped by source (small groups by insertion, large ones by a
+    sort; repeated edges once) equal ``np.unique`` of every key."""
+    rank, edges = np.array(case[0], np.int64), case[1]
+    n = len(rank)
+    src = np.array([s for s, _ in edges], np.int64)
+    dst = np.array([d for _, d in edges], np.int64)
+    out = src * n + rank[dst]
+    both = np.concatenate((out, dst * n + rank[src]))
+    assert edge_keys(src, dst, rank, undirected=False).tolist() == np.unique(out).tolist()
+    assert edge_keys(src, dst, rank, undirected=True).tolist() == np.unique(both).tolist()
 
 
 docs = st.lists(st.tuples(texts, texts, words, words), max_size=12)

@@ -4,7 +4,8 @@ Python object per concept or link (``KBProjection.build_columns`` adds the searc
 The links' target ids are found by a ``StringTable`` of the ids' bytes; targets that are no
 concept are interned after the store's ids in sorted order, and merged into the id order by
 bisection (the store's ids come sorted); the adjacency is made from the sorted distinct edge
-keys ``src * n + rank of dst`` in two compiled passes (``Adjacency.from_keys``).
+keys ``src * n + rank of dst``, grouped by source in linear time (``edge_keys``), in two
+compiled passes (``Adjacency.from_keys``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from kbgraph.projection.adjacency import Adjacency
-from kbgraph.projection.arrays import MIN_NODE_CAP, sorted_unique
+from kbgraph.projection.adjacency import Adjacency, edge_keys
+from kbgraph.projection.arrays import MIN_NODE_CAP
 from kbgraph.projection.keys import Keys
 from kbgraph.projection.links import Links
 from kbgraph.projection.nodes import Nodes
@@ -51,16 +52,9 @@ def parts_of(cols: KBColumns) -> tuple[Nodes, Links]:
     to_alive = dst < n0
     missing = zip(src[~to_alive].tolist(), dst[~to_alive].tolist(), strict=True)
     src, dst = src[to_alive], dst[to_alive]
-    m = len(src)
-    edge_keys = np.empty(2 * m, np.int64)  # out-edge keys, then the reverse edges' for und
-    np.multiply(src, n, out=edge_keys[:m])
-    edge_keys[:m] += rank[dst]
-    np.multiply(dst, n, out=edge_keys[m:])
-    edge_keys[m:] += rank[src]
-    del src, dst, rank
-    out = Adjacency.from_keys(sorted_unique(edge_keys[:m].copy()), n, order, cap)
-    und = Adjacency.from_keys(sorted_unique(edge_keys), n, order, cap)
-    del edge_keys, order
+    out = Adjacency.from_keys(edge_keys(src, dst, rank, undirected=False), n, order, cap)
+    und = Adjacency.from_keys(edge_keys(src, dst, rank, undirected=True), n, order, cap)
+    del src, dst, rank, order
     keys = Keys.from_encoded(*encoded, cap)
     del encoded
     for t, u in added.items():
