@@ -348,8 +348,8 @@ class StringTable:
         self._table = _table_of(blob, off)
 
     def find_all(self, blob: np.ndarray, off: np.ndarray) -> np.ndarray:
-        """int64 row of each string of the encoded column (blob, off); -1 where none."""
-        out = np.empty(len(off) - 1, np.int64)
+        """int32 row of each string of the encoded column (blob, off); -1 where none."""
+        out = np.empty(len(off) - 1, np.int32)
         _find_all(self._table, self._blob, self._off, blob, off, out)
         return out
 
