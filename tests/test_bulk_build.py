@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from kbgraph.projection import KBProjection, Projections
 from kbgraph.projection import nodes as nodes_module
+from kbgraph.projection.adjacency import Adjacency
 from kbgraph.search import SearchIndex
 from kbgraph.search import index as search_index
 from kbgraph.store import Store, load
@@ -75,6 +76,37 @@ def declared(columns: KBColumns) -> list[list[str]]:
             out.append(targets[at : at + count])
             at += count
     return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 24).flatmap(
+        lambda n: st.tuples(
+            st.permutations(range(n)),
+            st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=120),
+        )
+    ),
+    st.sampled_from([np.int32, np.int64]),
+)
+def test_blocks_from_edges_hold_each_neighbour_once_in_id_order(case, dtype) -> None:
+    """A first build's adjacency (neighbours grouped per node, small groups sorted by
+    insertion and large ones by a sort, repeated edges once): each node's block is its
+    distinct neighbours by rank, out-edges only or both ways, as a set and a sort give."""
+    rank = np.array(case[0], np.int64)
+    order = np.argsort(rank)
+    n, edges = len(rank), case[1]
+    src = np.array([s for s, _ in edges], dtype)
+    dst = np.array([d for _, d in edges], dtype)
+    for undirected in (False, True):
+        adj = Adjacency.from_edges(src, dst, rank, order, 64, undirected=undirected)
+        want: dict[int, set[int]] = {u: set() for u in range(n)}
+        for s, d in edges:
+            want[s].add(d)
+            if undirected:
+                want[d].add(s)
+        for u in range(n):
+            assert adj.block(u).tolist() == sorted(want[u], key=lambda v: rank[v])
+        assert adj.total == sum(map(len, want.values()))
 
 
 docs = st.lists(st.tuples(texts, texts, words, words), max_size=12)

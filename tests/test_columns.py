@@ -105,9 +105,10 @@ def test_key_index_by_the_process_hash_answers_as_a_dict(keys, probes) -> None:
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.text(max_size=4), unique=True, max_size=40), st.lists(st.text(max_size=4)))
 def test_string_table_finds_rows_as_a_dict_does(keys, probes) -> None:
-    """The first build's link targets: every string found at its row, any other at -1."""
+    """The first build's link targets: every string found at its row, any other at -1 (the
+    queries repeated, so groups of look-ups start and end anywhere among them)."""
     table = StringTable(*encode_strings(keys))
-    queries = [*keys, *probes]
+    queries = [*keys, *probes, *reversed(keys)] * 3
     want = {key: i for i, key in enumerate(keys)}
     found = table.find_all(*encode_strings(queries)) if queries else []
     assert list(found) == [want.get(q, -1) for q in queries]

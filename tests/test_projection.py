@@ -205,9 +205,9 @@ def test_search_index_receives_puts_and_removes() -> None:
             assert aliases == [] and tags == []
             calls.append(("put", node, title, text))
 
-        def put_many(self, docs) -> None:
-            for doc in docs:
-                self.put(*doc)
+        def put_columns(self, n: int, titles, texts, aliases, tags) -> None:  # a first build
+            for u in range(n):
+                self.put(u, titles[u], texts[u], aliases[u], tags[u])
 
         def remove(self, node: int) -> None:
             calls.append(("remove", node))

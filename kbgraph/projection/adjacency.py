@@ -33,24 +33,68 @@ _SCAN_MAX: Final = 64  # blocks up to this length are scanned, not bisected, for
 COMPACT_MIN_HOLES = 1 << 16  # module-level so tests can force compaction
 
 
-@numba.njit(nogil=True, cache=True)
-def _key_counts(keys: np.ndarray, n: int, ln: np.ndarray) -> None:  # pragma: no cover
-    for key in keys:
-        ln[key // n] += 1
+_SMALL_GROUP: Final = 16  # a node's neighbours up to this many are sorted by insertion
 
 
 @numba.njit(nogil=True, cache=True)
-def _key_fill(
-    keys: np.ndarray, n: int, order: np.ndarray, off: np.ndarray, pool: np.ndarray
+def _grouped_ranks(
+    src: np.ndarray, dst: np.ndarray, rank: np.ndarray, n: int, undirected: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    """(start, len, ranks): node u's distinct neighbours' ranks, ascending, at
+    ``ranks[start[u] : start[u] + len[u]]``; the rows grouped by a counting pass, each group
+    sorted on its own (by insertion when small) and its repeats dropped in place."""
+    start = np.zeros(n + 1, np.int64)
+    for u in src:
+        start[u + 1] += 1
+    if undirected:
+        for v in dst:
+            start[v + 1] += 1
+    for u in range(n):
+        start[u + 1] += start[u]
+    at = start[:-1].copy()
+    ranks = np.empty(start[n], np.int32)
+    for i in range(len(src)):
+        u, v = src[i], dst[i]
+        ranks[at[u]] = rank[v]
+        at[u] += 1
+        if undirected:
+            ranks[at[v]] = rank[u]
+            at[v] += 1
+    ln = np.zeros(n, np.int64)
+    for u in range(n):
+        lo, hi = start[u], start[u + 1]
+        if hi - lo > _SMALL_GROUP:
+            ranks[lo:hi].sort()
+        else:
+            for i in range(lo + 1, hi):
+                x = ranks[i]
+                j = i - 1
+                while j >= lo and ranks[j] > x:
+                    ranks[j + 1] = ranks[j]
+                    j -= 1
+                ranks[j + 1] = x
+        kept = lo
+        for i in range(lo, hi):
+            if kept == lo or ranks[i] != ranks[kept - 1]:
+                ranks[kept] = ranks[i]
+                kept += 1
+        ln[u] = kept - lo
+    return start, ln, ranks
+
+
+@numba.njit(nogil=True, cache=True)
+def _fill_blocks(
+    start: np.ndarray,
+    ln: np.ndarray,
+    ranks: np.ndarray,
+    order: np.ndarray,
+    off: np.ndarray,
+    pool: np.ndarray,
 ) -> None:  # pragma: no cover - compiled
-    """keys sorted: each source's entries come together, in order."""
-    last, at = -1, 0
-    for key in keys:
-        u = key // n
-        if u != last:
-            last, at = u, off[u]
-        pool[at] = order[key % n]
-        at += 1
+    for u in range(len(ln)):
+        o, s = off[u], start[u]
+        for k in range(ln[u]):
+            pool[o + k] = order[ranks[s + k]]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -340,24 +384,41 @@ class Adjacency:
         return int(self.meta[2])
 
     @classmethod
-    def from_keys(cls, keys: np.ndarray, n: int, order: np.ndarray, node_cap: int) -> Adjacency:
-        """Blocks, with ~25 % slack each, from the sorted distinct edge keys ``src * n +
-        rank of dst`` (``order[rank]`` is the node of that rank), read in two compiled passes
-        with no array per edge but the pool."""
+    def from_edges(
+        cls,
+        src: np.ndarray,
+        dst: np.ndarray,
+        rank: np.ndarray,
+        order: np.ndarray,
+        node_cap: int,
+        *,
+        undirected: bool,
+    ) -> Adjacency:
+        """Blocks, with ~25 % slack each, of the edges (src, dst) (both ways when
+        ``undirected``; repeats once) over the ``len(rank)`` nodes, each block in id order
+        (``rank``: each node's place in it, ``order[rank]`` the node). Linear: the edges
+        grouped by node in compiled passes, each group sorted on its own, where a sort of
+        every edge's key cost most of a first build's adjacency."""
+        n = len(rank)
+        start, ln, ranks = _grouped_ranks(
+            np.ascontiguousarray(src),  # int32 or int64: each compiled for
+            np.ascontiguousarray(dst),
+            np.ascontiguousarray(rank, np.int64),
+            n,
+            undirected,
+        )
         adj = cls(node_cap)
-        ln = np.zeros(n, np.int64)
-        _key_counts(keys, n, ln)
         cap = np.where(ln > 0, ln + (ln >> 2) + 2, 0)
         off = np.zeros(n, np.int64)
         np.cumsum(cap[:-1], out=off[1:])
         end = int(cap.sum())
         pool = np.zeros(max(MIN_POOL_CAP, end + end // 2), np.int32)
-        _key_fill(keys, n, order, off, pool)
+        _fill_blocks(start, ln, ranks, np.ascontiguousarray(order, np.int64), off, pool)
         adj.off[:n] = off
         adj.len[:n] = ln
         adj.cap[:n] = cap
         adj.pool = pool
-        adj.meta[:] = (end, 0, len(keys))
+        adj.meta[:] = (end, 0, int(ln.sum()))
         return adj
 
     def grow_nodes(self, n: int, new_cap: int) -> tuple[np.ndarray, ...]:

@@ -3,8 +3,8 @@ Python object per concept or link (``KBProjection.build_columns`` adds the searc
 
 The links' target ids are found by a ``StringTable`` of the ids' bytes; targets that are no
 concept are interned after the store's ids in sorted order, and merged into the id order by
-bisection (the store's ids come sorted); the adjacency is made from the sorted distinct edge
-keys ``src * n + rank of dst`` in two compiled passes (``Adjacency.from_keys``).
+bisection (the store's ids come sorted); each adjacency's blocks are made from the edges and
+the ids' ranks in linear compiled passes (``Adjacency.from_edges``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from kbgraph.projection.adjacency import Adjacency
-from kbgraph.projection.arrays import MIN_NODE_CAP, sorted_unique
+from kbgraph.projection.arrays import MIN_NODE_CAP
 from kbgraph.projection.keys import Keys
 from kbgraph.projection.links import Links
 from kbgraph.projection.nodes import Nodes
@@ -34,7 +34,6 @@ def parts_of(cols: KBColumns) -> tuple[Nodes, Links]:
     ids: StringColumn = cols.ids
     encoded = ids.encoded
     src, dst, missing_src, missing_names = _link_columns(cols.links, StringTable(*encoded))
-    cols.links = []  # the targets' bytes are no longer needed: free them now
     added: dict[str, int] = {}  # the missing targets, after the store's ids
     for t in sorted(set(missing_names)):
         added[t] = len(ids)
@@ -46,21 +45,16 @@ def parts_of(cols: KBColumns) -> tuple[Nodes, Links]:
     order = _id_order(ids, n0)
     rank = np.empty(n, np.int64)
     rank[order] = np.arange(n, dtype=np.int64)
-    keep = src != dst
+    loop = src == dst
+    to_missing = (dst >= n0) & ~loop
+    missing = zip(src[to_missing].tolist(), dst[to_missing].tolist(), strict=True)
+    keep = ~(loop | to_missing)
+    del loop, to_missing
     src, dst = src[keep], dst[keep]
-    to_alive = dst < n0
-    missing = zip(src[~to_alive].tolist(), dst[~to_alive].tolist(), strict=True)
-    src, dst = src[to_alive], dst[to_alive]
-    m = len(src)
-    edge_keys = np.empty(2 * m, np.int64)  # out-edge keys, then the reverse edges' for und
-    np.multiply(src, n, out=edge_keys[:m])
-    edge_keys[:m] += rank[dst]
-    np.multiply(dst, n, out=edge_keys[m:])
-    edge_keys[m:] += rank[src]
-    del src, dst, rank
-    out = Adjacency.from_keys(sorted_unique(edge_keys[:m].copy()), n, order, cap)
-    und = Adjacency.from_keys(sorted_unique(edge_keys), n, order, cap)
-    del edge_keys, order
+    del keep
+    out = Adjacency.from_edges(src, dst, rank, order, cap, undirected=False)
+    und = Adjacency.from_edges(src, dst, rank, order, cap, undirected=True)
+    del src, dst, rank, order
     keys = Keys.from_encoded(*encoded, cap)
     del encoded
     for t, u in added.items():
@@ -85,27 +79,31 @@ def gc_paused() -> Iterator[None]:
 
 
 def _link_columns(
-    links: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], table: StringTable
+    links: list[tuple[np.ndarray, np.ndarray, np.ndarray]], table: StringTable
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """(src, dst, rows of dst still to resolve, their target ids) of every declared link
-    (``links``: ``KBColumns.links``, chunk by chunk), the targets found by ``table`` (of the
-    ids); a target that is no concept gets dst -1 and is listed for the caller to intern."""
+    (``links``: ``KBColumns.links``, chunk by chunk, emptied as it is read: the targets' bytes
+    freed chunk by chunk, as the search index is built beside), the targets found by
+    ``table`` (of the ids); a target that is no concept gets dst -1 and is listed for the
+    caller to intern."""
     srcs: list[np.ndarray] = []
     dsts: list[np.ndarray] = []
     missing_rows: list[np.ndarray] = []
     missing_names: list[str] = []
     first = done = 0
-    for counts, blob, off in links:
+    links.reverse()
+    while links:
+        counts, blob, off = links.pop()
         dst = table.find_all(blob, off)
         gone = np.flatnonzero(dst < 0)
         if len(gone):
             missing_rows.append(gone + done)
             missing_names.extend(strings_at(blob, off, gone.tolist()))
-        srcs.append(np.repeat(np.arange(first, first + len(counts), dtype=np.int64), counts))
+        srcs.append(np.repeat(np.arange(first, first + len(counts), dtype=np.int32), counts))
         dsts.append(dst)
         first += len(counts)
         done += len(dst)
-    empty = np.zeros(0, np.int64)
+    empty = np.zeros(0, np.int32)
     return (
         np.concatenate(srcs) if srcs else empty,
         np.concatenate(dsts) if dsts else empty,

@@ -117,8 +117,7 @@ class KBProjection:
         the projection is shared. The projection takes the column lists it is given."""
         n0 = len(cols.ids)
         self.nodes, self.links = parts_of(cols)
-        docs = zip(range(n0), cols.titles, cols.texts, cols.aliases, cols.tags, strict=False)
-        self.index.put_many(docs)
+        self.index.put_columns(n0, cols.titles, cols.texts, cols.aliases, cols.tags)
         self.seq = cols.seq
 
     # --- mentions -------------------------------------------------------------------------

@@ -25,8 +25,8 @@ import itertools
 import math
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Final, Protocol
 
 import numpy as np
 from numba import njit
@@ -115,7 +115,19 @@ class _Scratch(threading.local):
 
 _scratch = _Scratch()
 _FIELD = FIELD  # a posting's hits packed as title_hits * _FIELD + text_hits
-BULK_CHUNK: Final = 1 << 15  # documents analysed at once by put_many
+BULK_CHUNK: Final = 1 << 15  # documents analysed at once by put_many and put_columns
+# a chunk of documents: nodes (int64, ascending), titles, texts, aliases, tags
+_Chunk = tuple[
+    np.ndarray, Sequence[str], Sequence[str], Sequence[Sequence[str]], Sequence[Sequence[str]]
+]
+
+
+class Strings(Protocol):
+    """A column of strings read a range at a time (``kbgraph.store.columns.StringColumn``)."""
+
+    def strings(self, start: int, stop: int) -> list[str]: ...
+
+
 _NAME_SEP = NAME_SEP
 
 
@@ -172,20 +184,52 @@ class SearchIndex:
 
     def put_many(self, docs: Iterable[tuple[int, str, str, Sequence[str], Sequence[str]]]) -> None:
         """Index an empty index's documents (node, title, text, aliases, tags; nodes
-        ascending) in bulk, as flat arrays (``put`` one by one would hold them in the
-        overlay): analysed a chunk at a time (``kbgraph.search.bulk``), each part built in one
-        sort."""
-        assert self.terms.count == 0, "put_many builds an empty index"
+        ascending) in bulk (``_put_chunks``), ``BULK_CHUNK`` at a time."""
+        docs = iter(docs)
+
+        def chunks() -> Iterator[_Chunk]:
+            while chunk := list(itertools.islice(docs, BULK_CHUNK)):
+                node, titles, texts, aliases, doc_tags = zip(*chunk, strict=True)
+                del chunk
+                yield np.array(node, np.int64), titles, texts, aliases, doc_tags
+
+        self._put_chunks(chunks())
+
+    def put_columns(
+        self,
+        n: int,
+        titles: Strings,
+        texts: Strings,
+        aliases: Sequence[Sequence[str]],
+        tags: Sequence[Sequence[str]],
+    ) -> None:
+        """``put_many`` of the documents 0 to ``n - 1`` given as columns (a first build's),
+        each chunk sliced from them: no tuple per document."""
+
+        def chunks() -> Iterator[_Chunk]:
+            for start in range(0, n, BULK_CHUNK):
+                stop = min(start + BULK_CHUNK, n)
+                yield (
+                    np.arange(start, stop, dtype=np.int64),
+                    titles.strings(start, stop),
+                    texts.strings(start, stop),
+                    aliases[start:stop],
+                    tags[start:stop],
+                )
+
+        self._put_chunks(chunks())
+
+    def _put_chunks(self, chunks: Iterable[_Chunk]) -> None:
+        """Index an empty index's documents in bulk, as flat arrays (``put`` one by one would
+        hold them in the overlay): analysed a chunk at a time (``kbgraph.search.bulk``), each
+        part built in one sort."""
+        assert self.terms.count == 0, "a bulk put builds an empty index"
         terms, names, tags = PostingsBuilder(), PostingsBuilder(), PostingsBuilder()
         analyzer = BulkAnalyzer(terms, names, tags)
         nodes: list[np.ndarray] = []
         title_lens: list[np.ndarray] = []
         text_lens: list[np.ndarray] = []
-        docs = iter(docs)
-        while chunk := list(itertools.islice(docs, BULK_CHUNK)):
-            node, titles, texts, aliases, doc_tags = zip(*chunk, strict=True)
-            del chunk
-            at = np.array(node, np.int64)
+        for at, titles, texts, aliases, doc_tags in chunks:
             title_len, text_len = analyzer.add(at, titles, texts, aliases, doc_tags)
             nodes.append(at)
             title_lens.append(title_len)
