@@ -3,8 +3,9 @@
 ``bench_cluster --phases stream`` makes its snapshot by sending every concept through the
 stream (10 minutes at 1M). Here the store is filled through the store's own API instead, in
 the node's config (the local model's vectors made once by the store, as a node's are): the
-concepts of ``bench_ingest.Concepts`` in 1,000-event deliveries, then the projection built,
-its vectors settled and a checkpoint written, as a node that has run a while has one. Kept
+concepts of ``bench_ingest.Concepts`` in 1,000-event deliveries, the projection following
+them as a node's does (the vectors installed from the log's rows), then a checkpoint written,
+as a node that has run a while has one. Kept
 with ``--keep-filled DIR`` and reused with ``--filled DIR`` (filling 1M takes minutes).
 
 Then, per run (each checkout in turn with ``--peer``, alternating, ``--rounds`` times), on a
@@ -71,30 +72,29 @@ STAGES = {
 
 
 def fill(folder: Path, concepts: int) -> dict[str, float]:
-    """``concepts`` upserts into ``folder/STORE`` as a node's config opens it, then the
-    projection, its vectors and a checkpoint; the seconds of each step."""
+    """``concepts`` upserts into ``folder/STORE`` as a node's config opens it, its projection
+    following the log as a node's does (the vectors the store made installed from the log's
+    rows), then a checkpoint; the seconds of each step."""
     folder.mkdir(parents=True, exist_ok=True)
     config = parse_config(f'[store]\npath = "{STORE}"\n', base_dir=folder)
     embedder = make_embedder(config.embeddings)
     store = open_store(config, embedder=embedder)
+    projections = Projections(
+        store,
+        checkpoints=config.store.checkpoint_folder,
+        log_retain=config.store.log_retain_events,
+        embedder=embedder,
+        vector_max_chars=config.embeddings.max_chars,
+    )
+    projections.load()
     source = Concepts("load", 1)
     started = time.perf_counter()
     for first in range(0, concepts, DELIVERY):
         batch = [source.next() for _ in range(min(DELIVERY, concepts - first))]
         store.append(KB, decode_delivery(wc.encode(batch), "application/json"))
+        while projections.follow_once():
+            pass
     figures = {"fill_s": round(time.perf_counter() - started, 1)}
-    projections = Projections(
-        store,
-        checkpoints=config.store.checkpoint_folder,
-        log_retain=0,
-        embedder=embedder,
-        vector_max_chars=config.embeddings.max_chars,
-    )
-    started = time.perf_counter()
-    projections.load()
-    while projections.fill_vectors():
-        pass
-    figures["build_s"] = round(time.perf_counter() - started, 1)
     started = time.perf_counter()
     projections.write_checkpoint()
     figures["checkpoint_s"] = round(time.perf_counter() - started, 1)
