@@ -61,6 +61,7 @@ KB = "bench"
 DELIVERY = 1_000
 STORE = "bench.db"  # start_server's store path, in the node's folder
 AIM_SECONDS = 30.0  # issue 47, at 1M concepts
+AIM_CONCEPTS = 1_000_000
 WAIT_SECONDS = 900.0  # A's snapshot published by then, or the run fails
 NOISE = "eof_received"  # asyncio's, on every TLS connection's close
 # what B's log says, and the stage each line ends
@@ -243,7 +244,9 @@ def main() -> None:
     if "peer" in figures:
         ratio = figures["this"]["ready_s"] / figures["peer"]["ready_s"]
         figures["this_over_peer"] = round(ratio, 2)
-    figures["aims"] = {"ready_le_30s_at_1m": figures["this"]["ready_s"] <= AIM_SECONDS}
+    at_scale = args.concepts >= AIM_CONCEPTS  # the aim is a 1M node's (null below)
+    met = figures["this"]["ready_s"] <= AIM_SECONDS if at_scale else None
+    figures["aims"] = {"ready_le_30s_at_1m": met}
     print(json.dumps(figures))
 
 
