@@ -163,7 +163,8 @@ def run_once(checkout: Path, filled: Path, root: Path, deliveries: int) -> dict[
         a = root / "a"
         shutil.copytree(filled, a)
         port_a = free_port()
-        every = "snapshot_every_seconds = 2\nsnapshots_keep = 1\n"
+        # one snapshot, after the deliveries (a snapshot of 1M takes A a while)
+        every = "snapshot_every_seconds = 10\nsnapshots_keep = 1\n"
         a_config = cluster.log_toml(STREAM) + every
         nodes.append(start_server(a, port_a, a_config, checkout, ready_seconds=WAIT_SECONDS))
         send(port_a, deliveries)
@@ -228,7 +229,7 @@ def main() -> None:
         checkouts = {"this": ROOT} | ({"peer": args.peer.resolve()} if args.peer else {})
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in checkouts}
         for n in range(args.rounds):
-            for name in reversed(checkouts):  # the peer first, then this
+            for name in checkouts:  # this, then the peer
                 run_root = root / f"{name}-{n}"
                 run = run_once(checkouts[name], filled, run_root, args.deliveries)
                 shutil.rmtree(run_root, ignore_errors=True)
