@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import copy
 import ipaddress
 import os
@@ -22,6 +23,7 @@ import secrets
 import shlex
 import sqlite3
 import sys
+import threading
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -174,7 +176,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _fail("--workers: expected at least 1")
     from kbgraph.log import backends
 
+    warming = _warm_up_beside() if args.workers == 1 else None
     problem = backends.serving_problem(config) or store_problem(config.store.path)
+    if warming is not None:
+        warming.join()
     if problem:
         return _fail(problem)
     stop_helpers = backends.start_helpers(config, Path(args.config), args.workers, args.log_level)
@@ -192,6 +197,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if stop_helpers is not None:
             stop_helpers()
     return 0
+
+
+def _warm_up_beside() -> threading.Thread:
+    """The app's modules imported and the kernels compiled (or loaded from numba's cache) in
+    a thread, while ``serve`` with one worker (which runs the app in this process) checks its
+    store or restores a snapshot, a fetch that waits on the network: seconds off a fresh
+    node's start. Whatever fails here fails again, and is said, where the app starts."""
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            import kbgraph.api  # noqa: F401 (imported for the app)
+            from kbgraph.projection import warm_up as warm_up_projection
+            from kbgraph.service import warm_up
+
+            warm_up()
+            warm_up_projection()
+
+    thread = threading.Thread(target=run, name="kbgraph-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:

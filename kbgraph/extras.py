@@ -31,7 +31,7 @@ VAULT: Final = (
 # extra -> ((module imported, distribution installed), ...): pyproject.toml's lists, by module
 # (an extra that names another, kbgraph[vault], holds that one's pairs too)
 EXTRAS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
-    "jetstream": (("nats", "nats-py"), ("nkeys", "nkeys")),
+    "jetstream": (("nats", "nats-py"), ("nkeys", "nkeys"), ("zstandard", "zstandard")),
     "vault": VAULT,
     # the wiki connector rides on the vault's manifest and sinks: kbgraph[vault] too
     "mediawiki": (*VAULT, ("mwxml", "mwxml"), ("mwparserfromhell", "mwparserfromhell")),

@@ -62,11 +62,18 @@ def free_port() -> int:
 
 
 def start_server(
-    folder: Path, port: int, extra_config: str = "", checkout: Path = ROOT
+    folder: Path,
+    port: int,
+    extra_config: str = "",
+    checkout: Path = ROOT,
+    *,
+    log_level: str = "warning",
+    output: Path | None = None,
+    ready_seconds: float = 120.0,
 ) -> subprocess.Popen[bytes]:
     """A ``kbgraph serve`` of ``checkout`` in ``folder`` (its config there, with
     ``extra_config`` appended), returned once ``/readyz`` answers 200: projection built, and
-    over JetStream caught up."""
+    over JetStream caught up. Its log goes to ``output`` when given."""
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "kbgraph.toml"
     config.write_text(
@@ -76,9 +83,12 @@ def start_server(
     own = checkout / ".venv/bin/python"
     python = str(own) if checkout != ROOT and own.exists() else sys.executable
     command = [python, "-m", "kbgraph", "serve", "--config", str(config)]
-    command += ["--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(command, cwd=checkout, start_new_session=True)
-    deadline = time.monotonic() + 120
+    command += ["--port", str(port), "--log-level", log_level]
+    sink = None if output is None else open(output, "wb")  # noqa: SIM115 (the child's)
+    proc = subprocess.Popen(command, cwd=checkout, start_new_session=True, stdout=sink, stderr=sink)
+    if sink is not None:
+        sink.close()  # the child holds its own copy
+    deadline = time.monotonic() + ready_seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit("kbgraph serve exited during start-up")

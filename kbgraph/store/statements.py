@@ -202,9 +202,11 @@ def write_subjects(conn: sqlite3.Connection, kid: int, subjects: dict[str, Subje
 
 # --- vectors (kbgraph.store.vectorrows) ------------------------------------------------------
 
+# CROSS JOIN: the ids outer, each one seek (a plain JOIN let SQLite scan every row of the KB's
+# model per call: reading 1M stored vectors back, 512 at a time, took hours)
 VECTORS_GET: Final = (
     "SELECT v.concept, v.text_hash, v.vec, v.problem FROM json_each(?3) j"
-    " JOIN vector v ON v.kb = ?1 AND v.model = ?2 AND v.concept = j.value"
+    " CROSS JOIN vector v ON v.kb = ?1 AND v.model = ?2 AND v.concept = j.value"
 )
 # rows of another model, or of a concept the store no longer holds (deleted; or a KB unknown)
 VECTORS_STALE: Final = (

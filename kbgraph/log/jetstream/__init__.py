@@ -16,9 +16,10 @@ stream and its decision rules), ``consumer`` (reading and applying, failures and
 decisions), ``node`` (``JetStreamLog``: a node's lifecycle), ``publisher`` (one delivery to
 the stream), ``applier`` and ``worker`` (a node of several workers: one applier process, the
 workers' ``WorkerLog``), ``embedder`` (one embedder for the cluster), ``lease`` (which
-process it is: signed claims and their rule), ``snapshots`` (taking and restoring them,
-trimming the stream), ``admin`` (``kbgraph cluster`` commands), ``commands`` (their command
-line, without nats-py), ``backend`` (the package's face to ``kbgraph.log.backends``).
+process it is: signed claims and their rule), ``snapshots`` (putting and restoring them,
+trimming the stream), ``snapshotfile`` (a snapshot's bytes: packing, unpacking), ``admin``
+(``kbgraph cluster`` commands), ``commands`` (their command line, without nats-py),
+``backend`` (the package's face to ``kbgraph.log.backends``).
 
 The names below are loaded on first use: importing the package (``kbgraph.log.jetstream.commands``
 does, for ``kbgraph --help``) must not import nats-py, which only ``[log] kind =

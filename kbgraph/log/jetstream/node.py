@@ -16,7 +16,7 @@ from typing import Any, Final
 from kbgraph.config import EmbeddingsConfig, JetStreamConfig
 from kbgraph.events import Event
 from kbgraph.log import LogUnavailable
-from kbgraph.log.jetstream import snapshots, wire
+from kbgraph.log.jetstream import snapshotfile, snapshots, wire
 from kbgraph.log.jetstream.connect import (
     ConnectFailed,
     RulesDiffer,
@@ -237,20 +237,18 @@ class JetStreamLog(StreamConsumer, Publisher):
 
     async def _snapshot(self) -> None:
         path = Path(self.store.path)
-        position, data = await asyncio.to_thread(
-            snapshots.take, path, self.checkpoints, self.stream
-        )
+        packed = await asyncio.to_thread(snapshotfile.take, path, self.checkpoints, self.stream)
         rules = decision_rules(self.store, self.signer)
         name = await snapshots.publish(
-            self._js, self.stream, self.signer, rules, position, data, self.config.snapshots_keep
+            self._js, self.stream, self.signer, rules, packed, self.config.snapshots_keep
         )
-        self.snapshot_at = position
+        self.snapshot_at = packed.position
         kept = await snapshots.trim(self._js, self.stream)
         log.info(
             "stream %s: snapshot %s (%s bytes) published; the stream kept from %s",
             self.stream,
             name,
-            len(data),
+            len(packed.data),
             kept,
         )
 

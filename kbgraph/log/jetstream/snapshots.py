@@ -1,13 +1,15 @@
 """Snapshots in a JetStream Object Store bucket, the stream trimmed below them, and a fresh or
 far-behind node restored from the newest one (a cluster runs for months: docs/operations.md).
 
-A snapshot is a node's store at a stream position (SQLite's online backup API into a temp
-file: one consistent transaction) with its projection checkpoints, as one gzip'd tar in the
-bucket ``<stream>-snapshots``, named by its position. Its headers carry the position, the
-decision rules of the node that made it, and a MAC (the cluster's secret) over the name, the
-rules and the bytes; nats-py checks the object's SHA-256 digest on the way back. A node that
-restores refuses a snapshot whose MAC or rules are not its own, as a node with other rules
-follows nothing.
+A snapshot is a node's store at a stream position with the projection checkpoint it can be
+followed from (``kbgraph.log.jetstream.snapshotfile``: one zstd'd tar), in the bucket
+``<stream>-snapshots``, named by its position. Its headers carry the position, the decision
+rules of the node that made it, its encoding and unpacked size, and a MAC (the cluster's
+secret) over the name, the rules, the encoding, the size and the bytes; nats-py checks the
+object's SHA-256 digest on the way back. A node that restores unpacks the snapshot into a
+staging folder as it arrives and moves it into place only once the whole object has been
+fetched and its digest, MAC and rules checked: it refuses a snapshot whose MAC or rules are
+not its own (as a node with other rules follows nothing), and a refusal leaves nothing.
 
 Trimming uses JetStream's own purge: every node reports its position in the key-value bucket
 ``<stream>-nodes`` (entries expire after ``POSITION_TTL_SECONDS``: a node that stops
@@ -18,14 +20,11 @@ a purge below a position everyone has covered is safe whoever does it, and redon
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import io
+import hmac
 import logging
-import re
-import shutil
 import sqlite3
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Final
@@ -34,7 +33,13 @@ import nats.js.errors
 from nats.js import api
 
 from kbgraph.log.jetstream import wire
-from kbgraph.projection import checkpoint
+from kbgraph.log.jetstream.snapshotfile import (
+    ENCODING_ZSTD,
+    UNPACKED,
+    Packed,
+    SnapshotRefused,
+    Unpacker,
+)
 
 log = logging.getLogger("kbgraph.log.jetstream")
 
@@ -43,11 +48,8 @@ RULES: Final = "Kbgraph-Rules"
 POSITION: Final = "Kbgraph-Position"
 POSITION_TTL_SECONDS: Final = 60.0
 RESTORE_ATTEMPTS: Final = 3
-_CHECKPOINT: Final = re.compile(r"checkpoints/(ckpt-[0-9]+\.kbg)")
 
-
-class SnapshotRefused(RuntimeError):
-    """The newest snapshot cannot be restored here (its MAC, its rules, its digest)."""
+__all__ = ["SnapshotRefused"]  # raised here, defined beside the unpacking
 
 
 def bucket(stream: str) -> str:
@@ -72,31 +74,11 @@ def store_position(path: Path, stream: str) -> int:
     return 0 if row is None else int(row[0])
 
 
-def take(store: Path, checkpoints: Path | None, stream: str) -> tuple[int, bytes]:
-    """(position, tar) of a consistent copy of the store and its checkpoint files. A
-    checkpoint newer than the copy is useless to it and skipped by the restored node's load."""
-    with tempfile.TemporaryDirectory(dir=store.parent, prefix=".snapshot-") as folder:
-        copy = Path(folder) / "kb.db"
-        source = sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True)
-        target = sqlite3.connect(copy)
-        try:
-            source.backup(target)
-            target.execute("PRAGMA journal_mode = DELETE")  # one file, no WAL beside it
-        finally:
-            source.close()
-            target.close()
-        position = store_position(copy, stream)
-        data = io.BytesIO()
-        with tarfile.open(fileobj=data, mode="w:gz", compresslevel=1) as tar:
-            tar.add(copy, arcname="kb.db")
-            for path in checkpoint.candidates(checkpoints) if checkpoints else []:
-                with contextlib.suppress(FileNotFoundError):  # removed meanwhile
-                    tar.add(path, arcname=f"checkpoints/{path.name}")
-    return position, data.getvalue()
-
-
-def _signed(name: str, rules: str) -> str:
-    return f"{name}\n{rules}"
+def _signed(name: str, headers: dict[str, str]) -> str:
+    """What a snapshot's MAC covers besides its bytes (and wire.ENCODING): its name, rules
+    and, where it declares one (every snapshot since zstd), its unpacked size."""
+    signed = f"{name}\n{headers.get(RULES, '')}"
+    return signed if UNPACKED not in headers else f"{signed}\n{headers[UNPACKED]}"
 
 
 async def object_store(js: Any, stream: str) -> Any:
@@ -120,16 +102,20 @@ async def publish(
     stream: str,
     signer: wire.Signer,
     rules: str,
-    position: int,
-    data: bytes,
+    packed: Packed,
     keep: int,
 ) -> str:
     """Put the snapshot, then keep the newest ``keep``; its name."""
     obs = await object_store(js, stream)
-    name = f"{PREFIX}{position:020d}"
-    headers = {RULES: rules, POSITION: str(position)}
-    signer.sign(_signed(name, rules), data, headers)
-    await obs.put(name, data, meta=api.ObjectMeta(name=name, headers=headers))
+    name = f"{PREFIX}{packed.position:020d}"
+    headers = {
+        RULES: rules,
+        POSITION: str(packed.position),
+        wire.ENCODING: ENCODING_ZSTD,
+        UNPACKED: str(packed.unpacked),
+    }
+    signer.sign(_signed(name, headers), packed.data, headers)
+    await obs.put(name, packed.data, meta=api.ObjectMeta(name=name, headers=headers))
     for old in (await snapshots(obs))[:-keep]:
         await obs.delete(old.name)
     return name
@@ -226,60 +212,56 @@ async def restore(
     info = found[-1]
     headers = info.headers or {}
     started = time.monotonic()
-    into = io.BytesIO()  # written chunk by chunk (nats-py's own buffer grows by copying)
+    unpacker = Unpacker(store, headers.get(wire.ENCODING, ""), headers.get(UNPACKED))
     try:
-        await obs.get(info.name, writeinto=into)
-        data = into.getvalue()
-    except nats.js.errors.DigestMismatchError:
-        raise SnapshotRefused(f"snapshot {info.name}: its bytes do not match its digest") from None
-    if not signer.valid(_signed(info.name, headers.get(RULES, "")), data, headers):
-        raise SnapshotRefused(f"snapshot {info.name}: no valid MAC (not made by this cluster)")
-    if headers.get(RULES) != rules:
-        raise SnapshotRefused(
-            f"snapshot {info.name} was made by a node deciding with {headers.get(RULES)}, this"
-            f" node decides with {rules}: every node must decide alike, so it is not restored"
-        )
-    _unpack(data, store, checkpoints)
+        sink = _Sink(signer.begin(_signed(info.name, headers), headers), unpacker)
+        try:
+            await obs.get(info.name, writeinto=sink)
+        except nats.js.errors.DigestMismatchError:
+            raise SnapshotRefused(
+                f"snapshot {info.name}: its bytes do not match its digest"
+            ) from None
+        fetched = time.monotonic()
+        if not signer.matches(sink.mac, headers):
+            raise SnapshotRefused(f"snapshot {info.name}: no valid MAC (not made by this cluster)")
+        if headers.get(RULES) != rules:
+            raise SnapshotRefused(
+                f"snapshot {info.name} was made by a node deciding with {headers.get(RULES)}, this"
+                f" node decides with {rules}: every node must decide alike, so it is not restored"
+            )
+        try:
+            await asyncio.to_thread(unpacker.finish)
+        except SnapshotRefused as exc:
+            raise SnapshotRefused(f"snapshot {info.name}: {exc}") from None
+        unpacked = time.monotonic()
+        unpacker.install(store, checkpoints)
+    finally:
+        unpacker.discard()
     restored = store_position(store, stream)
     log.warning(
-        "store restored from snapshot %s at position %s (%.1f s): this node was at %s, the"
+        "store restored from snapshot %s at position %s in %.1f s (%.1f MB fetched and unpacked"
+        " as they came in %.1f s, the rest unpacked in %.1f s, %s): this node was at %s, the"
         " stream starts at %s",
         info.name,
         restored,
         time.monotonic() - started,
+        sink.size / 2**20,
+        fetched - started,
+        unpacked - fetched,
+        headers.get(wire.ENCODING) or "gzip",
         position,
         first,
     )
     return restored
 
 
-def _unpack(data: bytes, store: Path, checkpoints: Path | None) -> None:
-    """The snapshot's store in place of ``store`` (and its WAL), its checkpoints in place of
-    the folder's; only the names a snapshot holds are written."""
-    store.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=store.parent, prefix=".restore-") as folder:
-        staged = Path(folder)
-        files: dict[str, Path] = {}
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            for member in tar.getmembers():
-                match = _CHECKPOINT.fullmatch(member.name)
-                if not member.isfile() or not (member.name == "kb.db" or match):
-                    raise SnapshotRefused(f"snapshot holds an unexpected entry {member.name!r}")
-                target = staged / (match[1] if match else "kb.db")
-                source = tar.extractfile(member)
-                assert source is not None
-                with open(target, "wb") as out:
-                    shutil.copyfileobj(source, out)
-                files[member.name] = target
-        if "kb.db" not in files:
-            raise SnapshotRefused("snapshot holds no store")
-        for suffix in ("-wal", "-shm", ""):
-            Path(f"{store}{suffix}").unlink(missing_ok=True)
-        files.pop("kb.db").replace(store)
-        if checkpoints is not None:
-            if checkpoints.is_dir():
-                for old in checkpoints.glob("ckpt-*.kbg"):
-                    old.unlink()
-            checkpoints.mkdir(parents=True, exist_ok=True)
-            for path in files.values():
-                path.replace(checkpoints / path.name)
+class _Sink:
+    """Where nats-py writes the fetched chunks, in order: the MAC and the unpacking."""
+
+    def __init__(self, mac: hmac.HMAC, unpacker: Unpacker) -> None:
+        self.mac, self.unpacker, self.size = mac, unpacker, 0
+
+    def write(self, chunk: bytes) -> int:
+        self.mac.update(chunk)
+        self.size += len(chunk)
+        return self.unpacker.write(chunk)

@@ -38,9 +38,14 @@ class Signer:
             raise ValueError(f"the cluster's MAC secret is under {MIN_SECRET_BYTES} bytes")
         self._key = secret
 
-    def _mac(self, subject: str, payload: bytes, headers: dict[str, str]) -> str:
+    def begin(self, subject: str, headers: dict[str, str]) -> hmac.HMAC:
+        """The MAC of a payload fed to it piece by piece (``update``), for ``matches``."""
         mac = hmac.new(self._key, digestmod=hashlib.sha256)
         mac.update(f"{subject}\n{headers.get(ENCODING, '')}\n".encode())
+        return mac
+
+    def _mac(self, subject: str, payload: bytes, headers: dict[str, str]) -> str:
+        mac = self.begin(subject, headers)
         mac.update(payload)
         return mac.hexdigest()
 
@@ -48,10 +53,15 @@ class Signer:
         headers[MAC] = self._mac(subject, payload, headers)
 
     def valid(self, subject: str, payload: bytes, headers: dict[str, str]) -> bool:
+        mac = self.begin(subject, headers)
+        mac.update(payload)
+        return self.matches(mac, headers)
+
+    @staticmethod
+    def matches(mac: hmac.HMAC, headers: dict[str, str]) -> bool:
+        """Does ``headers``' MAC equal ``mac`` (``begin``'s, fed the whole payload)?"""
         given = headers.get(MAC)
-        return isinstance(given, str) and hmac.compare_digest(
-            given, self._mac(subject, payload, headers)
-        )
+        return isinstance(given, str) and hmac.compare_digest(given, mac.hexdigest())
 
     def fingerprint(self) -> str:
         """Which secret, without saying it: nodes with other secrets would refuse each

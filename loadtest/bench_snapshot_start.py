@@ -1,0 +1,255 @@
+"""An empty JetStream node ready from a snapshot, stage by stage, without the stream's load.
+
+``bench_cluster --phases stream`` makes its snapshot by sending every concept through the
+stream (10 minutes at 1M). Here the store is filled through the store's own API instead, in
+the node's config (the local model's vectors made once by the store, as a node's are): the
+concepts of ``bench_ingest.Concepts`` in 1,000-event deliveries, the projection following
+them as a node's does (the vectors installed from the log's rows), then a checkpoint written,
+as a node that has run a while has one. Kept
+with ``--keep-filled DIR`` and reused with ``--filled DIR`` (filling 1M takes minutes).
+
+Then, per run (each checkout in turn with ``--peer``, alternating, ``--rounds`` times), on a
+fresh 3-server NATS cluster on loopback (TLS, accounts: ``tests.nats_cluster``):
+
+1. node A serves a copy of the filled store (its checkpoint loaded), takes ``--deliveries``
+   single-event deliveries through the stream, publishes a snapshot at its last position
+   (store and checkpoint) and trims the stream below it; then A stops, so that B is timed
+   alone on the machine;
+2. an empty node B starts: the seconds from its process start to ``/readyz`` 200, and when
+   each line of its log came (``--log-level info``): the restore (and its stages where the
+   node logs them), the projection loaded from the checkpoint or built, the server up.
+
+The last line is one JSON object: per checkout the median ready seconds and each run's stage
+times, the snapshot's bytes, the aim (<= 30 s at 1M) and this over the peer.
+
+    .venv/bin/python -m loadtest.bench_snapshot_start [--concepts 1000000]
+        [--keep-filled DIR | --filled DIR] [--peer CHECKOUT] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from kbgraph.config import parse_config  # noqa: E402
+from kbgraph.embeddings.providers import make_embedder  # noqa: E402
+from kbgraph.events import decode_delivery  # noqa: E402
+from kbgraph.projection import Projections  # noqa: E402
+from kbgraph.store.opening import open_store  # noqa: E402
+from loadtest.bench_ingest import SECRET, Concepts, free_port, start_server, stop_server  # noqa: E402
+from tests import webhook_client as wc  # noqa: E402
+from tests.nats_cluster import STREAM, NatsCluster  # noqa: E402
+
+KB = "bench"
+DELIVERY = 1_000
+STORE = "bench.db"  # start_server's store path, in the node's folder
+AIM_SECONDS = 30.0  # issue 47, at 1M concepts
+AIM_CONCEPTS = 1_000_000
+WAIT_SECONDS = 900.0  # A's snapshot published by then, or the run fails
+NOISE = "eof_received"  # asyncio's, on every TLS connection's close
+# what B's log says, and the stage each line ends
+STAGES = {
+    "restored": re.compile(r"store restored from snapshot"),
+    "projection": re.compile(r"projection of \d+ KB\(s\)"),
+    "serving": re.compile(r"Application startup complete"),
+}
+
+
+def fill(folder: Path, concepts: int) -> dict[str, float]:
+    """``concepts`` upserts into ``folder/STORE`` as a node's config opens it, its projection
+    following the log as a node's does (the vectors the store made installed from the log's
+    rows), then a checkpoint; the seconds of each step."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = parse_config(f'[store]\npath = "{STORE}"\n', base_dir=folder)
+    embedder = make_embedder(config.embeddings)
+    store = open_store(config, embedder=embedder)
+    projections = Projections(
+        store,
+        checkpoints=config.store.checkpoint_folder,
+        log_retain=config.store.log_retain_events,
+        embedder=embedder,
+        vector_max_chars=config.embeddings.max_chars,
+    )
+    projections.load()
+    source = Concepts("load", 1)
+    started = time.perf_counter()
+    for first in range(0, concepts, DELIVERY):
+        batch = [source.next() for _ in range(min(DELIVERY, concepts - first))]
+        store.append(KB, decode_delivery(wc.encode(batch), "application/json"))
+        while projections.follow_once():
+            pass
+    figures = {"fill_s": round(time.perf_counter() - started, 1)}
+    started = time.perf_counter()
+    projections.write_checkpoint()
+    figures["checkpoint_s"] = round(time.perf_counter() - started, 1)
+    store.close()
+    return figures
+
+
+async def snapshot_at(cluster: NatsCluster, position: int) -> tuple[int, int] | None:
+    """(bytes, stream's first sequence) once a snapshot at ``position`` is published and the
+    stream trimmed past it, else None."""
+    nc = await cluster.connect()
+    try:
+        js = nc.jetstream(timeout=10)
+        first = int((await js.stream_info(STREAM)).state.first_seq)
+        try:
+            found = await (await js.object_store(f"{STREAM}-snapshots")).list(ignore_deletes=True)
+        except Exception:  # no bucket yet
+            return None
+        for info in found:
+            if int((info.headers or {}).get("Kbgraph-Position", 0)) >= position and first > 1:
+                return int(info.size), first
+        return None
+    finally:
+        await nc.close()
+
+
+def send(port: int, count: int) -> None:
+    source = Concepts("run", 2)
+    with httpx.Client(timeout=60) as client:
+        for _ in range(count):
+            body, headers = wc.delivery(SECRET, source.next())
+            answer = client.post(f"http://127.0.0.1:{port}/v1/kbs/{KB}/events", content=body,
+                                 headers=headers)  # fmt: skip
+            if answer.status_code != 200:
+                raise SystemExit(f"node A: {answer.status_code} {answer.text[:200]}")
+
+
+class Tail(threading.Thread):
+    """The lines of a growing log file, each with the seconds since ``started`` it came at."""
+
+    def __init__(self, path: Path, started: float) -> None:
+        super().__init__(daemon=True)
+        self.path, self.started = path, started
+        self.lines: list[tuple[float, str]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.path.exists() and not self.done.is_set():
+            time.sleep(0.02)
+        with open(self.path, errors="replace") as f:
+            while True:
+                line = f.readline()
+                if line:
+                    self.lines.append((round(time.monotonic() - self.started, 2), line.rstrip()))
+                elif self.done.wait(0.02):
+                    return
+
+
+def run_once(checkout: Path, filled: Path, root: Path, deliveries: int) -> dict[str, Any]:
+    """One cluster, node A's snapshot, node B from it (see the module's docstring)."""
+    cluster = NatsCluster(root / "nats", 3)
+    nodes = []
+    try:
+        cluster.start()
+        a = root / "a"
+        shutil.copytree(filled, a)
+        port_a = free_port()
+        # one snapshot, after the deliveries (a snapshot of 1M takes A a while)
+        every = "snapshot_every_seconds = 10\nsnapshots_keep = 1\n"
+        a_config = cluster.log_toml(STREAM) + every
+        nodes.append(start_server(a, port_a, a_config, checkout, ready_seconds=WAIT_SECONDS))
+        send(port_a, deliveries)
+        deadline = time.monotonic() + WAIT_SECONDS
+        snapshot = None
+        while snapshot is None:
+            if time.monotonic() > deadline:
+                raise SystemExit("node A published no snapshot at its last position in time")
+            time.sleep(0.5)
+            snapshot = asyncio.run(snapshot_at(cluster, deliveries))
+        stop_server(nodes.pop())
+        shutil.rmtree(a)
+        output = root / "b.log"
+        started = time.monotonic()
+        tail = Tail(output, started)
+        tail.start()
+        b_config = cluster.log_toml(STREAM)
+        nodes.append(
+            start_server(
+                root / "b", free_port(), b_config, checkout,
+                log_level="info", output=output, ready_seconds=WAIT_SECONDS,
+            )
+        )  # fmt: skip
+        ready = round(time.monotonic() - started, 2)
+        time.sleep(0.2)
+        tail.done.set()
+        tail.join()
+        stages = {}
+        for name, pattern in STAGES.items():
+            stages[name] = next((t for t, line in tail.lines if pattern.search(line)), None)
+        return {
+            "ready_s": ready,
+            "stages_s": stages,
+            "snapshot_bytes": snapshot[0],
+            "log": [f"{t:7.2f} {line[:300]}" for t, line in tail.lines if NOISE not in line],
+        }
+    finally:
+        for proc in nodes:
+            stop_server(proc)
+        cluster.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.bench_snapshot_start", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--concepts", type=int, default=100_000)
+    parser.add_argument("--filled", type=Path, help="a folder --keep-filled made before")
+    parser.add_argument("--keep-filled", type=Path, help="fill into this folder and keep it")
+    parser.add_argument("--peer", type=Path, help="a checkout to run side by side (its .venv)")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--deliveries", type=int, default=20, help="through A before its snapshot")
+    args = parser.parse_args()
+    figures: dict[str, Any] = {"concepts": args.concepts, "cores": os.cpu_count()}
+    with tempfile.TemporaryDirectory(prefix="kbgraph-bench-snapstart-") as folder:
+        root = Path(folder)
+        filled = args.filled
+        if filled is None:
+            filled = args.keep_filled or root / "filled"
+            figures["fill"] = fill(filled, args.concepts)
+            print("filled:", figures["fill"], flush=True)
+        checkouts = {"this": ROOT} | ({"peer": args.peer.resolve()} if args.peer else {})
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in checkouts}
+        for n in range(args.rounds):
+            for name in checkouts:  # this, then the peer
+                run_root = root / f"{name}-{n}"
+                run = run_once(checkouts[name], filled, run_root, args.deliveries)
+                shutil.rmtree(run_root, ignore_errors=True)
+                runs[name].append(run)
+                print(f"{name}: ready in {run['ready_s']} s, stages {run['stages_s']}", flush=True)
+                for line in run.pop("log"):
+                    print("   ", line, flush=True)
+    for name, done in runs.items():
+        figures[name] = {
+            "ready_s": statistics.median(r["ready_s"] for r in done),
+            "runs": done,
+        }
+    if "peer" in figures:
+        ratio = figures["this"]["ready_s"] / figures["peer"]["ready_s"]
+        figures["this_over_peer"] = round(ratio, 2)
+    at_scale = args.concepts >= AIM_CONCEPTS  # the aim is a 1M node's (null below)
+    met = figures["this"]["ready_s"] <= AIM_SECONDS if at_scale else None
+    figures["aims"] = {"ready_le_30s_at_1m": met}
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
