@@ -163,6 +163,7 @@ class ReadContext:
     resolver: Resolver
     cache: dict[str, NoteFields]
     allow_hardlinks: bool = False
+    max_bytes: int = MAX_NOTE_BYTES  # a note's file over this is skipped, never read whole
 
 
 def read_chunk(ctx: ReadContext, jobs: list[tuple[int, str, str]]) -> list[NoteRead]:
@@ -197,7 +198,7 @@ def _load(
 ) -> NoteRead | tuple[int, str, str, str, str]:
     """The note's (index, id, path, text, cache key), or why it is skipped."""
     try:
-        raw = read_note(ctx.root, ctx.real_root, path, MAX_NOTE_BYTES, ctx.allow_hardlinks)
+        raw = read_note(ctx.root, ctx.real_root, path, ctx.max_bytes, ctx.allow_hardlinks)
         if isinstance(raw, str):
             return NoteRead(index, nid, path, skipped=raw)
         source = raw.decode("utf-8").removeprefix("\ufeff")

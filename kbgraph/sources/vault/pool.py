@@ -27,16 +27,16 @@ from kbgraph.sources.vault.resolve import Resolver
 PARALLEL_MIN_NOTES: Final = 256  # fewer notes are read here
 PARALLEL_CHUNK: Final = 128  # notes read per task (in passes: see ``read_chunk``)
 
-# root, real root, files, cache, allow_hardlinks
-Context = tuple[Path, str, list[str], dict[str, NoteFields], bool]
+# root, real root, files, cache, allow_hardlinks, the bound of a note's bytes
+Context = tuple[Path, str, list[str], dict[str, NoteFields], bool, int]
 Job = tuple[int, str, str]  # (index in path order, id, path)
 
 _context: ReadContext | None = None  # a worker's, set once when it starts
 
 
 def _make(context: Context, ids: list[str]) -> ReadContext:
-    root, real_root, files, cache, allow_hardlinks = context
-    return ReadContext(root, real_root, Resolver(ids, files), cache, allow_hardlinks)
+    root, real_root, files, cache, allow_hardlinks, max_bytes = context
+    return ReadContext(root, real_root, Resolver(ids, files), cache, allow_hardlinks, max_bytes)
 
 
 def _start(context: Context, ids: list[str]) -> None:
