@@ -155,7 +155,6 @@ def _sync_once(
     max_note_bytes: int,
 ) -> SyncReport:
     cache = manifest.parse_cache()
-    cached = set(cache)
     scan = open_scan(root, allow_hardlinks, max_note_bytes)  # a Logseq graph, else a vault
     report = SyncReport(scan.out)
     seq = sink.kb_seq(kb)
@@ -184,8 +183,9 @@ def _sync_once(
             for batch in batches.add(note):
                 send(batch)
         read = scan.out
-        if read.content_keys != cached:
-            manifest.save_parse_cache(cache, read.content_keys)
+        gone = cache.keys() - read.content_keys
+        if gone or read.parsed:
+            manifest.update_parse_cache(read.parsed, gone)
         # still in the folder, but skipped (and not merely unreadable right now): deleted
         for cid in sorted(cid for cid in scan.ids if cid in sent and cid not in read.notes):
             if cid not in read.unreadable:

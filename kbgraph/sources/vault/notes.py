@@ -148,7 +148,7 @@ class NoteRead(msgspec.Struct, frozen=True):
     skipped: str = ""  # why it was not read ("" = read)
     unreadable: bool = False  # skipped because it could not be read: not a deletion
     key: str = ""  # the parse cache key of its content
-    fields: NoteFields | None = None  # parsed here (a cache miss), else None
+    fields: bytes = b""  # parsed here (a cache miss): the fields as the parse cache keeps them
     state: NoteState | None = None
     warnings: list[str] = []
     attachments: int = 0
@@ -189,7 +189,8 @@ def read_chunk(ctx: ReadContext, jobs: list[tuple[int, str, str]]) -> list[NoteR
         warnings = list(fields.warnings)
         state, attachments = _note(nid, path, source, fields, ctx.resolver, warnings)
         new = fresh.get(key)
-        out.append(NoteRead(index, nid, path, "", False, key, new, state, warnings, attachments))
+        kept = b"" if new is None else _hash_encoder.encode(new)
+        out.append(NoteRead(index, nid, path, "", False, key, kept, state, warnings, attachments))
     return out
 
 

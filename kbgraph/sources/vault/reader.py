@@ -54,6 +54,7 @@ class VaultRead:
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (path, what), still sent
     attachments: int = 0
     content_keys: set[str] = field(default_factory=set)  # the parse cache keys of this read
+    parsed: dict[str, bytes] = field(default_factory=dict)  # the cache's misses, as it keeps them
     resolved_by: dict[str, int] = field(default_factory=dict)  # a Logseq graph's: rule -> refs
 
     @property
@@ -173,8 +174,9 @@ class VaultScan:
         are many (``kbgraph.sources.vault.pool``), yielding each note's state as it comes; once all
         are read, ``out`` holds the notes, skips and warnings in path order.
 
-        ``cache`` maps a file content's sha256 to its parsed fields: hits skip parsing,
-        misses are added (the caller may persist it, see ``Manifest.parse_cache``)."""
+        ``cache`` maps a file content's sha256 to its parsed fields: hits skip parsing; the
+        misses' fields are in ``out.parsed``, encoded as the manifest keeps them (the caller
+        may persist them, see ``Manifest.update_parse_cache``): never decoded here."""
         from kbgraph.sources.vault.pool import read_all  # the pool's workers import this module
 
         order = sorted(self.ids.items())  # the order sync sends in
@@ -192,8 +194,8 @@ class VaultScan:
                 progress(done, len(jobs))
             if result.key:
                 self.out.content_keys.add(result.key)
-            if cache is not None and result.fields is not None:
-                cache[result.key] = result.fields
+            if result.fields:
+                self.out.parsed[result.key] = result.fields
             if result.state is not None:
                 yield result.state
         out = self.out
