@@ -2,12 +2,16 @@
 
 A vault of ``--notes`` notes is generated once (``bench_vault``'s generator); then, alternating
 peer / this ``--rounds`` times, a fresh process of each checkout (its own ``.venv``) imports it
-into a fresh local store (``sync_once`` with a ``LocalSink``, WAL + ``synchronous=FULL``):
-wall seconds and the CPU seconds of the process and its children (the parse workers). Both
-stores must hold the same concepts: their states are compared. The last line is one JSON
-object with the medians, this over peer, and the aim of issue 26 (100k notes in <= 30 s).
+into a fresh local store opened as ``kbgraph import --config`` opens it (``open_store``: WAL +
+``synchronous=FULL``; with ``--embeddings local``, the default when the model is installed, the
+store makes each note's vector): wall seconds and the CPU seconds of the process and its
+children (the parse workers). Both stores must hold the same concepts: their states are
+compared. ``--stages N``: each checkout's CPU per note of each stage on the first N notes, one
+process (walk, read, parse, resolve and state hash, event build, the store's append without and
+with the model). The last line is one JSON object with the medians, this over peer, the stages,
+and the aim of issue 47 (100k notes in <= 20 s).
 
-    .venv/bin/python -m loadtest.bench_vault_import [--notes 100000] --peer CHECKOUT
+    .venv/bin/python -m loadtest.bench_vault_import [--notes 100000] --peer CHECKOUT [--stages 5000]
 """
 
 from __future__ import annotations
@@ -24,18 +28,21 @@ from typing import Any
 from loadtest.report import child_json
 
 ROOT = Path(__file__).resolve().parent.parent
-AIM_S_PER_100K = 30.0
+AIM_S_PER_100K = 20.0
 
 CHILD = """
 import hashlib, json, resource, sys, time
 from pathlib import Path
 import kbgraph
+from kbgraph.config import Config, EmbeddingsConfig, StoreConfig
 from kbgraph.store import Store
+from kbgraph.store.opening import open_store
 from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sinks import LocalSink
 from kbgraph.sources.sync import sync_once
-vault, work = Path(sys.argv[1]), Path(sys.argv[2])
-sink = LocalSink(work / "kb.db")
+vault, work, provider = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+config = Config(StoreConfig(str(work / "kb.db")), EmbeddingsConfig(provider))
+sink = LocalSink(open_store(config))
 with Manifest(work / "kb.manifest") as manifest:
     wall = time.perf_counter()
     report = sync_once(vault, "kb", sink, manifest)
@@ -46,21 +53,78 @@ with Store(work / "kb.db") as store:
     state = store.load().kbs["kb"].concepts
 digest = hashlib.sha256(repr([(c.id, c.title, c.text, c.links, c.tags) for c in state]).encode())
 print(json.dumps({"import_s": wall, "cpu_s": sum(u.ru_utime + u.ru_stime for u in usage),
+                  "main_cpu_s": usage[0].ru_utime + usage[0].ru_stime,
                   "notes": len(state), "state_sha256": digest.hexdigest(),
                   "code": str(Path(kbgraph.__file__).resolve())}))
 """
 
+# each stage of one note's way alone, one process, public functions only: CPU seconds
+STAGES = """
+import hashlib, json, os, sys, time
+from pathlib import Path
+import kbgraph
+from kbgraph.config import Config, EmbeddingsConfig, StoreConfig
+from kbgraph.store.opening import open_store
+from kbgraph.sources.sync import upsert_event
+from kbgraph.sources.vault.notes import PARSER_VERSION, ReadContext, read_chunk
+from kbgraph.sources.vault.reader import MAX_NOTE_BYTES, VaultScan, note_fields, read_note
+from kbgraph.sources.vault.resolve import Resolver
+vault, work, limit = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+cpu, took = time.process_time, {}
+start = cpu(); scan = VaultScan.of(vault); took["walk"] = cpu() - start
+order = sorted(scan.ids.items())[:limit]
+real = os.path.realpath(vault)
+start = cpu()
+raws = [read_note(vault, real, path, MAX_NOTE_BYTES) for _, path in order]
+took["read"] = cpu() - start
+texts = [raw.decode() for raw in raws]
+start = cpu(); fields = [note_fields(text) for text in texts]; took["parse"] = cpu() - start
+cache = {hashlib.sha256(PARSER_VERSION + raw).hexdigest(): f for raw, f in zip(raws, fields)}
+context = ReadContext(vault, real, Resolver(list(scan.ids), scan.files), cache)
+start = cpu()
+reads = read_chunk(context, [(i, nid, path) for i, (nid, path) in enumerate(order)])
+took["resolve_and_hash"] = cpu() - start - took["read"]  # the notes read again, parsed never
+start = cpu()
+events = [upsert_event("kb", read.state, i + 1) for i, read in enumerate(reads)]
+took["event_build"] = cpu() - start
+for name, provider in (("store_append", "none"), ("store_append_model", "local")):
+    store = open_store(Config(StoreConfig(str(work / f"{name}.db")), EmbeddingsConfig(provider)))
+    start = cpu()
+    for first in range(0, len(events), 500):
+        store.append("kb", events[first : first + 500])
+    store.close()
+    took[name] = cpu() - start
+took["walk"] *= len(order) / len(scan.ids)  # the walk is of the whole vault
+print(json.dumps({k: round(v / len(order) * 1e6, 1) for k, v in took.items()}
+                 | {"code": str(Path(kbgraph.__file__).resolve())}))
+"""
 
-def run(checkout: Path, vault: Path) -> dict[str, Any]:
-    """One import by ``checkout``'s code: its own ``.venv``, else this interpreter run in the
-    checkout (``-c`` puts the working folder first on ``sys.path``, the workers inherit it)."""
+
+def _python(checkout: Path) -> str:
+    """``checkout``'s own ``.venv``, else this interpreter run in the checkout (``-c`` puts
+    the working folder first on ``sys.path``, the workers inherit it)."""
     venv = checkout / ".venv/bin/python"
-    python = str(venv) if venv.exists() else sys.executable
-    with tempfile.TemporaryDirectory(prefix="kbgraph-vault-") as work:
-        result = child_json([python, "-c", CHILD, str(vault), work], checkout)
+    return str(venv) if venv.exists() else sys.executable
+
+
+def _checked(checkout: Path, result: dict[str, Any]) -> dict[str, Any]:
     if not Path(result.pop("code")).is_relative_to(checkout.resolve()):
         raise SystemExit(f"{checkout}: the import ran other code than the checkout's")
     return result
+
+
+def run(checkout: Path, vault: Path, provider: str) -> dict[str, Any]:
+    """One import by ``checkout``'s code into a fresh store."""
+    with tempfile.TemporaryDirectory(prefix="kbgraph-vault-") as work:
+        command = [_python(checkout), "-c", CHILD, str(vault), work, provider]
+        return _checked(checkout, child_json(command, checkout))
+
+
+def stages(checkout: Path, vault: Path, notes: int) -> dict[str, Any]:
+    """µs of CPU per note of each stage, on the first ``notes`` notes, by ``checkout``'s code."""
+    with tempfile.TemporaryDirectory(prefix="kbgraph-vault-") as work:
+        command = [_python(checkout), "-c", STAGES, str(vault), work, str(notes)]
+        return _checked(checkout, child_json(command, checkout))
 
 
 def main() -> None:
@@ -72,21 +136,44 @@ def main() -> None:
         "--peer", type=Path, required=True, help="a checkout to compare with (with its .venv)"
     )
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--vault", type=Path, help="the generated vault, kept for other runs (made if missing)"
+    )
+    parser.add_argument(
+        "--embeddings",
+        choices=("local", "none"),
+        default="local",
+        help="the store's provider: local makes each note's vector (as the default config)",
+    )
+    parser.add_argument(
+        "--stages", type=int, default=0, metavar="N", help="CPU per stage on N notes (0: none)"
+    )
     args = parser.parse_args()
     from loadtest.bench_vault import generate
 
     runs: dict[str, list[dict[str, Any]]] = {"peer": [], "this": []}
     with tempfile.TemporaryDirectory(prefix="kbgraph-vault-src-") as tmp:
-        vault = Path(tmp) / "vault"
-        generate(vault, args.notes)
+        vault = args.vault or Path(tmp) / "vault"
+        if not vault.exists():
+            generate(vault, args.notes)
         for _ in range(args.rounds):
             for name, checkout in (("peer", args.peer), ("this", ROOT)):
                 start = time.perf_counter()
-                runs[name].append(run(checkout, vault))
+                runs[name].append(run(checkout, vault, args.embeddings))
                 print(name, json.dumps(runs[name][-1]), f"({time.perf_counter() - start:.1f} s)")
+        per_stage = {
+            name: stages(checkout, vault, args.stages)
+            for name, checkout in (("peer", args.peer), ("this", ROOT))
+            if args.stages
+        }
+    for name, figures in per_stage.items():
+        print(f"{name} µs of CPU per note:", json.dumps(figures))
     same = {r["state_sha256"] for rs in runs.values() for r in rs}
     med = {
-        name: {k: round(statistics.median(r[k] for r in rs), 2) for k in ("import_s", "cpu_s")}
+        name: {
+            k: round(statistics.median(r[k] for r in rs), 2)
+            for k in ("import_s", "cpu_s", "main_cpu_s")
+        }
         for name, rs in runs.items()
     }
     aim = AIM_S_PER_100K * args.notes / 100_000
@@ -102,6 +189,8 @@ def main() -> None:
                 "this_over_peer": round(med["this"]["import_s"] / med["peer"]["import_s"], 3),
                 "same_state": len(same) == 1,
                 "rounds": args.rounds,
+                "embeddings": args.embeddings,
+                "stages_us_per_note": per_stage,
                 "aims": {"import_s": aim},
                 "met": {"import_s": med["this"]["import_s"] <= aim, "same_state": len(same) == 1},
             }

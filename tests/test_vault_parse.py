@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbgraph.sources.vault.markdown import LinkRef, _parser, parse
+from kbgraph.sources.vault.markdown import OUTLINE_PARSER, LinkRef, _parser, parse
 from kbgraph.sources.vault.reader import read_vault
 from kbgraph.sources.vault.resolve import Resolver
 from tests.vault_files import write_vault
@@ -215,6 +215,18 @@ def test_inline_runs_skipped_hold_no_link_and_no_tag(source: str) -> None:
     those of markdown-it parsing every inline run."""
     full = _parser(every_inline=True)
     assert parse(source) == parse(source, full)
+
+
+_PLAIN = [piece for piece in _PIECES if not any(c in piece for c in "[<#&")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_PLAIN), max_size=40).map("".join))
+def test_a_note_markdown_it_is_not_given_reads_as_if_it_were(source: str) -> None:
+    """A note without front matter and without ``[ < # &`` is not parsed: what it yields is
+    what markdown-it parsing every inline run of it yields (front matter when it opens with
+    ``---``, which the pieces can draw); ``OUTLINE_PARSER`` is the one that parses them all."""
+    assert parse(source) == parse(source, OUTLINE_PARSER)
 
 
 def test_dendron_cross_vault_links_resolve(tmp_path: Path) -> None:

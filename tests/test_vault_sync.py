@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,7 @@ from kbgraph.sources.command import run_command
 from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sinks import LocalSink
 from kbgraph.sources.sync import sync_once
+from kbgraph.sources.vault.reader import NoteFields, read_vault
 from kbgraph.store import DeliveryResult, Store
 from tests.vault_files import fresh_import, state, versions, write_vault
 
@@ -38,6 +40,12 @@ op = st.one_of(
     st.tuples(st.just("rename"), st.sampled_from(NAMES), st.sampled_from(NAMES)),
     st.tuples(st.just("sync")),
 )
+
+
+def parse_cache_of(root: Path) -> dict[str, NoteFields]:
+    """The parse cache of a first run over ``root`` (nothing cached before it)."""
+    parsed = read_vault(root, {}, workers=1).parsed
+    return {key: msgspec.msgpack.decode(raw, type=NoteFields) for key, raw in parsed.items()}
 
 
 def apply(root: Path, action: tuple) -> None:
@@ -68,6 +76,8 @@ def test_sync_equals_a_fresh_import(actions: list[tuple]) -> None:
                         continue
                     report = sync_once(root, "kb", sink, manifest)
                     assert all(stale == 0 for _, _, stale in report.results)
+                    # the parse cache, updated row by row, is what parsing every note gives
+                    assert manifest.parse_cache() == parse_cache_of(root)
                     now = versions(sink.store)
                     assert all(now[cid] > seen[cid] for cid in now.keys() & seen.keys()
                                if now[cid] != seen[cid])  # fmt: skip

@@ -24,7 +24,7 @@ from kbgraph.sources.mediawiki import command as mediawiki
 from kbgraph.sources.progress import Progress
 from kbgraph.sources.sinks import SECRET_ENV, LocalSink, Sink, SyncError, WebhookSink
 from kbgraph.sources.sync import SyncReport, sync_once, watch
-from kbgraph.sources.vault.reader import walk
+from kbgraph.sources.vault.reader import MAX_NOTE_BYTES, walk
 
 # the sources a command line may name in place of the vault folder (kbgraph.sources.hook)
 SOURCES: Final[tuple[SourceHook, ...]] = (mediawiki.HOOK, beir.HOOK)
@@ -123,6 +123,9 @@ def run_command(args: argparse.Namespace, stop_event: threading.Event | None = N
     problem = options_problem(args)
     if problem:
         return fail(problem)
+    max_note_bytes = note_bound(args)
+    if isinstance(max_note_bytes, str):
+        return fail(max_note_bytes)
     manifest_path = Path(args.manifest) if args.manifest else Manifest.default_path(root)
     if not args.watch and not manifest_path.exists() and not walk(root)[0]:
         # a first run over an empty or mistyped folder: said, and nothing made in it
@@ -139,12 +142,12 @@ def run_command(args: argparse.Namespace, stop_event: threading.Event | None = N
         return fail(manifest)
     try:
         with manifest:
-            code = _run(root, args, sink, manifest)
+            code = _run(root, args, sink, manifest, max_note_bytes)
             if code == 0 and args.watch:
                 print(f"watching {root} (Ctrl-C stops)", file=sys.stderr)
                 watch(
                     root,
-                    lambda: _run(root, args, sink, manifest),
+                    lambda: _run(root, args, sink, manifest, max_note_bytes),
                     lambda exc: print(f"kbgraph: {exc}", file=sys.stderr),
                     stop_event,
                 )
@@ -153,11 +156,31 @@ def run_command(args: argparse.Namespace, stop_event: threading.Event | None = N
         sink.close()
 
 
-def _run(root: Path, args: argparse.Namespace, sink: Sink, manifest: Manifest) -> int:
+def note_bound(args: argparse.Namespace) -> int | str:
+    """The bound of a folder's note in bytes that ``--max-page-bytes`` sets (the reader's own,
+    ``MAX_NOTE_BYTES``, when not given; never more: a note's text is bounded anyway), or what
+    is wrong with it."""
+    given: int | None = getattr(args, "max_page_bytes", None)
+    if given is None:
+        return MAX_NOTE_BYTES
+    if given <= 0:
+        return "--max-page-bytes: expected a number of bytes above 0"
+    return min(given, MAX_NOTE_BYTES)
+
+
+def _run(
+    root: Path, args: argparse.Namespace, sink: Sink, manifest: Manifest, max_note_bytes: int
+) -> int:
     try:
         with Progress("notes", quiet=args.quiet) as progress:
             report = sync_once(
-                root, args.kb, sink, manifest, progress, allow_hardlinks=args.allow_hardlinks
+                root,
+                args.kb,
+                sink,
+                manifest,
+                progress,
+                allow_hardlinks=args.allow_hardlinks,
+                max_note_bytes=max_note_bytes,
             )
     except SyncError as exc:  # reported; under --watch the next change tries again
         return fail(str(exc), EXIT_FAILED)

@@ -33,7 +33,6 @@ import msgspec
 
 from kbgraph.sources.vault.reader import NoteFields
 
-_fields_encoder = msgspec.msgpack.Encoder()
 _fields_decoder = msgspec.msgpack.Decoder(NoteFields)
 MANIFEST_DIR: Final = ".kbgraph"
 MANIFEST_FILE: Final = "manifest.sqlite"
@@ -118,13 +117,16 @@ class Manifest:
         rows = self._conn.execute("SELECT key, fields FROM parsed").fetchall()
         return {key: _fields_decoder.decode(blob) for key, blob in rows}
 
-    def save_parse_cache(self, cache: dict[str, NoteFields], keep: set[str]) -> None:
-        """Keep the entries of ``keep`` (the vault's current contents) and nothing else."""
+    def update_parse_cache(self, added: dict[str, bytes], gone: set[str]) -> None:
+        """Add the entries of ``added`` (fields as ``parse_cache`` decodes them, msgpack) and
+        drop the keys of ``gone`` (contents no longer in the vault): the rows of the contents
+        that stayed are left as they are, not written again."""
         with write_transaction(self._conn):
-            self._conn.execute("DELETE FROM parsed")
             self._conn.executemany(
-                "INSERT INTO parsed (key, fields) VALUES (?, ?)",
-                [(key, _fields_encoder.encode(cache[key])) for key in sorted(keep & cache.keys())],
+                "DELETE FROM parsed WHERE key = ?", [(key,) for key in sorted(gone)]
+            )
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO parsed (key, fields) VALUES (?, ?)", sorted(added.items())
             )
 
     def forget_if_behind(self, dest: str, kb: str, seq: int) -> bool:

@@ -32,7 +32,7 @@ from kbgraph.events import ConceptDeleted, ConceptUpserted, DeleteData, Event
 from kbgraph.sources.logseq.reader import open_scan
 from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sinks import Sink
-from kbgraph.sources.vault.reader import NoteState, VaultRead, is_ignored
+from kbgraph.sources.vault.reader import MAX_NOTE_BYTES, NoteState, VaultRead, is_ignored
 from kbgraph.store import DeliveryResult
 
 SOURCE: Final = "kbgraph-vault"
@@ -125,6 +125,7 @@ def sync_once(
     progress: Callable[[str, int, int], None] | None = None,
     workers: int | None = None,
     allow_hardlinks: bool = False,
+    max_note_bytes: int = MAX_NOTE_BYTES,
 ) -> SyncReport:
     """One pass: read the vault, send what changed, record it. Raises SyncError on refusal.
 
@@ -134,10 +135,13 @@ def sync_once(
     are still there but can no longer be read as notes (too large, a symlink out): a
     deterministic order, decided by the folder and the manifest alone.
     ``progress(stage, done, total)`` is called as notes are read (``"read"``) and sent.
-    ``allow_hardlinks``: read notes with more than one name (``reader`` skips them else).
+    ``allow_hardlinks``: read notes with more than one name (``reader`` skips them else);
+    ``max_note_bytes``: a note's file over it is skipped (``--max-page-bytes``).
     """
     with _collector_paused():
-        return _sync_once(root, kb, sink, manifest, progress, workers, allow_hardlinks)
+        return _sync_once(
+            root, kb, sink, manifest, progress, workers, allow_hardlinks, max_note_bytes
+        )
 
 
 def _sync_once(
@@ -148,10 +152,10 @@ def _sync_once(
     progress: Callable[[str, int, int], None] | None,
     workers: int | None,
     allow_hardlinks: bool,
+    max_note_bytes: int,
 ) -> SyncReport:
     cache = manifest.parse_cache()
-    cached = set(cache)
-    scan = open_scan(root, allow_hardlinks)  # a Logseq graph, else an Obsidian vault
+    scan = open_scan(root, allow_hardlinks, max_note_bytes)  # a Logseq graph, else a vault
     report = SyncReport(scan.out)
     seq = sink.kb_seq(kb)
     report.reset = seq is not None and manifest.forget_if_behind(sink.dest, kb, seq)
@@ -179,8 +183,9 @@ def _sync_once(
             for batch in batches.add(note):
                 send(batch)
         read = scan.out
-        if read.content_keys != cached:
-            manifest.save_parse_cache(cache, read.content_keys)
+        gone = cache.keys() - read.content_keys
+        if gone or read.parsed:
+            manifest.update_parse_cache(read.parsed, gone)
         # still in the folder, but skipped (and not merely unreadable right now): deleted
         for cid in sorted(cid for cid in scan.ids if cid in sent and cid not in read.notes):
             if cid not in read.unreadable:

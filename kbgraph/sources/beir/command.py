@@ -53,6 +53,8 @@ def run(
     problem = options_problem(args)
     if problem:
         return fail(problem)
+    if getattr(args, "max_page_bytes", None) is not None:  # a wiki's and a folder's bound
+        return fail("--max-page-bytes: bounds a wiki's pages or a folder's notes, not a corpus")
     if not path.is_file():
         return fail(f"--beir {args.beir}: no such file")
     try:

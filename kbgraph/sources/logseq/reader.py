@@ -429,7 +429,9 @@ class LogseqScan:
     pages: list[Page] = field(default_factory=list)
 
     @classmethod
-    def of(cls, root: Path, allow_hardlinks: bool = False) -> LogseqScan:
+    def of(
+        cls, root: Path, allow_hardlinks: bool = False, max_note_bytes: int = MAX_NOTE_BYTES
+    ) -> LogseqScan:
         out = VaultRead()
         config, problem = read_config(root, allow_hardlinks)
         if problem:
@@ -439,7 +441,7 @@ class LogseqScan:
         taken: dict[str, str] = {}  # folded id -> path
         for path in _page_paths(root, out.skipped):
             try:
-                text = _read_text(root, real_root, path, MAX_NOTE_BYTES, allow_hardlinks)
+                text = _read_text(root, real_root, path, max_note_bytes, allow_hardlinks)
             except (OSError, UnicodeDecodeError) as exc:  # before ValueError: a subclass
                 nid = file_id(path, config)[0]
                 if scan._claim(nid, path, taken, f"unreadable: {type(exc).__name__}"):
@@ -520,16 +522,20 @@ def _page_paths(root: Path, skipped: list[tuple[str, str]]) -> list[str]:
     return paths
 
 
-def open_scan(root: Path, allow_hardlinks: bool = False) -> VaultScan | LogseqScan:
+def open_scan(
+    root: Path, allow_hardlinks: bool = False, max_note_bytes: int = MAX_NOTE_BYTES
+) -> VaultScan | LogseqScan:
     """The folder's scan: a Logseq graph's (``is_graph``) or an Obsidian vault's."""
     if is_graph(root):
-        return LogseqScan.of(root, allow_hardlinks)
-    return VaultScan.of(root, allow_hardlinks)
+        return LogseqScan.of(root, allow_hardlinks, max_note_bytes)
+    return VaultScan.of(root, allow_hardlinks, max_note_bytes)
 
 
-def read_graph(root: Path, allow_hardlinks: bool = False) -> VaultRead:
+def read_graph(
+    root: Path, allow_hardlinks: bool = False, max_note_bytes: int = MAX_NOTE_BYTES
+) -> VaultRead:
     """Every page of the graph at ``root`` as a concept state, references resolved."""
-    scan = LogseqScan.of(root, allow_hardlinks)
+    scan = LogseqScan.of(root, allow_hardlinks, max_note_bytes)
     for _ in scan.reads():
         pass
     return scan.out

@@ -35,9 +35,12 @@ def add_arguments(command: argparse.ArgumentParser, name: str) -> None:
     command.add_argument(
         "--max-page-bytes",
         type=int,
-        default=MAX_PAGE_BYTES,
         metavar="N",
-        help="with --mediawiki(-dump): a page of more wikitext is skipped, not parsed",
+        help=(
+            f"a wiki's page of more wikitext (default {MAX_PAGE_BYTES}), or a folder's note"
+            " of a larger file (default and most: the note bound, 2 MiB + 4 KiB), is skipped"
+            " and reported, not parsed"
+        ),
     )
     if name == "import":
         command.add_argument(
@@ -90,6 +93,8 @@ def run(
     problem = options_problem(args)
     if problem:
         return fail(problem)
+    if args.max_page_bytes is None:
+        args.max_page_bytes = MAX_PAGE_BYTES
     if args.max_page_bytes <= 0 or (dump and args.max_dump_bytes <= 0):
         which = "--max-page-bytes" if args.max_page_bytes <= 0 else "--max-dump-bytes"
         return fail(f"{which}: expected a number of bytes above 0")

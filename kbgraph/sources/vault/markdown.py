@@ -151,7 +151,12 @@ def load_front_matter(text: str) -> Any:
 
 
 def parse(source: str, parser: MarkdownIt = _MD) -> ParsedNote:
-    """Parse one note. Never raises on bad markdown or YAML: problems are listed instead."""
+    """Parse one note. Never raises on bad markdown or YAML: problems are listed instead.
+    A note with no front matter (which opens with ``---``) and none of ``[ < # &`` is not
+    given to markdown-it at all: it would skip every inline run of it (``_inline_rule``) and
+    find nothing, as a note of plain prose (a journal's day, say) is."""
+    if parser is _MD and not source.startswith("---") and not _MAY_HOLD_LINK_OR_TAG.search(source):
+        return ParsedNote(front_matter={}, body_start=0)
     tokens = parser.parse(source)
     note = ParsedNote(front_matter={}, body_start=0)
     if tokens and tokens[0].type == "front_matter":

@@ -148,7 +148,7 @@ class NoteRead(msgspec.Struct, frozen=True):
     skipped: str = ""  # why it was not read ("" = read)
     unreadable: bool = False  # skipped because it could not be read: not a deletion
     key: str = ""  # the parse cache key of its content
-    fields: NoteFields | None = None  # parsed here (a cache miss), else None
+    fields: bytes = b""  # parsed here (a cache miss): the fields as the parse cache keeps them
     state: NoteState | None = None
     warnings: list[str] = []
     attachments: int = 0
@@ -163,6 +163,7 @@ class ReadContext:
     resolver: Resolver
     cache: dict[str, NoteFields]
     allow_hardlinks: bool = False
+    max_bytes: int = MAX_NOTE_BYTES  # a note's file over this is skipped, never read whole
 
 
 def read_chunk(ctx: ReadContext, jobs: list[tuple[int, str, str]]) -> list[NoteRead]:
@@ -188,7 +189,8 @@ def read_chunk(ctx: ReadContext, jobs: list[tuple[int, str, str]]) -> list[NoteR
         warnings = list(fields.warnings)
         state, attachments = _note(nid, path, source, fields, ctx.resolver, warnings)
         new = fresh.get(key)
-        out.append(NoteRead(index, nid, path, "", False, key, new, state, warnings, attachments))
+        kept = b"" if new is None else _hash_encoder.encode(new)
+        out.append(NoteRead(index, nid, path, "", False, key, kept, state, warnings, attachments))
     return out
 
 
@@ -197,7 +199,7 @@ def _load(
 ) -> NoteRead | tuple[int, str, str, str, str]:
     """The note's (index, id, path, text, cache key), or why it is skipped."""
     try:
-        raw = read_note(ctx.root, ctx.real_root, path, MAX_NOTE_BYTES, ctx.allow_hardlinks)
+        raw = read_note(ctx.root, ctx.real_root, path, ctx.max_bytes, ctx.allow_hardlinks)
         if isinstance(raw, str):
             return NoteRead(index, nid, path, skipped=raw)
         source = raw.decode("utf-8").removeprefix("\ufeff")

@@ -7,12 +7,18 @@ task, results yielded in job order as they come, so the caller sends the first n
 the rest are still being read. Fewer than ``PARALLEL_MIN_NOTES`` notes are read in the calling
 process (a worker costs its start). Spawned, not forked: the caller may hold threads (a local
 store's writer).
+
+The context (every id, file and parse-cache entry: megabytes for a large vault) reaches the
+workers through a private temporary file, msgpack, read by each as it starts; as a pickled
+argument of the pool it went down each worker's start-up pipe, and the caller's write waited
+for that worker's interpreter to start and import its modules, one worker after the other.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -27,21 +33,43 @@ from kbgraph.sources.vault.resolve import Resolver
 PARALLEL_MIN_NOTES: Final = 256  # fewer notes are read here
 PARALLEL_CHUNK: Final = 128  # notes read per task (in passes: see ``read_chunk``)
 
-# root, real root, files, cache, allow_hardlinks
-Context = tuple[Path, str, list[str], dict[str, NoteFields], bool]
+# root, real root, files, cache, allow_hardlinks, the bound of a note's bytes
+Context = tuple[Path, str, list[str], dict[str, NoteFields], bool, int]
 Job = tuple[int, str, str]  # (index in path order, id, path)
 
 _context: ReadContext | None = None  # a worker's, set once when it starts
 
 
+class _Shipped(msgspec.Struct, array_like=True):
+    """A ``Context`` and the ids, as the workers read them from the caller's temporary file."""
+
+    root: str
+    real_root: str
+    files: list[str]
+    cache: dict[str, NoteFields]
+    allow_hardlinks: bool
+    max_bytes: int
+    ids: list[str]
+
+
 def _make(context: Context, ids: list[str]) -> ReadContext:
-    root, real_root, files, cache, allow_hardlinks = context
-    return ReadContext(root, real_root, Resolver(ids, files), cache, allow_hardlinks)
+    root, real_root, files, cache, allow_hardlinks, max_bytes = context
+    return ReadContext(root, real_root, Resolver(ids, files), cache, allow_hardlinks, max_bytes)
 
 
-def _start(context: Context, ids: list[str]) -> None:
+def _start(shipped: str) -> None:
     global _context
-    _context = _make(context, ids)
+    with open(shipped, "rb") as file:
+        got = msgspec.msgpack.decode(file.read(), type=_Shipped)
+    context = (
+        Path(got.root),
+        got.real_root,
+        got.files,
+        got.cache,
+        got.allow_hardlinks,
+        got.max_bytes,
+    )
+    _context = _make(context, got.ids)
 
 
 class _Row(msgspec.Struct, array_like=True):
@@ -54,7 +82,7 @@ class _Row(msgspec.Struct, array_like=True):
     skipped: str
     unreadable: bool
     key: str
-    fields: NoteFields | None
+    fields: bytes
     data: tuple[str, list[str], str, Status, list[str], str, list[str]] | None
     digest: str
     unresolved: int
@@ -114,7 +142,13 @@ def read_all(
         for chunk in chunks:
             yield from read_chunk(here, chunk)
         return
+    root, real_root, files, cache, allow_hardlinks, max_bytes = context
+    shipped = _Shipped(str(root), real_root, files, cache, allow_hardlinks, max_bytes, ids)
     spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, spawn, _start, (context, ids)) as pool:
-        for encoded in pool.map(_read_chunk, chunks):
-            yield from map(_read, _decoder.decode(encoded))
+    # only this user may read it (mkstemp's 0600): it holds the vault's names and parse cache
+    with tempfile.NamedTemporaryFile(prefix="kbgraph-vault-", suffix=".msgpack") as file:
+        file.write(_encoder.encode(shipped))
+        file.flush()
+        with ProcessPoolExecutor(workers, spawn, _start, (file.name,)) as pool:
+            for encoded in pool.map(_read_chunk, chunks):
+                yield from map(_read, _decoder.decode(encoded))

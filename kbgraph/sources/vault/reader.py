@@ -14,9 +14,10 @@
   sync leaves what it sent for it alone, it is not a deletion.
 - Only what lies inside the vault is read (issue 28): a symlinked note whose real path leaves
   the vault, a symlinked folder (never followed), anything but a regular file (a named pipe,
-  a device), a note over the size bound (checked with ``fstat`` before a byte is read, and the
-  read stops past it) and a file or folder whose name is not valid UTF-8 are skipped, each
-  with the reason in the report. Such a note previously sent is deleted, as a removed one.
+  a device), a note over the size bound (``max_note_bytes``, ``--max-page-bytes``: at most
+  ``MAX_NOTE_BYTES``; checked with ``fstat`` before a byte is read, and the read stops past
+  it) and a file or folder whose name is not valid UTF-8 are skipped, each with the reason in
+  the report. Such a note previously sent is deleted, as a removed one.
 - A regular file with more than one name (a hard link) is skipped the same way unless
   ``allow_hardlinks`` (``--allow-hardlinks``) says the vault's hard links are meant (issue 34):
   its other name may be a file outside the vault, which no path check can see.
@@ -53,6 +54,7 @@ class VaultRead:
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (path, what), still sent
     attachments: int = 0
     content_keys: set[str] = field(default_factory=set)  # the parse cache keys of this read
+    parsed: dict[str, bytes] = field(default_factory=dict)  # the cache's misses, as it keeps them
     resolved_by: dict[str, int] = field(default_factory=dict)  # a Logseq graph's: rule -> refs
 
     @property
@@ -139,9 +141,12 @@ class VaultScan:
     files: list[str]  # the other files (attachments), NFC
     out: VaultRead
     allow_hardlinks: bool = False  # read notes with more than one name (see the module)
+    max_note_bytes: int = MAX_NOTE_BYTES  # a note's file over it is skipped (see the module)
 
     @classmethod
-    def of(cls, root: Path, allow_hardlinks: bool = False) -> VaultScan:
+    def of(
+        cls, root: Path, allow_hardlinks: bool = False, max_note_bytes: int = MAX_NOTE_BYTES
+    ) -> VaultScan:
         """Walk ``root``: the notes' ids (a path breaking the id rules, or an NFC/NFD twin,
         is reported and skipped) and the other files."""
         out = VaultRead()
@@ -157,7 +162,7 @@ class VaultScan:
             else:
                 ids[nid] = path
         files = [unicodedata.normalize("NFC", f) for f in files]
-        return cls(root, ids, files, out, allow_hardlinks)
+        return cls(root, ids, files, out, allow_hardlinks, max_note_bytes)
 
     def reads(
         self,
@@ -169,15 +174,19 @@ class VaultScan:
         are many (``kbgraph.sources.vault.pool``), yielding each note's state as it comes; once all
         are read, ``out`` holds the notes, skips and warnings in path order.
 
-        ``cache`` maps a file content's sha256 to its parsed fields: hits skip parsing,
-        misses are added (the caller may persist it, see ``Manifest.parse_cache``)."""
+        ``cache`` maps a file content's sha256 to its parsed fields: hits skip parsing; the
+        misses' fields are in ``out.parsed``, encoded as the manifest keeps them (the caller
+        may persist them, see ``Manifest.update_parse_cache``): never decoded here."""
         from kbgraph.sources.vault.pool import read_all  # the pool's workers import this module
 
         order = sorted(self.ids.items())  # the order sync sends in
         index = {path: i for i, path in enumerate(self.ids.values())}
         jobs = [(index[path], nid, path) for nid, path in order]
         real_root = os.path.realpath(self.root)
-        context = (self.root, real_root, self.files, cache or {}, self.allow_hardlinks)
+        context = (
+            self.root, real_root, self.files, cache or {}, self.allow_hardlinks,
+            self.max_note_bytes,
+        )  # fmt: skip
         results: list[NoteRead | None] = [None] * len(jobs)
         for done, result in enumerate(read_all(context, list(self.ids), jobs, workers), 1):
             results[result.index] = result
@@ -185,8 +194,8 @@ class VaultScan:
                 progress(done, len(jobs))
             if result.key:
                 self.out.content_keys.add(result.key)
-            if cache is not None and result.fields is not None:
-                cache[result.key] = result.fields
+            if result.fields:
+                self.out.parsed[result.key] = result.fields
             if result.state is not None:
                 yield result.state
         out = self.out
@@ -208,10 +217,11 @@ def read_vault(
     progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,
     allow_hardlinks: bool = False,
+    max_note_bytes: int = MAX_NOTE_BYTES,
 ) -> VaultRead:
     """Every note of the vault at ``root`` as a concept state, links resolved, in path order:
     the same whatever the number of workers (see ``VaultScan.reads``)."""
-    scan = VaultScan.of(root, allow_hardlinks)
+    scan = VaultScan.of(root, allow_hardlinks, max_note_bytes)
     for _ in scan.reads(cache, progress, workers):
         pass
     return scan.out
