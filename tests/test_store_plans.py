@@ -14,14 +14,14 @@ from kbgraph.store import statements as sql
 
 
 @pytest.mark.parametrize(
-    ("statement", "params", "seek"),
+    ("statement", "params", "seek", "key"),
     [
-        (sql.VECTORS_GET, ("kb", "model", "[]"), "SEARCH v USING PRIMARY KEY (kb=? AND model=?"),
-        (sql.SEEN.json, ("[]", 1), "SEARCH a USING "),
+        (sql.VECTORS_GET, ("kb", "model", "[]"), "SEARCH v USING ", "concept=?"),
+        (sql.SEEN.json, ("[]", 1), "SEARCH a USING ", ""),
     ],
 )
 def test_a_lookup_by_ids_seeks_each_id(
-    tmp_path: Path, statement: str, params: tuple[object, ...], seek: str
+    tmp_path: Path, statement: str, params: tuple[object, ...], seek: str, key: str
 ) -> None:
     path = tmp_path / "kb.db"
     Store(path).close()
@@ -31,4 +31,4 @@ def test_a_lookup_by_ids_seeks_each_id(
     finally:
         conn.close()
     assert plan[0].startswith("SCAN j"), plan  # the ids outer, each one looked up
-    assert any(step.startswith(seek) for step in plan[1:]), plan
+    assert any(step.startswith(seek) and key in step for step in plan[1:]), plan
