@@ -50,10 +50,10 @@ def _slot(edges: np.ndarray, node: int, token: int) -> np.int64:
     h = (np.uint64(node) * np.uint64(0x9E3779B97F4A7C15)) ^ (
         np.uint64(token) * np.uint64(0xC2B2AE3D27D4EB4F)
     )
-    at = np.int64((h ^ (h >> np.uint64(29))) & mask)
+    at = (h ^ (h >> np.uint64(29))) & mask
     while edges[at, FROM] >= 0 and (edges[at, FROM] != node or edges[at, TOKEN] != token):
-        at = (at + 1) & np.int64(mask)
-    return at
+        at = (at + np.uint64(1)) & mask
+    return np.int64(at)
 
 
 @njit(cache=True, nogil=True)
