@@ -238,20 +238,24 @@ class Postings:
         return arrays
 
     def holding_all(self, keys: Iterable[str], mask: int) -> np.ndarray:
-        """The nodes holding every one of ``keys`` with hits ``& mask`` nonzero, ascending.
-        Not cached (``holders`` is): a writer's look-up, whose cached arrays every later put
-        of one of these keys would have to drop."""
-        found: np.ndarray | None = None
-        live = self.base_live
+        """The nodes holding every one of ``keys`` with hits ``& mask`` nonzero, ascending:
+        the keys with the fewest postings first, so that a rare key ends it early. Not cached
+        (``holders`` is): a writer's look-up, whose cached arrays every later put of one of
+        these keys would have to drop."""
+        spans = []
         for key in keys:
             k = self.key_id.get(key)
             if k is None:
                 return _EMPTY[0]
             start, end = self.key_off[k : k + 2] if k + 1 < len(self.key_off) else (0, 0)
-            added = self._added.get(k)
+            added = self._added.get(k, {})
+            spans.append((end - start + len(added), start, end, added))
+        spans.sort(key=lambda span: span[0])
+        found: np.ndarray | None = None
+        for _, start, end, added in spans:
             extra = np.sort(_masked(added, mask)) if added else _EMPTY[0]
             held = _live_holders(
-                self.post_node[start:end], self.post_hits[start:end], live, mask, extra
+                self.post_node[start:end], self.post_hits[start:end], self.base_live, mask, extra
             )
             found = held if found is None else _intersect(found, held)
             if not found.size:
