@@ -39,7 +39,7 @@ from typing import Final, NamedTuple
 import numpy as np
 
 from kbgraph.search import SearchIndex, tokenize, tokens_with_offsets
-from kbgraph.search.analysis import stem
+from kbgraph.search.analysis import folded, stem
 from kbgraph.search.nametrie import NAME_SEP, NameTrie, mentionable
 
 VIEW_CACHE_ENTRIES: Final = 16
@@ -105,7 +105,7 @@ def scan(index: SearchIndex, text: str) -> list[Occurrence]:
     """Every occurrence in ``text`` of a mentionable name some concept holds."""
     if not text:
         return []
-    return [Occurrence(i, j, key) for i, j, key in index.name_trie().matches(words(text))]
+    return [Occurrence(i, j, key) for _, i, j, key in index.name_trie().match_texts([folded(text)])]
 
 
 def resolve(
@@ -242,14 +242,10 @@ class Mentions:
         trie = self.index.name_trie()
         nodes_of = list(nodes)
         rows: list[tuple[int, int, int, str]] = []
+        text_of = self._text_of
         for at in range(0, len(nodes_of), BUILD_CHUNK):
             chunk = nodes_of[at : at + BUILD_CHUNK]
-            tokens: list[str] = []
-            bounds = [0]
-            for u in chunk:
-                tokens += words(self._text_of(u))
-                bounds.append(len(tokens))
-            found = trie.match_tokens(tokens, bounds)
+            found = trie.match_texts([folded(text_of(u)) for u in chunk])
             rows += [(chunk[k], i, j, key) for k, i, j, key in found]
         self.gen += 1
         if not rows:
@@ -366,13 +362,10 @@ class Mentions:
     ) -> list[list[Occurrence]]:
         """Each of ``texts``' occurrences of the names of ``trie`` (the index's: every name),
         every text's tokens matched in one compiled call."""
-        tokens: list[str] = []
-        bounds = [0]
-        for u in texts:
-            tokens += words(self._text_of(u))
-            bounds.append(len(tokens))
+        text_of = self._text_of
         found: list[list[Occurrence]] = [[] for _ in texts]
-        for k, i, j, key in (trie or self.index.name_trie()).match_tokens(tokens, bounds):
+        scanned = (trie or self.index.name_trie()).match_texts([folded(text_of(u)) for u in texts])
+        for k, i, j, key in scanned:
             found[k].append(Occurrence(i, j, key))
         return found
 

@@ -79,6 +79,14 @@ def tokenize(text: str) -> list[str]:
     return TOKEN.findall(folded)
 
 
+def folded(text: str) -> bytes:
+    """``tokenize(text)`` as UTF-8 bytes, the tokens parted by one space or more (an ASCII
+    text folded in one translation, no string per token): what the name trie walks."""
+    if text.isascii():
+        return text.encode("ascii").translate(_ASCII_FOLD)
+    return " ".join(tokenize(text)).encode()
+
+
 def tokens_with_offsets(text: str) -> tuple[list[str], list[int]]:
     """The folded tokens of ``text`` (as ``tokenize`` makes them) and where each starts."""
     tokens: list[str] = []
