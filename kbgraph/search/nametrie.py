@@ -222,16 +222,21 @@ class NameTrie:
 
     def __init__(self, keys: Iterable[str] = ()) -> None:
         self.lookups = 0  # edges the matches looked up (a statistic: readers add unlocked)
-        self._reset()
-        self._add_many(keys)
+        self._fill(keys)
 
-    def _reset(self) -> None:
+    def _fill(self, keys: Iterable[str]) -> None:
+        """Empty, then ``keys`` added: the arrays sized for them at once (a trie of a few
+        new names, as ``Mentions.flush`` makes, costs no more than they need)."""
+        held = [key for key in keys if mentionable(key)]
+        nodes = 1 + sum(key.count(NAME_SEP) + 1 for key in held)
         self._node_key: list[str | None] = [None]  # node -> the one key ending there, if one
         self._shared: dict[int, dict[str, int]] = {}  # node -> its keys and counts, if two+
-        self._through = np.zeros(1024, np.int32)  # node -> names (counted) passing there
-        self._edges = np.zeros((2048, 4), np.int64)  # rows FROM, TOKEN, TO, ENDS
+        self._through = np.zeros(nodes, np.int32)  # node -> names (counted) passing there
+        rows = 1 << (2 * nodes - 1).bit_length()  # the table at most half full
+        self._edges = np.zeros((rows, 4), np.int64)  # rows FROM, TOKEN, TO, ENDS
         self._edges[:, FROM] = -1  # an empty row
         self._dead = 0
+        self._add_many(held)
 
     def __len__(self) -> int:
         """Nodes, the root's included."""
@@ -250,9 +255,8 @@ class NameTrie:
             self._shared[node] = {own: ends - 1, key: 1}
             self._node_key[node] = None
 
-    def _add_many(self, keys: Iterable[str]) -> None:
-        """``add`` of each of ``keys``, in one compiled pass (a first use, a rebuild)."""
-        held = [key for key in keys if mentionable(key)]
+    def _add_many(self, held: list[str]) -> None:
+        """``add`` of each of ``held`` (mentionable keys) in one compiled pass."""
         if not held:
             return
         ids = self.ids(" ".join(held))
@@ -339,8 +343,7 @@ class NameTrie:
             else:
                 for key, n in self._shared[node].items():
                     held += [key] * n
-        self._reset()
-        self._add_many(held)
+        self._fill(held)
 
     def ids(self, names: str) -> np.ndarray:
         """The token ids of ``names`` (name keys, or tokens, parted by spaces)."""
