@@ -67,7 +67,10 @@ def matches(trie: NameTrie, tokens: list[str]) -> list[tuple[int, int, str]]:
 
 
 @settings(max_examples=300)
-@given(st.text(max_size=40) | st.text("aB1 ,.-_\t\x1f\x00éÉ™ßİ東京", max_size=40))
+@given(
+    st.text(max_size=40)
+    | st.text("aB1 ,.-_\t\x1f\x00éÉ™ßİ東京\u0301\u034f\u0327ﬁ–“\u20d7ǅ\xa0", max_size=40)
+)
 def test_folded_bytes_part_the_tokens_of_tokenize(text: str) -> None:
     """The trie's kernel walks ``folded``'s bytes parted at every byte up to the space:
     those parts are the tokens ``tokenize`` makes."""
