@@ -47,28 +47,36 @@ class KeyIds(Protocol):
 
 @njit(cache=True, nogil=True)
 def _live_holders(
-    nodes: np.ndarray, hits: np.ndarray, live: np.ndarray, mask: int, extra: np.ndarray
+    nodes: np.ndarray,
+    hits: np.ndarray,
+    live: np.ndarray,
+    mask: int,
+    extra: np.ndarray,
+    extra_hits: np.ndarray,
 ) -> np.ndarray:
     """A key's holders with hits ``& mask`` nonzero, ascending: its base postings (``nodes``
-    ascending) still live, merged with the overlay's ``extra`` (ascending; a node is in one
-    or the other)."""
-    out = np.empty(len(nodes) + len(extra), np.int64)
+    ascending) still live, and the overlay's ``extra`` (a node is in one or the other)."""
+    more = np.empty(len(extra), np.int64)
+    m = 0
+    for i in range(len(extra)):
+        if (extra_hits[i] & mask) != 0:
+            more[m] = extra[i]
+            m += 1
+    more = np.sort(more[:m])
+    out = np.empty(len(nodes) + m, np.int64)
     n = j = 0
     for i in range(len(nodes)):
         u = np.int64(nodes[i])
         if live[u] == 0 or (hits[i] & mask) == 0:
             continue
-        while j < len(extra) and extra[j] < u:
-            out[n] = extra[j]
+        while j < m and more[j] < u:
+            out[n] = more[j]
             n += 1
             j += 1
         out[n] = u
         n += 1
-    while j < len(extra):
-        out[n] = extra[j]
-        n += 1
-        j += 1
-    return out[:n]
+    out[n : n + m - j] = more[j:]
+    return out[: n + m - j]
 
 
 @njit(cache=True, nogil=True)
@@ -87,14 +95,6 @@ def _intersect(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             i += 1
             j += 1
     return out[:n]
-
-
-def _masked(added: Mapping[int, int], mask: int) -> np.ndarray:
-    """The nodes of an overlay's key whose hits ``& mask`` are nonzero."""
-    nodes = np.fromiter(added.keys(), np.int64, len(added))
-    hits = np.fromiter(added.values(), np.int64, len(added))
-    result: np.ndarray = nodes[(hits & mask) != 0]
-    return result
 
 
 class Postings:
@@ -253,9 +253,17 @@ class Postings:
         spans.sort(key=lambda span: span[0])
         found: np.ndarray | None = None
         for _, start, end, added in spans:
-            extra = np.sort(_masked(added, mask)) if added else _EMPTY[0]
+            extra, extra_hits = _EMPTY
+            if added:
+                extra = np.fromiter(added.keys(), np.int64, len(added))
+                extra_hits = np.fromiter(added.values(), np.int64, len(added))
             held = _live_holders(
-                self.post_node[start:end], self.post_hits[start:end], self.base_live, mask, extra
+                self.post_node[start:end],
+                self.post_hits[start:end],
+                self.base_live,
+                mask,
+                extra,
+                extra_hits,
             )
             found = held if found is None else _intersect(found, held)
             if not found.size:
@@ -454,5 +462,5 @@ def warm_up() -> None:
         nodes = np.zeros(1, np.int32)
         hits = np.ones(1, np.int64)
         nodes.flags.writeable = hits.flags.writeable = writeable
-        held = _live_holders(nodes, hits, np.ones(1, np.uint8), 1, _EMPTY[0])
+        held = _live_holders(nodes, hits, np.ones(1, np.uint8), 1, *_EMPTY)
         _intersect(held, held)
