@@ -330,7 +330,7 @@ class Mentions:
         if not (rescan or relink or had):
             return
         self._rescan, self._relink, self._had = set(), set(), {}
-        touched = rescan | relink
+        touched = set(relink)
         by_key, occ = self.by_key, self.occ
         appeared = []
         for key, held in had.items():
@@ -345,15 +345,17 @@ class Mentions:
             elif holders:  # its holders changed: the edges of its texts
                 touched.update(by_key.get(key, ()))
         if rescan:
-            for s, found in zip(rescan, self._scan_many(list(rescan)), strict=True):
+            texts = list(rescan)
+            for s, found in zip(texts, self._scan_many(texts), strict=True):
                 self._store(s, found)
+                self._refresh(s, found)  # at once, while its sets are in the caches
         if appeared:
             may = sorted({s for key in appeared for s in self._texts_with(key)} - rescan)
             for s, found in zip(may, self._scan_many(may, NameTrie(appeared)), strict=True):
                 if found:
                     self._store(s, sorted([*occ.get(s, ()), *found]))
                     touched.add(s)
-        for s in sorted(touched):
+        for s in sorted(touched - rescan):
             self._refresh(s)
         self.gen += 1
 
@@ -395,9 +397,10 @@ class Mentions:
                 else:
                     found.add(u)
 
-    def _refresh(self, u: int) -> None:
-        """u's plain edges and contested occurrences from its occurrences, now."""
-        plain, contested = split(self.occ.get(u, ()))
+    def _refresh(self, u: int, occurrences: Sequence[Occurrence] | None = None) -> None:
+        """u's plain edges and contested occurrences from its occurrences (``occurrences``,
+        when the caller has them at hand), now."""
+        plain, contested = split(self.occ.get(u, ()) if occurrences is None else occurrences)
         targets: set[int] = set()
         if plain:
             cached = self._holders
