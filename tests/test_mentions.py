@@ -20,7 +20,7 @@ from kbgraph.events import Event
 from kbgraph.projection import KBProjection, checkpoint
 from kbgraph.projection.mentions import Occurrence, alone, split, unlinked
 from kbgraph.search import STOP_WORDS, SearchIndex, tokenize
-from kbgraph.store import KBState
+from kbgraph.store import KBState, LogRecord
 from kbgraph.store.model import ConceptState
 
 WORDS = ["new", "york", "city", "the", "of", "paris", "big", "apple", "rome"]
@@ -204,6 +204,38 @@ def test_narrowed_equals_never_written(steps: list[tuple[str, dict]], rules: Rul
     shown = {i: c for i, c in state.items() if visible(rules, collection(i), c.type)}
     never = built(shown)
     assert edges_of(kb, rules) == edges_of(never, None)
+
+
+@settings(max_examples=100)
+@given(histories(), st.lists(st.integers(1, 6), max_size=25))
+def test_a_batch_patched_at_once_equals_the_oracle(
+    steps: list[tuple[str, dict]], sizes: list[int]
+) -> None:
+    """``KBProjection.apply`` notes a batch's mention changes and patches them once, at its
+    end (``Mentions.flush``): the same edges as event by event, deliveries of any size."""
+    events, state = run(steps)
+    kb = KBProjection("m")
+    kb.attach_mentions(True)
+    for r in RULES:
+        with kb.read():
+            kb.mask(r)
+    records = [LogRecord(i + 1, "m", i + 1, e, False) for i, e in enumerate(events)]
+    deliveries = []
+    for size in [*sizes, len(records)]:
+        if records:
+            deliveries.append(records[:size])
+            records = records[size:]
+    while deliveries:
+        deliveries = deliveries[kb.apply(deliveries) :]
+    for rules in [None, *RULES]:
+        assert edges_of(kb, rules) == oracle(state, rules)
+    assert occurrences(kb) == occurrences(built(state))  # no stale name left behind
+
+
+def occurrences(kb: KBProjection) -> dict[str, list[Occurrence]]:
+    assert kb.mentions is not None
+    with kb.read() as snap:
+        return {snap.ids[u]: found for u, found in kb.mentions.occ.items()}
 
 
 def test_longest_name_first_and_shadowing_by_a_hidden_name() -> None:

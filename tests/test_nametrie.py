@@ -4,12 +4,14 @@ window of the tokens looked up among the names held; added and discarded in any 
 
 from __future__ import annotations
 
-import numpy as np
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbgraph.search import nametrie
+from kbgraph.search import nametrie, tokenize
+from kbgraph.search.analysis import folded
 from kbgraph.search.nametrie import NAME_SEP, NameTrie, mentionable
 
 WORDS = ["a", "b", "c", "the", "of", "d"]
@@ -37,12 +39,12 @@ def oracle(held: dict[str, int], tokens: list[str]) -> list[tuple[int, int, str]
 def test_matches_equal_the_oracle_through_adds_discards_and_rebuilds(
     steps: list[tuple[bool, str]], texts: list[list[str]], rebuild_after: int, collide: bool
 ) -> None:
-    """``collide``: tokens hashed by their length, so most of them collide ("a", "b", "c"
-    and "d" walk one edge): the matches are the same."""
+    """``collide``: tokens' ids two bits of their hash, so most of them collide (six words
+    and "zz" walk at most four edges from a node): the matches are the same."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(nametrie, "MIN_DEAD_REBUILD", rebuild_after)  # rebuilds often
         if collide:
-            patch.setattr(nametrie, "token_hash", len)
+            patch.setattr(nametrie, "TOKEN_HASH_MASK", 3)
         trie = NameTrie()
         held: dict[str, int] = {}
         for added, key in steps:
@@ -52,19 +54,48 @@ def test_matches_equal_the_oracle_through_adds_discards_and_rebuilds(
             else:
                 trie.discard(key)
                 held[key] = max(0, held.get(key, 0) - 1)
-            assert trie.matches(texts[0]) == oracle(held, texts[0])
+            assert matches(trie, texts[0]) == oracle(held, texts[0])
         fresh = NameTrie(k for k, count in held.items() for _ in range(count))
-        tokens = [token for text in texts for token in text]
-        bounds = np.cumsum([0, *map(len, texts)]).tolist()
+        folded = [" ".join(text).encode() for text in texts]
         expected = [(k, *m) for k, t in enumerate(texts) for m in oracle(held, t)]
-        assert trie.match_tokens(tokens, bounds) == expected
-        assert fresh.match_tokens(tokens, bounds) == expected
+        assert trie.match_texts(folded) == expected
+        assert fresh.match_texts(folded) == expected
+
+
+def matches(trie: NameTrie, tokens: list[str]) -> list[tuple[int, int, str]]:
+    return [(i, j, key) for _, i, j, key in trie.match_texts([" ".join(tokens).encode()])]
+
+
+@settings(max_examples=300)
+@given(
+    st.text(max_size=40)
+    | st.text("aB1 ,.-_\t\x1f\x00éÉ™ßİ東京\u0301\u034f\u0327ﬁ–“\u20d7ǅ\xa0", max_size=40)
+)
+def test_folded_bytes_part_the_tokens_of_tokenize(text: str) -> None:
+    """The trie's kernel walks ``folded``'s bytes parted at every byte up to the space:
+    those parts are the tokens ``tokenize`` makes."""
+    parts = [part for part in re.split(rb"[\x00-\x20]+", folded(text)) if part]
+    assert parts == [token.encode() for token in tokenize(text)]
+
+
+def test_names_beyond_ascii_match_as_their_folded_bytes() -> None:
+    names = ["東京 Tower", "Straße", "Zoë Saldaña", "a™"]
+    trie = NameTrie(NAME_SEP.join(tokenize(name)) for name in names)
+    text = "Zoe SALDANA saw the 東京 tower; a strasse, not a™ or atm."
+    found = trie.match_texts([folded(text)])
+    assert [key.split(NAME_SEP) for _, _, _, key in found] == [
+        ["zoe", "saldana"],
+        ["東京", "tower"],
+        ["strasse"],
+        ["atm"],
+        ["atm"],
+    ]
 
 
 def test_a_short_output_is_called_again_with_room() -> None:
     """Every window of 300 "x"s is a name: 45,150 matches, past the first buffer."""
     trie = NameTrie(NAME_SEP.join(["x"] * n) for n in range(1, 301))
-    found = trie.matches(["x"] * 300)
+    found = matches(trie, ["x"] * 300)
     assert len(found) == 300 * 301 // 2
     assert found[:3] == [(0, 1, "x"), (0, 2, NAME_SEP.join("xx")), (0, 3, NAME_SEP.join("xxx"))]
     assert found[-1] == (299, 300, "x")

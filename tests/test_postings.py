@@ -41,3 +41,34 @@ def test_base_and_overlay_read_as_a_build_of_the_final_contents(base, changes) -
     assert contents(loaded) == contents(rebuilt)
     loaded.put(11, [("zz", 3)])  # a loaded base takes changes as any other
     assert loaded.holders("zz")[0].tolist() == [11]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    base=st.dictionaries(st.integers(0, 9), items, max_size=8),
+    changes=ops,
+    keys=st.lists(st.sampled_from([*KEYS, "absent"]), max_size=3),
+    mask=st.sampled_from([1, 0xFFFFFFFF, 1 << 33, (1 << 41) - 1]),
+)
+def test_holding_all_is_the_intersection_of_the_masked_holders(base, changes, keys, mask) -> None:
+    """``holding_all`` (merged in kernels over the base and the overlay) against the final
+    contents read directly."""
+    p = Postings.built(sorted(base.items()))
+    final = dict(base)
+    for node, new in changes:
+        if new is None:
+            p.remove(node)
+            final.pop(node, None)
+        else:
+            p.put(node, new)
+            final[node] = new
+    expected = sorted(
+        u for u, pairs in final.items() if all(dict(pairs).get(k, 0) & mask for k in keys)
+    )
+    got = p.holding_all(keys, mask)
+    assert got.tolist() == (expected if keys else [])
+    keys_, arrays = p.arrays()
+    for array in arrays.values():  # as a checkpoint maps them
+        array.flags.writeable = False
+    loaded = Postings.from_arrays(list(keys_), None, arrays)
+    assert loaded.holding_all(keys, mask).tolist() == got.tolist()

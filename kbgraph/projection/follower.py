@@ -73,7 +73,7 @@ from kbgraph.projection.bulk import gc_paused
 from kbgraph.projection.filler import Filler
 from kbgraph.projection.kb import KBProjection
 from kbgraph.projection.masks import masked_degrees
-from kbgraph.search import SearchIndex
+from kbgraph.search import SearchIndex, postings
 from kbgraph.store import LogCut, LogRecord, Store
 
 log = logging.getLogger(__name__)
@@ -550,6 +550,7 @@ def warm_up() -> None:
     pool = np.zeros(1, np.int32)
     masked_degrees(off, ln, pool, np.ones(1, np.uint8), np.zeros(1, np.int32))
     compact(off, ln, ln, pool, np.zeros(1, np.int64), np.zeros(1, np.int32))
+    postings.warm_up()  # a new name's texts (kbgraph.projection.mentions)
     kb = KBProjection("warm-up")
     kb.mask(())  # cached: the events below patch it, compiling the mask kernels too
     kb.apply_event(_warm_up_event("a", ["b"]))

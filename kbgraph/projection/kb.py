@@ -247,7 +247,7 @@ class KBProjection:
                 break
         swap = self._prepare(head)
         done = 0
-        apply_one = self.apply_event
+        apply_one = self._apply_event
         clock = time.perf_counter
         with self.lock.write():
             if swap is not None:
@@ -266,6 +266,8 @@ class KBProjection:
                     break
             if self.vectors is not None:
                 self.vectors.install_carried()
+            if self.mentions is not None:
+                self.mentions.flush()  # the batch's mention patches, at once
         # Only a batch that ran out of head before its bounds asks for more: one ended by them
         # asks for what it managed, so the head is not prepared twice as often as it is used.
         self._batch_hint = min(MAX_BATCH_EVENTS, max(64, events if bounded else 2 * events))
@@ -274,6 +276,12 @@ class KBProjection:
     def apply_event(self, event: Event, analysis: Analysed | None = None) -> None:
         """One event's patches (write lock held, or the KB not shared yet); ``analysis`` is
         its text's, when the log carried it."""
+        self._apply_event(event, analysis)
+        if self.mentions is not None:
+            self.mentions.flush()
+
+    def _apply_event(self, event: Event, analysis: Analysed | None) -> None:
+        """``apply_event`` but the mentions' patches, noted for ``Mentions.flush``."""
         if isinstance(event, ConceptUpserted):
             self._upsert(event, analysis)
         elif isinstance(event, ConceptDeleted):
@@ -368,9 +376,7 @@ class KBProjection:
                 scanned = old_text != data.text
                 if scanned:
                     mentions.text_changed(u)
-                mentions.names_changed(
-                    u, old_names, self.index.names.node_keys_of(u), scanned=scanned
-                )
+                mentions.names_changed(u, old_names, self.index.names.node_keys_of(u))
                 if not scanned and relinked:
                     mentions.links_changed(u)
         elif mentions is not None and relinked:

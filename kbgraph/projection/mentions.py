@@ -19,12 +19,14 @@ edges, masked by visibility as links are. The occurrences that overlap (*contest
 one is taken depends on which longer name is visible) are resolved per view, when a view is
 first read, and cached with it until the next change.
 
-Patched per event in both directions (``KBProjection`` calls these under the write lock): an
-upsert scans its own text again; a name that appears (its first holder) finds the texts that
-may hold it through the search index's term postings (every term of the name in the text
-field) and scans only those; a name that goes (its last holder) is dropped from the texts the
-reverse map ``by_key`` lists; a name whose holders change refreshes those texts' edges. Never a
-scan of the whole KB, but at the first build.
+Patched in both directions (``KBProjection`` notes each event's changes under the write lock
+and calls ``flush`` once at the end of its batch, before readers see it): the texts changed
+are scanned again, their tokens in one compiled call; a name that appears (its first holder)
+finds the texts that may hold it through the search index's term postings (every term of the
+name in the text field, ``Postings.holding_all``) and those are scanned for the batch's new
+names alone; a name that goes (its last holder) is dropped from the texts the reverse map
+``by_key`` lists; a name whose holders change refreshes those texts' edges. Never a scan of
+the whole KB, but at the first build.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from typing import Final, NamedTuple
 import numpy as np
 
 from kbgraph.search import SearchIndex, tokenize, tokens_with_offsets
-from kbgraph.search.analysis import stem
-from kbgraph.search.nametrie import NAME_SEP, mentionable
+from kbgraph.search.analysis import folded, stem
+from kbgraph.search.nametrie import NAME_SEP, NameTrie, mentionable
 
 VIEW_CACHE_ENTRIES: Final = 16
 BUILD_CHUNK: Final = 1 << 12  # texts scanned in one compiled call by the first build
@@ -103,25 +105,7 @@ def scan(index: SearchIndex, text: str) -> list[Occurrence]:
     """Every occurrence in ``text`` of a mentionable name some concept holds."""
     if not text:
         return []
-    return [Occurrence(i, j, key) for i, j, key in index.name_trie().matches(words(text))]
-
-
-def find(text: str, key: str) -> list[Occurrence]:
-    """Every occurrence of the one name ``key`` in ``text``."""
-    name = key.split(NAME_SEP)
-    tokens = words(text)
-    size = len(name)
-    out = []
-    at = 0
-    first = name[0]
-    try:
-        while True:
-            at = tokens.index(first, at)
-            if tokens[at : at + size] == name:
-                out.append(Occurrence(at, at + size, key))
-            at += 1
-    except ValueError:
-        return out
+    return [Occurrence(i, j, key) for _, i, j, key in index.name_trie().match_texts([folded(text)])]
 
 
 def resolve(
@@ -239,6 +223,9 @@ class Mentions:
         self.contested: dict[int, list[Occurrence]] = {}  # source -> its overlapping ones
         self.gen = 0  # bumped by every patch: the views cached before are stale
         self._holders: dict[str, list[int]] = {}  # name key -> its holders, until they change
+        self._rescan: set[int] = set()  # texts to scan again at ``flush``
+        self._relink: set[int] = set()  # texts whose links changed, to refresh at ``flush``
+        self._had: dict[str, bool] = {}  # name key changed -> had a holder before the batch
         self._views: OrderedDict[tuple[int, int], tuple[np.ndarray, int, MentionView]] = (
             OrderedDict()
         )
@@ -255,14 +242,10 @@ class Mentions:
         trie = self.index.name_trie()
         nodes_of = list(nodes)
         rows: list[tuple[int, int, int, str]] = []
+        text_of = self._text_of
         for at in range(0, len(nodes_of), BUILD_CHUNK):
             chunk = nodes_of[at : at + BUILD_CHUNK]
-            tokens: list[str] = []
-            bounds = [0]
-            for u in chunk:
-                tokens += words(self._text_of(u))
-                bounds.append(len(tokens))
-            found = trie.match_tokens(tokens, bounds)
+            found = trie.match_texts([folded(text_of(u)) for u in chunk])
             rows += [(chunk[k], i, j, key) for k, i, j, key in found]
         self.gen += 1
         if not rows:
@@ -312,68 +295,88 @@ class Mentions:
         return found
 
     def text_changed(self, u: int) -> None:
-        """u exists with a new text (or names, or links): its occurrences and edges again."""
-        self._store(u, scan(self.index, self._text_of(u)))
-        self._refresh(u)
-        self.gen += 1
+        """u exists with a new text (or names, or links): its occurrences and edges again (at
+        ``flush``)."""
+        self._rescan.add(u)
 
     def links_changed(self, u: int) -> None:
         """u's declared links changed: which names are its links' changed with them."""
-        self._refresh(u)
-        self.gen += 1
+        self._relink.add(u)
 
     def dropped(self, u: int) -> None:
-        """u stopped existing: its own text mentions nothing (its names: ``names_changed``)."""
-        self._store(u, [])
-        self._refresh(u)
-        self.gen += 1
+        """u stopped existing: its own text (now empty) mentions nothing (its names:
+        ``names_changed``)."""
+        self._rescan.add(u)
 
-    def names_changed(
-        self, u: int, old: Iterable[str], new: Iterable[str], *, scanned: bool = True
-    ) -> None:
+    def names_changed(self, u: int, old: Iterable[str], new: Iterable[str]) -> None:
         """u's name keys went from ``old`` to ``new`` (the index already holds the new ones):
-        every text naming a key that came or went is patched (u's own too, unless ``scanned``:
-        its text was scanned with its new names already)."""
+        every text naming a key that came or went is patched at ``flush``. Of each key, the
+        first change of the batch records whether it had a holder before the batch."""
         before, after = set(old), set(new)
-        touched: set[int] = set()
-        for key in sorted(before ^ after):
+        had = self._had
+        for key in before ^ after:
             self._holders.pop(key, None)
-            if not mentionable(key):
+            if key in had or not mentionable(key):
                 continue
+            had[key] = key in before or self.index.names.holders(key)[0].size > 1
+
+    def flush(self) -> None:
+        """The patches of the changes noted since the last flush, in one pass: the texts
+        changed scanned again (their tokens in one compiled call), the names that came found
+        in the texts that may hold them, the names that went dropped, and the edges of every
+        text touched refreshed. The follower calls it once per batch, before readers see
+        the KB."""
+        rescan, relink, had = self._rescan, self._relink, self._had
+        if not (rescan or relink or had):
+            return
+        self._rescan, self._relink, self._had = set(), set(), {}
+        touched = set(relink)
+        by_key, occ = self.by_key, self.occ
+        appeared = []
+        for key, held in had.items():
             holders = self.holders(key)
-            if key in after and holders == [u]:  # a new name: the texts that may hold it
-                for s in self._texts_with(key):
-                    if s == u and scanned:
-                        continue
-                    got = find(self._text_of(s), key)
-                    if got:
-                        self._store(s, sorted([*self.occ.get(s, ()), *got]))
+            if holders and not held:
+                appeared.append(key)
+            elif held and not holders:  # a name gone
+                for s in sorted(by_key.get(key, ())):
+                    if s not in rescan:
+                        self._store(s, [o for o in occ[s] if o.key != key])
                         touched.add(s)
-            elif key in before and not holders:  # a name gone
-                for s in sorted(self.by_key.get(key, ())):
-                    self._store(s, [o for o in self.occ[s] if o.key != key])
+            elif holders:  # its holders changed: the edges of its texts
+                touched.update(by_key.get(key, ()))
+        if rescan:
+            texts = list(rescan)
+            for s, found in zip(texts, self._scan_many(texts), strict=True):
+                self._store(s, found)
+                self._refresh(s, found)  # at once, while its sets are in the caches
+        if appeared:
+            may = sorted({s for key in appeared for s in self._texts_with(key)} - rescan)
+            for s, found in zip(may, self._scan_many(may, NameTrie(appeared)), strict=True):
+                if found:
+                    self._store(s, sorted([*occ.get(s, ()), *found]))
                     touched.add(s)
-            else:  # another holder for a held name: the edges of its texts
-                touched.update(self.by_key.get(key, ()))
-        for s in sorted(touched):
+        for s in sorted(touched - rescan):
             self._refresh(s)
         self.gen += 1
+
+    def _scan_many(
+        self, texts: Sequence[int], trie: NameTrie | None = None
+    ) -> list[list[Occurrence]]:
+        """Each of ``texts``' occurrences of the names of ``trie`` (the index's: every name),
+        every text's tokens matched in one compiled call."""
+        text_of = self._text_of
+        found: list[list[Occurrence]] = [[] for _ in texts]
+        scanned = (trie or self.index.name_trie()).match_texts([folded(text_of(u)) for u in texts])
+        for k, i, j, key in scanned:
+            found[k].append(Occurrence(i, j, key))
+        return found
 
     def _texts_with(self, key: str) -> list[int]:
         """The concepts whose text holds every term of the name ``key`` (a superset of those
         holding the name), from the search index's postings."""
-        terms = sorted({t for t in (stem(token) for token in key.split(NAME_SEP)) if t})
-        found: np.ndarray | None = None
-        for t in terms:
-            nodes, hits = self.index.terms.holders(t)
-            nodes = nodes[(hits & TEXT_HITS) != 0]
-            found = nodes if found is None else np.intersect1d(found, nodes, assume_unique=True)
-            if not found.size:
-                break
-        if found is None:
-            return []
-        result: list[int] = np.sort(found).tolist()
-        return result
+        terms = {t for t in (stem(token) for token in key.split(NAME_SEP)) if t}
+        found: list[int] = self.index.terms.holding_all(terms, TEXT_HITS).tolist()
+        return found
 
     def _store(self, u: int, occurrences: list[Occurrence]) -> None:
         """Replace u's occurrences, keeping ``by_key`` (edges: ``_refresh``)."""
@@ -394,9 +397,10 @@ class Mentions:
                 else:
                     found.add(u)
 
-    def _refresh(self, u: int) -> None:
-        """u's plain edges and contested occurrences from its occurrences, now."""
-        plain, contested = split(self.occ.get(u, ()))
+    def _refresh(self, u: int, occurrences: Sequence[Occurrence] | None = None) -> None:
+        """u's plain edges and contested occurrences from its occurrences (``occurrences``,
+        when the caller has them at hand), now."""
+        plain, contested = split(self.occ.get(u, ()) if occurrences is None else occurrences)
         targets: set[int] = set()
         if plain:
             cached = self._holders

@@ -6,8 +6,9 @@ distinct name length at each token costs the text's length times the number of l
 the first token no name continues with, so a text that repeats no name costs about its length.
 
 The trie is arrays a compiled kernel walks (a Python dict per node cost ~1 µs a token, most of
-a follower's mention scan): a token is its string hash (``token_hash``: no lookup, where a
-dict from tokens to ids cost a cold lookup per token of every text), a node is an int, and
+a follower's mention scan): a token is the FNV-1a hash of its bytes, computed in the kernel
+that walks the text's folded bytes (no lookup, where a dict from tokens to ids cost a cold
+lookup per token of every text, and no Python string per token), a node is an int, and
 the edges are one open-addressing hash table keyed by (node, token), one 32-byte row each.
 Names whose tokens hash alike share a node and every match is checked against the text's
 tokens, so a collision can neither add nor hide a name. Adding a name
@@ -30,14 +31,16 @@ from numba import njit
 from kbgraph.search.analysis import STOP_WORDS
 
 NAME_SEP: Final = "\x1f"  # joins a name's tokens into one key (tokens are letters and digits)
-token_hash = hash  # a token's id in the trie (``NameTrie``: a collision hides nothing)
+TOKEN_HASH_MASK = -1  # the bits of a token's hash kept as its id (a test collides them)
+FNV_OFFSET: Final = 0xCBF29CE484222325  # FNV-1a, 64 bits: a token's hash (``_hashes``)
+FNV_PRIME: Final = 0x100000001B3
 MIN_DEAD_REBUILD: Final = 1 << 12  # dead nodes tolerated before a rebuild, at least
 
 
 @functools.lru_cache(maxsize=1 << 16)
 def mentionable(key: str) -> bool:
     """A name of stop words alone ("The Who", "Of The") names nothing."""
-    return any(token not in STOP_WORDS for token in key.split(NAME_SEP))
+    return any(token and token not in STOP_WORDS for token in key.split(NAME_SEP))
 
 
 FROM, TOKEN, TO, ENDS = 0, 1, 2, 3  # an edge's row: its node, token, child, names ending
@@ -134,21 +137,63 @@ def _rehash(edges: np.ndarray, new: np.ndarray) -> None:
 
 
 @njit(cache=True, nogil=True)
+def _hashes(buf: np.ndarray, mask: int) -> np.ndarray:
+    """The id of each token of ``buf`` (UTF-8; a token is a run of bytes above the space,
+    so spaces and ``NAME_SEP`` part them): its FNV-1a hash, ``& mask``."""
+    out = np.empty(len(buf) // 2 + 1, np.int64)
+    n = 0
+    i = 0
+    while i < len(buf):
+        if buf[i] <= 32:
+            i += 1
+            continue
+        h = np.uint64(FNV_OFFSET)
+        while i < len(buf) and buf[i] > 32:
+            h = (h ^ np.uint64(buf[i])) * np.uint64(FNV_PRIME)
+            i += 1
+        out[n] = np.int64(h) & mask
+        n += 1
+    return out[:n]
+
+
+@njit(cache=True, nogil=True)
 def match(
-    ids: np.ndarray, bounds: np.ndarray, edges: np.ndarray, out: np.ndarray
+    buf: np.ndarray, bounds: np.ndarray, edges: np.ndarray, mask: int, out: np.ndarray
 ) -> tuple[int, int]:
-    """Every (text, first token, end token, node) where a name ends, texts ``ids[bounds[k]:
-    bounds[k + 1]]``, by text, first token, end; written to ``out`` (rows of 4) while it has
-    room. Returns (matches, edges looked up): a caller whose ``out`` was short calls again.
-    An edge is one row: a step of the walk reads one cache line."""
+    """Every (text, first token, end token, node, first byte, end byte) where a name ends,
+    texts ``buf[bounds[k]:bounds[k + 1]]`` (folded UTF-8, tokens parted by spaces: each
+    token hashed as ``_hashes`` does, here), by text, first token, end; written to ``out``
+    (rows of 6) while it has room. Returns (matches, edges looked up): a caller whose
+    ``out`` was short calls again. An edge is one row: a step of the walk reads one cache
+    line."""
+    longest = 0
+    for k in range(len(bounds) - 1):
+        longest = max(longest, bounds[k + 1] - bounds[k])
+    ids = np.empty(longest // 2 + 1, np.int64)
+    starts = np.empty(longest // 2 + 1, np.int64)
+    ends = np.empty(longest // 2 + 1, np.int64)
     found = 0
     lookups = 0
     for k in range(len(bounds) - 1):
-        start, stop = bounds[k], bounds[k + 1]
-        for i in range(start, stop):
+        n = 0
+        i = bounds[k]
+        stop = bounds[k + 1]
+        while i < stop:
+            if buf[i] <= 32:
+                i += 1
+                continue
+            starts[n] = i
+            h = np.uint64(FNV_OFFSET)
+            while i < stop and buf[i] > 32:
+                h = (h ^ np.uint64(buf[i])) * np.uint64(FNV_PRIME)
+                i += 1
+            ids[n] = np.int64(h) & mask
+            ends[n] = i
+            n += 1
+        for a in range(n):
             node = 0
-            j = i
-            while j < stop:
+            j = a
+            while j < n:
                 lookups += 1
                 at = _slot(edges, node, ids[j])
                 if edges[at, FROM] < 0:
@@ -158,33 +203,40 @@ def match(
                 if edges[at, ENDS] > 0:
                     if found < len(out):
                         out[found, 0] = k
-                        out[found, 1] = i - start
-                        out[found, 2] = j - start
+                        out[found, 1] = a
+                        out[found, 2] = j
                         out[found, 3] = node
+                        out[found, 4] = starts[a]
+                        out[found, 5] = ends[j - 1]
                     found += 1
     return found, lookups
 
 
 class NameTrie:
     """Mentionable name keys (tokens joined by ``NAME_SEP``), counted: added and discarded
-    as concepts are indexed and forgotten. A token is walked by its hash (``token_hash``),
-    computed from the string alone (a dict from tokens to ids was a cold lookup per token of
+    as concepts are indexed and forgotten. A token is walked by its hash (``_hashes``),
+    computed from its bytes alone (a dict from tokens to ids was a cold lookup per token of
     every text scanned): two names whose tokens' hashes all agree share a node, which then
     holds both keys, and every match is checked against the text's tokens, so a hash
     collision can neither add nor hide a name."""
 
     def __init__(self, keys: Iterable[str] = ()) -> None:
         self.lookups = 0  # edges the matches looked up (a statistic: readers add unlocked)
-        self._reset()
-        self._add_many(keys)
+        self._fill(keys)
 
-    def _reset(self) -> None:
+    def _fill(self, keys: Iterable[str]) -> None:
+        """Empty, then ``keys`` added: the arrays sized for them at once (a trie of a few
+        new names, as ``Mentions.flush`` makes, costs no more than they need)."""
+        held = [key for key in keys if mentionable(key)]
+        nodes = 1 + sum(key.count(NAME_SEP) + 1 for key in held)
         self._node_key: list[str | None] = [None]  # node -> the one key ending there, if one
         self._shared: dict[int, dict[str, int]] = {}  # node -> its keys and counts, if two+
-        self._through = np.zeros(1024, np.int32)  # node -> names (counted) passing there
-        self._edges = np.zeros((2048, 4), np.int64)  # rows FROM, TOKEN, TO, ENDS
+        self._through = np.zeros(nodes, np.int32)  # node -> names (counted) passing there
+        rows = 1 << (2 * nodes - 1).bit_length()  # the table at most half full
+        self._edges = np.zeros((rows, 4), np.int64)  # rows FROM, TOKEN, TO, ENDS
         self._edges[:, FROM] = -1  # an empty row
         self._dead = 0
+        self._add_many(held)
 
     def __len__(self) -> int:
         """Nodes, the root's included."""
@@ -203,19 +255,16 @@ class NameTrie:
             self._shared[node] = {own: ends - 1, key: 1}
             self._node_key[node] = None
 
-    def _add_many(self, keys: Iterable[str]) -> None:
-        """``add`` of each of ``keys``, in one compiled pass (a first use, a rebuild)."""
-        held = [key for key in keys if mentionable(key)]
+    def _add_many(self, held: list[str]) -> None:
+        """``add`` of each of ``held`` (mentionable keys) in one compiled pass."""
         if not held:
             return
-        tokens = [token for key in held for token in key.split(NAME_SEP)]
+        ids = self.ids(" ".join(held))
         bounds = np.zeros(len(held) + 1, np.int64)
         np.cumsum([key.count(NAME_SEP) + 1 for key in held], out=bounds[1:])
-        self._room(len(tokens))
+        self._room(len(ids))
         last = np.empty(len(held), np.int64)
-        nodes, revived = _insert_many(
-            self._edges, self._through, self.ids(tokens), bounds, len(self), last
-        )
+        nodes, revived = _insert_many(self._edges, self._through, ids, bounds, len(self), last)
         self._dead -= revived
         self._node_key.extend([None] * (nodes - len(self)))
         rows = self._edges[last]
@@ -226,13 +275,10 @@ class NameTrie:
             seen[node] += 1
             self._held(node, key, total - added[node] + seen[node])
 
-    def _name_ids(self, key: str) -> np.ndarray:
-        return self.ids(key.split(NAME_SEP))
-
     def add(self, key: str) -> None:
         if not mentionable(key):
             return
-        ids = self._name_ids(key)
+        ids = self.ids(key)
         self._room(len(ids))
         before = len(self)
         at, nodes, revived = _insert(self._edges, self._through, ids, before)
@@ -245,7 +291,7 @@ class NameTrie:
         """Forget one count of ``key``; a key not held is ignored."""
         if not mentionable(key):
             return
-        ids = self._name_ids(key)
+        ids = self.ids(key)
         at = _find(self._edges, ids)
         if at < 0:
             return
@@ -297,43 +343,38 @@ class NameTrie:
             else:
                 for key, n in self._shared[node].items():
                     held += [key] * n
-        self._reset()
-        self._add_many(held)
+        self._fill(held)
 
-    def ids(self, tokens: Sequence[str]) -> np.ndarray:
-        """Each token's ``token_hash``, the walk's token ids."""
-        return np.fromiter(map(token_hash, tokens), np.int64, len(tokens))
+    def ids(self, names: str) -> np.ndarray:
+        """The token ids of ``names`` (name keys, or tokens, parted by spaces)."""
+        return _hashes(np.frombuffer(names.encode(), np.uint8), TOKEN_HASH_MASK)
 
-    def match_tokens(
-        self, tokens: Sequence[str], bounds: Sequence[int]
-    ) -> list[tuple[int, int, int, str]]:
-        """Every (text, first token, end token, key) where a name occurs in the texts
-        ``tokens[bounds[k]:bounds[k + 1]]``, by text, first token, then end."""
-        if len(self) == 1 or not tokens:
+    def match_texts(self, texts: Sequence[bytes]) -> list[tuple[int, int, int, str]]:
+        """Every (text, first token, end token, key) where a name occurs in ``texts`` (each
+        its folded tokens in UTF-8 parted by spaces, ``kbgraph.search.analysis.folded``), by
+        text, first token, then end. One compiled call hashes and walks every text's tokens:
+        no token is a Python object."""
+        if len(self) == 1 or not texts:
             return []
-        ids = self.ids(tokens)
-        at = np.array(bounds, np.int64)
-        out = np.empty((max(16, len(ids) // 4), 4), np.int64)
+        data = b"".join(texts)
+        bounds = np.zeros(len(texts) + 1, np.int64)
+        np.cumsum([len(text) for text in texts], out=bounds[1:])
+        buf = np.frombuffer(data, np.uint8)
+        out = np.empty((max(16, len(data) // 16), 6), np.int64)
         while True:
-            found, lookups = match(ids, at, self._edges, out)
+            found, lookups = match(buf, bounds, self._edges, TOKEN_HASH_MASK, out)
             if found <= len(out):
                 break
-            out = np.empty((found, 4), np.int64)
+            out = np.empty((found, 6), np.int64)
         self.lookups += lookups
         keys, shared = self._node_key, self._shared
         result = []
-        for k, i, j, node in out[:found].tolist():
-            start = bounds[k]
-            name = NAME_SEP.join(tokens[start + i : start + j])
+        for k, i, j, node, first, end in out[:found].tolist():
+            name = NAME_SEP.join(data[first:end].decode().split())
             key = keys[node]
             if key == name or (key is None and name in shared.get(node, ())):
                 result.append((k, i, j, name))
         return result
-
-    def matches(self, tokens: Sequence[str]) -> list[tuple[int, int, str]]:
-        """Every (first token, end token, key) where a name's tokens occur in ``tokens``, by
-        first token ascending, then end ascending."""
-        return [(i, j, key) for _, i, j, key in self.match_tokens(tokens, [0, len(tokens)])]
 
 
 def warm_up() -> None:
@@ -341,6 +382,6 @@ def warm_up() -> None:
     that no build or event pays it."""
     trie = NameTrie(["warm"])  # _insert_many
     trie.add(NAME_SEP.join(["warm", "up"]))  # _insert
-    trie.matches(["warm", "up"])  # match
+    trie.match_texts([b"warm up"])  # match
     trie.discard("warm")  # _find, _lower
     trie.add(NAME_SEP.join(str(i) for i in range(len(trie._edges))))  # _rehash

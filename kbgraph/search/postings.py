@@ -45,6 +45,58 @@ class KeyIds(Protocol):
     def __setitem__(self, key: str, value: int, /) -> None: ...
 
 
+@njit(cache=True, nogil=True)
+def _live_holders(
+    nodes: np.ndarray,
+    hits: np.ndarray,
+    live: np.ndarray,
+    mask: int,
+    extra: np.ndarray,
+    extra_hits: np.ndarray,
+) -> np.ndarray:
+    """A key's holders with hits ``& mask`` nonzero, ascending: its base postings (``nodes``
+    ascending) still live, and the overlay's ``extra`` (a node is in one or the other)."""
+    more = np.empty(len(extra), np.int64)
+    m = 0
+    for i in range(len(extra)):
+        if (extra_hits[i] & mask) != 0:
+            more[m] = extra[i]
+            m += 1
+    more = np.sort(more[:m])
+    out = np.empty(len(nodes) + m, np.int64)
+    n = j = 0
+    for i in range(len(nodes)):
+        u = np.int64(nodes[i])
+        if live[u] == 0 or (hits[i] & mask) == 0:
+            continue
+        while j < m and more[j] < u:
+            out[n] = more[j]
+            n += 1
+            j += 1
+        out[n] = u
+        n += 1
+    out[n : n + m - j] = more[j:]
+    return out[: n + m - j]
+
+
+@njit(cache=True, nogil=True)
+def _intersect(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The values of both ascending, distinct arrays."""
+    out = np.empty(min(len(a), len(b)), np.int64)
+    n = i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i] < b[j]:
+            i += 1
+        elif a[i] > b[j]:
+            j += 1
+        else:
+            out[n] = a[i]
+            n += 1
+            i += 1
+            j += 1
+    return out[:n]
+
+
 class Postings:
     """Which nodes hold each key, with a count of hits (``int64``, the caller's packing)."""
 
@@ -184,6 +236,39 @@ class Postings:
             a.flags.writeable = False
         self._cache[k] = arrays
         return arrays
+
+    def holding_all(self, keys: Iterable[str], mask: int) -> np.ndarray:
+        """The nodes holding every one of ``keys`` with hits ``& mask`` nonzero, ascending:
+        the keys with the fewest postings first, so that a rare key ends it early. Not cached
+        (``holders`` is): a writer's look-up, whose cached arrays every later put of one of
+        these keys would have to drop."""
+        spans = []
+        for key in keys:
+            k = self.key_id.get(key)
+            if k is None:
+                return _EMPTY[0]
+            start, end = self.key_off[k : k + 2] if k + 1 < len(self.key_off) else (0, 0)
+            added = self._added.get(k, {})
+            spans.append((end - start + len(added), start, end, added))
+        spans.sort(key=lambda span: span[0])
+        found: np.ndarray | None = None
+        for _, start, end, added in spans:
+            extra, extra_hits = _EMPTY
+            if added:
+                extra = np.fromiter(added.keys(), np.int64, len(added))
+                extra_hits = np.fromiter(added.values(), np.int64, len(added))
+            held = _live_holders(
+                self.post_node[start:end],
+                self.post_hits[start:end],
+                self.base_live,
+                mask,
+                extra,
+                extra_hits,
+            )
+            found = held if found is None else _intersect(found, held)
+            if not found.size:
+                break
+        return _EMPTY[0] if found is None else found
 
     def node_keys_of(self, node: int) -> list[str]:
         """The keys ``node`` holds, in the order they were put."""
@@ -368,3 +453,14 @@ def _place_by_key(  # pragma: no cover
             post_node[p] = u
             post_hits[p] = hits[r]
             at[k] = p + 1
+
+
+def warm_up() -> None:
+    """Compile (or load from the on-disk cache) ``holding_all``'s kernels, for postings as
+    built and as a checkpoint maps them (read-only), so that no event pays it."""
+    for writeable in (True, False):
+        nodes = np.zeros(1, np.int32)
+        hits = np.ones(1, np.int64)
+        nodes.flags.writeable = hits.flags.writeable = writeable
+        held = _live_holders(nodes, hits, np.ones(1, np.uint8), 1, *_EMPTY)
+        _intersect(held, held)
