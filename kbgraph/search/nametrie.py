@@ -151,7 +151,7 @@ def _hashes(buf: np.ndarray, mask: int) -> np.ndarray:
         while i < len(buf) and buf[i] > 32:
             h = (h ^ np.uint64(buf[i])) * np.uint64(FNV_PRIME)
             i += 1
-        out[n] = np.int64(h) & mask
+        out[n] = np.int64(h) & np.int64(mask)
         n += 1
     return out[:n]
 
@@ -187,7 +187,7 @@ def match(
             while i < stop and buf[i] > 32:
                 h = (h ^ np.uint64(buf[i])) * np.uint64(FNV_PRIME)
                 i += 1
-            ids[n] = np.int64(h) & mask
+            ids[n] = np.int64(h) & np.int64(mask)
             ends[n] = i
             n += 1
         for a in range(n):
