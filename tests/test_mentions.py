@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
 import networkx as nx
 import numpy as np
 import pytest
@@ -230,6 +231,22 @@ def test_a_batch_patched_at_once_equals_the_oracle(
     for rules in [None, *RULES]:
         assert edges_of(kb, rules) == oracle(state, rules)
     assert occurrences(kb) == occurrences(built(state))  # no stale name left behind
+
+
+def test_a_batch_failing_midway_keeps_the_mentions_of_what_it_applied() -> None:
+    """An event that raises inside ``apply`` (a bug's way in) leaves the mention edges of the
+    events applied before it, flushed, not waiting for a later batch."""
+    kb = KBProjection("m")
+    kb.attach_mentions(True)
+    good = [upsert("t", 1, title="Old Name"), upsert("s", 1, text="about the old name")]
+    broken = msgspec.structs.replace(upsert("u", 1, text="x"), data=None)
+    records = [LogRecord(i + 1, "m", i + 1, e, True) for i, e in enumerate([*good, broken])]
+    deliveries = [[records[0]], records[1:]]  # the broken event after a good one, in one
+    with pytest.raises(AttributeError):
+        while deliveries:
+            deliveries = deliveries[kb.apply(deliveries) :]
+    assert kb.seq == 1  # the broken delivery is not counted applied
+    assert edges_of(kb, None) == {("s", "t")}
 
 
 def occurrences(kb: KBProjection) -> dict[str, list[Occurrence]]:

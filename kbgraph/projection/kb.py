@@ -255,19 +255,21 @@ class KBProjection:
             start = clock()
             events = 0
             bounded = False
-            for d in deliveries[:taken]:
-                for r in d:
-                    apply_one(r.event, r.analysis)
-                self.seq = d[-1].seq
-                done += 1
-                events += len(d)
-                if events >= MAX_BATCH_EVENTS or clock() - start >= MAX_BATCH_SECONDS:
-                    bounded = True
-                    break
-            if self.vectors is not None:
-                self.vectors.install_carried()
-            if self.mentions is not None:
-                self.mentions.flush()  # the batch's mention patches, at once
+            try:
+                for d in deliveries[:taken]:
+                    for r in d:
+                        apply_one(r.event, r.analysis)
+                    self.seq = d[-1].seq
+                    done += 1
+                    events += len(d)
+                    if events >= MAX_BATCH_EVENTS or clock() - start >= MAX_BATCH_SECONDS:
+                        bounded = True
+                        break
+            finally:  # what was applied, even before a failure, gets its vectors and mentions
+                if self.vectors is not None:
+                    self.vectors.install_carried()
+                if self.mentions is not None:
+                    self.mentions.flush()  # the batch's mention patches, at once
         # Only a batch that ran out of head before its bounds asks for more: one ended by them
         # asks for what it managed, so the head is not prepared twice as often as it is used.
         self._batch_hint = min(MAX_BATCH_EVENTS, max(64, events if bounded else 2 * events))
