@@ -82,6 +82,18 @@ def _package_folder() -> Path:
     return Path(spec.origin).parent
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _unit(row: np.ndarray) -> None:  # pragma: no cover - compiled
+    """Scale ``row`` (float32) to unit length in place; a zero row stays zero."""
+    norm = 0.0
+    for j in range(len(row)):
+        norm += row[j] * row[j]
+    if norm > 0:
+        inv = np.float32(1.0 / np.sqrt(norm))
+        for j in range(len(row)):
+            row[j] *= inv
+
+
 @nb.njit(cache=True, nogil=True)
 def _pool(  # pragma: no cover - compiled
     table: np.ndarray, ids: np.ndarray, off: np.ndarray
@@ -95,13 +107,7 @@ def _pool(  # pragma: no cover - compiled
             row = ids[k]
             for j in range(dim):
                 out[i, j] += table[row, j]
-        norm = 0.0
-        for j in range(dim):
-            norm += out[i, j] * out[i, j]
-        if norm > 0:
-            inv = np.float32(1.0 / np.sqrt(norm))
-            for j in range(dim):
-                out[i, j] *= inv
+        _unit(out[i])
     return out
 
 
@@ -122,13 +128,7 @@ def _pool_words(  # pragma: no cover - compiled
                 row = ids[t]
                 for j in range(dim):
                     out[i, j] += table[row, j]
-        norm = 0.0
-        for j in range(dim):
-            norm += out[i, j] * out[i, j]
-        if norm > 0:
-            inv = np.float32(1.0 / np.sqrt(norm))
-            for j in range(dim):
-                out[i, j] *= inv
+        _unit(out[i])
     return out
 
 
