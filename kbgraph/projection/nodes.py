@@ -66,6 +66,7 @@ _BLANK: Final[Mapping[Codec, Callable[[], Any]]] = {
     "lists": list,
     "ints": int,
 }
+_BLANKS: Final = tuple((field.name, _BLANK[field.codec]) for field in FIELDS)  # for ``add``
 _lists_encoder = msgspec.json.Encoder()
 _lists_decoder = msgspec.json.Decoder(list[str])
 
@@ -128,8 +129,8 @@ class Nodes:
         collection = self.collection(concept_id)
         self.collections.append(collection)
         self.types.append("")
-        for field in FIELDS:
-            getattr(self, field.name).append(_BLANK[field.codec]())
+        for name, blank in _BLANKS:
+            getattr(self, name).append(blank())
         self.cls[u] = self.class_of(collection, "")
         return u
 

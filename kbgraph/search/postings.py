@@ -147,10 +147,7 @@ class Postings:
             else:
                 holders[node] = hits
             ids.append(k)
-        if self._cache:
-            pop = self._cache.pop
-            for k in ids:
-                pop(k, None)
+        self._uncache(ids)
         self._node_added[node] = tuple(ids)
         self.count += 1
 
@@ -160,9 +157,8 @@ class Postings:
         if node < len(base_live) and base_live[node]:
             base_live[node] = 0
             if self._cache:  # its keys read only then: two more scattered reads at 1M nodes
-                pop = self._cache.pop
-                for k in self.node_keys[self.node_off[node] : self.node_off[node + 1]].tolist():
-                    pop(k, None)
+                start, end = self.node_off[node], self.node_off[node + 1]
+                self._uncache(self.node_keys[start:end].tolist())
             self.count -= 1
             return True
         ids = self._node_added.pop(node, None)
@@ -174,12 +170,17 @@ class Postings:
             del holders[node]
             if not holders:
                 del added[k]
-        if self._cache:
-            pop = self._cache.pop
-            for k in ids:
-                pop(k, None)
+        self._uncache(ids)
         self.count -= 1
         return True
+
+    def _uncache(self, ids: Iterable[int]) -> None:
+        """Drop the cached holders of ``ids``: those cached found by one set intersection (in
+        C), not a lookup per key."""
+        cache = self._cache
+        if cache:
+            for k in cache.keys() & ids:
+                del cache[k]
 
     @classmethod
     def built(cls, nodes: Iterable[tuple[int, Iterable[tuple[str, int]]]]) -> Postings:
