@@ -202,12 +202,15 @@ class KBProjection:
     # --- growth and compaction (follower thread only) -----------------------------------
 
     def _prepare(self, records: Sequence[LogRecord]) -> Callable[[], None] | None:
-        """Grow or compact outside the write lock; returns the swap to run under it."""
+        """Grow or compact outside the write lock, and find the batch's ids ahead (past
+        ``DICT_IDS`` ids); returns the swap to run under it."""
         n = len(self.nodes)
         mentions = 0
         for r in records:
             data = r.event.data
             mentions += 2 + len(getattr(data, "links", ()))
+        if self.nodes.found_by_hash:  # the batch's ids found at once, not one by one
+            self.nodes.find_ahead(_ids_of(records))
         swaps: list[Callable[[], None]] = []
         cap = self.nodes.cap
         grow_nodes = n + mentions > cap
@@ -423,3 +426,14 @@ class KBProjection:
             if self.mentions is not None:
                 self.mentions.links_changed(u)
         nodes.versions[u] = event.data.version
+
+
+def _ids_of(records: Sequence[LogRecord]) -> Iterator[str]:
+    """Every concept id the records name: subjects, declared links, link targets."""
+    for r in records:
+        event = r.event
+        yield event.subject
+        if isinstance(event, ConceptUpserted):
+            yield from event.data.links
+        elif isinstance(event, LinkAdded | LinkRemoved):
+            yield event.data.target
