@@ -27,11 +27,11 @@ from numba import njit
 from kbgraph.access import RuleSet, visible
 from kbgraph.events import UpsertData
 from kbgraph.names import collection_of
+from kbgraph.projection.ahead import Ahead
 from kbgraph.projection.arrays import grown
 from kbgraph.store.columns import (
     KeyIndex,
     StringColumn,
-    StringTable,
     decode_strings,
     encode_strings,
     key_hashes,
@@ -77,11 +77,11 @@ class Nodes:
     a ``Snapshot`` reads the columns themselves."""
 
     __slots__ = (
+        "_ahead",
         "_class_of",
         "_collection_names",
         "_found",
         "_index",
-        "_table",
         "aliases",
         "alive",
         "cap",
@@ -114,8 +114,8 @@ class Nodes:
         self.classes: list[tuple[str, str]] = []
         self._class_of: dict[tuple[str, str], int] = {}
         self._collection_names: dict[str, str] = {}
-        self._table: StringTable | None = None  # the ids' column by value (``find_ahead``)
-        self._found: dict[str, int] = {}  # the ids ``find_ahead`` found, until its next call
+        self._ahead: Ahead | None = None  # the ids' column found by value (``find_ahead``)
+        self._found: dict[str, int] = {}  # ``find_ahead``'s answers (-1: no row), until its next
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -126,7 +126,10 @@ class Nodes:
         if found:
             u = found.get(concept_id)
             if u is not None:
-                return u
+                if u >= 0:
+                    return u
+                index = self._index  # no id of the column: one interned since, or none
+                return index.added(concept_id) if isinstance(index, KeyIndex) else None
         return self._index.get(concept_id)
 
     @property
@@ -136,26 +139,15 @@ class Nodes:
         return isinstance(self._index, KeyIndex)
 
     def find_ahead(self, concept_ids: Iterable[str]) -> None:
-        """Find these ids (a batch's subjects and targets, before its write lock) in one
-        compiled pass over the ids' column (``StringTable``, made on first use), so that
-        ``find`` answers them from a small dict until the next call. Only the column's own
-        ids are found this way (ids interned since are the ``KeyIndex``'s dict's), and a
-        found id keeps its node for good, so a reader's ``find`` meanwhile is right either
-        way."""
+        """Find these ids (a batch's subjects and targets, before its write lock) at once
+        (``kbgraph.projection.ahead``), so that ``find`` answers them from a small dict until
+        the next call; a reader's ``find`` meanwhile is right either way."""
         ids = self.ids
         if not isinstance(self._index, KeyIndex) or not isinstance(ids, StringColumn):
             return
-        wanted = list(dict.fromkeys(concept_ids))
-        if not wanted:
-            self._found = {}
-            return
-        if self._table is None:
-            self._table = StringTable(*ids.encoded)
-        rows = self._table.find_all(*encode_strings(wanted))
-        hit = rows >= 0
-        self._found = dict(
-            zip(itertools.compress(wanted, hit.tolist()), rows[hit].tolist(), strict=True)
-        )
+        if self._ahead is None or self._ahead.column is not ids:
+            self._ahead = Ahead(ids)
+        self._found = self._ahead.found(concept_ids)
 
     # --- patches (follower thread, write lock held) ---------------------------------------
 

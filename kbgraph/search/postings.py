@@ -118,6 +118,10 @@ class Postings:
         self._node_added: dict[int, tuple[int, ...]] = {}  # node -> keys, in the order put
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.count = 0  # nodes held
+        # Keys found ahead (a batch's, by the follower: ``kbgraph.projection.kb``), tried
+        # before ``key_id``, which costs microseconds a look-up when it is a checkpoint's:
+        # each key's id, or -1 for a key not interned yet.
+        self.found: dict[str, int] = {}
 
     # --- changing ---------------------------------------------------------------------------
 
@@ -128,6 +132,13 @@ class Postings:
             self.keys.append(key)
         return k
 
+    def _intern_new(self, key: str) -> int:
+        """``_intern`` of a key ``found`` says is in no vocabulary yet: interned without a
+        look-up, and ``found`` from then on."""
+        k = self.key_id[key] = self.found[key] = len(self.keys)
+        self.keys.append(key)
+        return k
+
     def put(self, node: int, items: Iterable[tuple[str, int]]) -> None:
         """Hold ``node`` with these (key, hits) pairs (distinct keys), replacing what it had."""
         self.remove(node)
@@ -136,11 +147,14 @@ class Postings:
     def add(self, node: int, items: Iterable[tuple[str, int]]) -> None:
         """``put`` of a node not held (its caller has just removed it)."""
         ids = []
-        key_id, added, intern = self.key_id, self._added, self._intern
+        added, intern = self._added, self._intern
+        get = self.found.get if self.found else self.key_id.get
         for key, hits in items:  # the follower's hot loop: ~20 keys per concept
-            k = key_id.get(key)
+            k = get(key)
             if k is None:
                 k = intern(key)
+            elif k < 0:  # found ahead as a key not interned yet
+                k = self._intern_new(key)
             holders = added.get(k)
             if holders is None:
                 added[k] = {node: hits}
