@@ -184,3 +184,26 @@ def test_a_build_from_the_store_equals_the_events_applied_one_by_one(
         assert (a is None) == (b is None)
         if a is not None:
             assert by_id(b) == by_id(a)
+
+
+def test_ids_found_ahead_include_the_targets_a_first_build_added() -> None:
+    """Past ``DICT_IDS``, a first build appends the link targets that are no concept after
+    the store's ids (its column's tail, not its encoded rows): a batch naming them finds
+    them ahead as the nodes they are, never interning them twice."""
+    with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "kb.db") as store:
+        store.append("kb", [upsert("a", links=["m", "n"]), upsert("b", links=["a"])])
+        live = Projections(store)
+        live.load()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(nodes_module, "DICT_IDS", 0)
+            built = Projections(store)
+            built.load()
+        store.append("kb", [upsert("c", links=["m"]), upsert("m", links=["a", "n"])])
+        store.append("kb", [upsert("n", links=["c"]), delete("a", 2)])
+        for p in (live, built):
+            while p.follow_once():
+                pass
+        a, b = live.get("kb"), built.get("kb")
+        assert a is not None and b is not None
+        assert len(b.nodes) == len(a.nodes) == 5
+        assert by_id(b) == by_id(a)

@@ -21,18 +21,30 @@ from kbgraph.store.columns import StringColumn, StringTable, encode_strings
 class Ahead:
     """A column of distinct strings, found by value a batch at a time."""
 
-    __slots__ = ("_table", "column")
+    __slots__ = ("_table", "_tail", "column")
 
     def __init__(self, column: StringColumn) -> None:
+        """``column``: every string a ``KeyIndex`` of it was made with, and those set since
+        in the ``KeyIndex``'s own dict (``KeyIndex.added``)."""
         self.column = column
         self._table: StringTable | None = None
+        # the strings appended to the column before now (a first build's link targets that
+        # are no concept): not its encoded rows, yet found by its KeyIndex's hashes
+        made, rows = len(column.encoded[1]) - 1, len(column)
+        self._tail = dict(zip(column.strings(made, rows), range(made, rows), strict=True))
 
     def found(self, wanted: Iterable[str]) -> dict[str, int]:
-        """Each of ``wanted``: its row, or -1 when it is no row of the column as made."""
+        """Each of ``wanted``: its row, or -1 when it is no row of the column as made (nor
+        of its tail then), so one set since or a new one."""
         distinct = list(dict.fromkeys(wanted))
         if not distinct:
             return {}
         if self._table is None:
             self._table = StringTable(*self.column.encoded)
-        rows = self._table.find_all(*encode_strings(distinct))
-        return dict(zip(distinct, rows.tolist(), strict=True))
+        rows = self._table.find_all(*encode_strings(distinct)).tolist()
+        if self._tail:
+            tail = self._tail
+            rows = [
+                tail.get(s, -1) if row < 0 else row for s, row in zip(distinct, rows, strict=True)
+            ]
+        return dict(zip(distinct, rows, strict=True))
