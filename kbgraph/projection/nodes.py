@@ -32,6 +32,7 @@ from kbgraph.projection.arrays import grown
 from kbgraph.store.columns import (
     KeyIndex,
     StringColumn,
+    StringTable,
     decode_strings,
     encode_strings,
     key_hashes,
@@ -232,9 +233,13 @@ class Nodes:
     # --- a first build --------------------------------------------------------------------
 
     @classmethod
-    def from_columns(cls, cols: KBColumns, ids: StringColumn, n0: int, cap: int) -> Nodes:
+    def from_columns(
+        cls, cols: KBColumns, ids: StringColumn, n0: int, cap: int, table: StringTable
+    ) -> Nodes:
         """The nodes of a first build: the store's ``n0`` concepts (``cols``, whose lists the
-        nodes take) and, after them in ``ids``, the link targets that are no concept."""
+        nodes take) and, after them in ``ids``, the link targets that are no concept;
+        ``table``: the ``StringTable`` of the store's ids (``find_ahead``'s, past
+        ``DICT_IDS``)."""
         nodes = cls(cap)
         n = len(ids)
         # Up to DICT_IDS a dict (~100 bytes an id; a look-up 0.6 µs, the follower's ~9 an
@@ -244,6 +249,7 @@ class Nodes:
             nodes._index = dict(zip(ids, range(n), strict=True))
         else:
             nodes._index = KeyIndex(ids, *process_hashes(ids), hasher=hash)
+            nodes._ahead = Ahead(ids, table)
         nodes.ids = ids
         for field in FIELDS:
             column = getattr(cols, field.name)
