@@ -244,7 +244,8 @@ class Nodes:
         n = len(ids)
         # Up to DICT_IDS a dict (~100 bytes an id; a look-up 0.6 µs, the follower's ~9 an
         # upsert); beyond, as a checkpoint load finds them, by the ids' sorted hashes (Python's
-        # own here: never stored), no dict of strings (a look-up ~2.8 µs)
+        # own here: never stored), no dict of strings (a look-up ~2.8 µs; the follower finds a
+        # batch's at once, ``find_ahead``, in this build's ``StringTable`` of the store's ids)
         if n <= DICT_IDS:
             nodes._index = dict(zip(ids, range(n), strict=True))
         else:
