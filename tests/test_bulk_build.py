@@ -146,15 +146,18 @@ def test_put_many_equals_put_one_by_one(documents, query, chunk) -> None:
     st.integers(1, 4),
     st.lists(history_event, max_size=8),
     st.sampled_from([0, nodes_module.DICT_IDS]),
+    st.integers(1, 8),
 )
 def test_a_build_from_the_store_equals_the_events_applied_one_by_one(
-    steps, chunk, later, dict_ids
+    steps, chunk, later, dict_ids, delivery
 ) -> None:
     """Random histories (deletes, re-creations, links to concepts that appear later, type
     changes, link events): a first build from the store's columns (in chunks of a few rows
     and documents) answers as the projection that applied every event as it came, and goes
-    on doing so as both follow more events (the build's encoded columns then changed); its
-    ids found by a dict or, as past ``DICT_IDS`` ids, by a ``KeyIndex``."""
+    on doing so as both follow more events, ``delivery`` at a time (the build's encoded
+    columns then changed); its ids found by a dict or, as past ``DICT_IDS`` ids, by a
+    ``KeyIndex`` (and then a batch's ids found ahead, ``Nodes.find_ahead``, ids interned
+    within the batch among them)."""
     with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "kb.db") as store:
         live = Projections(store)
         live.load()
@@ -172,11 +175,35 @@ def test_a_build_from_the_store_equals_the_events_applied_one_by_one(
         assert (a is None) == (b is None)
         if a is not None:
             assert by_id(b) == by_id(a)
-        for event in events[len(steps) :]:
-            store.append("kb", [event])
+        rest = events[len(steps) :]
+        for at in range(0, len(rest), delivery):
+            store.append("kb", rest[at : at + delivery])
             live.follow_once()
             built.follow_once()
         a, b = live.get("kb"), built.get("kb")
         assert (a is None) == (b is None)
         if a is not None:
             assert by_id(b) == by_id(a)
+
+
+def test_ids_found_ahead_include_the_targets_a_first_build_added() -> None:
+    """Past ``DICT_IDS``, a first build appends the link targets that are no concept after
+    the store's ids (its column's tail, not its encoded rows): a batch naming them finds
+    them ahead as the nodes they are, never interning them twice."""
+    with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "kb.db") as store:
+        store.append("kb", [upsert("a", links=["m", "n"]), upsert("b", links=["a"])])
+        live = Projections(store)
+        live.load()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(nodes_module, "DICT_IDS", 0)
+            built = Projections(store)
+            built.load()
+        store.append("kb", [upsert("c", links=["m"]), upsert("m", links=["a", "n"])])
+        store.append("kb", [upsert("n", links=["c"]), delete("a", 2)])
+        for p in (live, built):
+            while p.follow_once():
+                pass
+        a, b = live.get("kb"), built.get("kb")
+        assert a is not None and b is not None
+        assert len(b.nodes) == len(a.nodes) == 5
+        assert by_id(b) == by_id(a)

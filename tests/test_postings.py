@@ -32,6 +32,10 @@ def test_base_and_overlay_read_as_a_build_of_the_final_contents(base, changes) -
         else:
             p.put(node, new)
             final[node] = new
+        for key in KEYS[::2]:  # read between changes: the holders cached meanwhile follow them
+            want = sorted((u, h) for u, pairs in final.items() for k, h in pairs if k == key)
+            nodes, hits = p.holders(key)
+            assert sorted(zip(nodes.tolist(), hits.tolist(), strict=True)) == want
     rebuilt = Postings.built(sorted(final.items()))
     assert contents(p) == contents(rebuilt)
     for node, pairs in final.items():  # each node's keys in the order it put them

@@ -63,14 +63,22 @@ def test_utf8_keys_order_as_strings_even_with_surrogates() -> None:
     assert sorted(ids) == sorted(ids, key=utf8)
 
 
-def test_keys_grow_when_ids_are_interned_one_by_one() -> None:
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(id_text, st.sampled_from(LONG_IDS)), unique=True, max_size=60))
+def test_ids_interned_one_by_one_equal_ids_interned_at_once(more: list[str]) -> None:
+    """``add`` (one id, through memoryviews) keeps what the constructor makes of all the ids
+    at once (``prefixes``, in numpy), growing as it goes."""
+    ids = [f"grow/{'x' * (i % 40)}{i}" for i in range(300)] + more
     keys = Keys([], 1)
-    ids = [f"grow/{'x' * (i % 40)}{i}" for i in range(300)]
     for u, concept_id in enumerate(ids):
         keys.add(u, concept_id)
+    at_once = Keys(ids, len(ids))
+    n = len(ids)
+    assert keys.pre[:n].tolist() == at_once.pre[:n].tolist()
+    assert keys.off[: n + 1].tolist() == at_once.off[: n + 1].tolist()
+    assert bytes(keys.data[: keys.end]) == bytes(at_once.data[: at_once.end])
     for u, concept_id in enumerate(ids):
         assert bytes(keys.data[keys.off[u] : keys.off[u + 1]]) == utf8(concept_id)
-    assert keys.pre.shape[0] >= len(ids)
 
 
 @st.composite

@@ -33,7 +33,8 @@ def parts_of(cols: KBColumns) -> tuple[Nodes, Links]:
     n0 = len(cols.ids)
     ids: StringColumn = cols.ids
     encoded = ids.encoded
-    src, dst, missing_src, missing_names = _link_columns(cols.links, StringTable(*encoded))
+    table = StringTable(*encoded)  # kept by the nodes past DICT_IDS (``Nodes.find_ahead``)
+    src, dst, missing_src, missing_names = _link_columns(cols.links, table)
     added: dict[str, int] = {}  # the missing targets, after the store's ids
     for t in sorted(set(missing_names)):
         added[t] = len(ids)
@@ -62,7 +63,7 @@ def parts_of(cols: KBColumns) -> tuple[Nodes, Links]:
     links = Links(und, out, keys)
     for u, t in missing:
         links.declare_missing(u, t)
-    return Nodes.from_columns(cols, ids, n0, cap), links
+    return Nodes.from_columns(cols, ids, n0, cap, table), links
 
 
 @contextmanager

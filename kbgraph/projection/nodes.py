@@ -17,7 +17,7 @@ checkpoints follow from the table; a reader sees it once ``Snapshot`` names it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Literal, NamedTuple
 
 import msgspec
@@ -27,10 +27,12 @@ from numba import njit
 from kbgraph.access import RuleSet, visible
 from kbgraph.events import UpsertData
 from kbgraph.names import collection_of
+from kbgraph.projection.ahead import Ahead
 from kbgraph.projection.arrays import grown
 from kbgraph.store.columns import (
     KeyIndex,
     StringColumn,
+    StringTable,
     decode_strings,
     encode_strings,
     key_hashes,
@@ -66,6 +68,7 @@ _BLANK: Final[Mapping[Codec, Callable[[], Any]]] = {
     "lists": list,
     "ints": int,
 }
+_BLANKS: Final = tuple((field.name, _BLANK[field.codec]) for field in FIELDS)  # for ``add``
 _lists_encoder = msgspec.json.Encoder()
 _lists_decoder = msgspec.json.Decoder(list[str])
 
@@ -75,8 +78,10 @@ class Nodes:
     a ``Snapshot`` reads the columns themselves."""
 
     __slots__ = (
+        "_ahead",
         "_class_of",
         "_collection_names",
+        "_found",
         "_index",
         "aliases",
         "alive",
@@ -110,13 +115,40 @@ class Nodes:
         self.classes: list[tuple[str, str]] = []
         self._class_of: dict[tuple[str, str], int] = {}
         self._collection_names: dict[str, str] = {}
+        self._ahead: Ahead | None = None  # the ids' column found by value (``find_ahead``)
+        self._found: dict[str, int] = {}  # ``find_ahead``'s answers (-1: no row), until its next
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def find(self, concept_id: str) -> int | None:
         """The node of an interned id (alive or not), else None."""
+        found = self._found
+        if found:
+            u = found.get(concept_id)
+            if u is not None:
+                if u >= 0:
+                    return u
+                index = self._index  # no id of the column: one interned since, or none
+                return index.added(concept_id) if isinstance(index, KeyIndex) else None
         return self._index.get(concept_id)
+
+    @property
+    def found_by_hash(self) -> bool:
+        """Whether ids are found by a ``KeyIndex`` (~3 µs a look-up: a bisect over a million
+        hashes, the candidate decoded and compared), so ``find_ahead`` pays."""
+        return isinstance(self._index, KeyIndex)
+
+    def find_ahead(self, concept_ids: Iterable[str]) -> None:
+        """Find these ids (a batch's subjects and targets, before its write lock) at once
+        (``kbgraph.projection.ahead``), so that ``find`` answers them from a small dict until
+        the next call; a reader's ``find`` meanwhile is right either way."""
+        ids = self.ids
+        if not isinstance(self._index, KeyIndex) or not isinstance(ids, StringColumn):
+            return
+        if self._ahead is None or self._ahead.column is not ids:
+            self._ahead = Ahead(ids)
+        self._found = self._ahead.found(concept_ids)
 
     # --- patches (follower thread, write lock held) ---------------------------------------
 
@@ -128,8 +160,8 @@ class Nodes:
         collection = self.collection(concept_id)
         self.collections.append(collection)
         self.types.append("")
-        for field in FIELDS:
-            getattr(self, field.name).append(_BLANK[field.codec]())
+        for name, blank in _BLANKS:
+            getattr(self, name).append(blank())
         self.cls[u] = self.class_of(collection, "")
         return u
 
@@ -201,18 +233,24 @@ class Nodes:
     # --- a first build --------------------------------------------------------------------
 
     @classmethod
-    def from_columns(cls, cols: KBColumns, ids: StringColumn, n0: int, cap: int) -> Nodes:
+    def from_columns(
+        cls, cols: KBColumns, ids: StringColumn, n0: int, cap: int, table: StringTable
+    ) -> Nodes:
         """The nodes of a first build: the store's ``n0`` concepts (``cols``, whose lists the
-        nodes take) and, after them in ``ids``, the link targets that are no concept."""
+        nodes take) and, after them in ``ids``, the link targets that are no concept;
+        ``table``: the ``StringTable`` of the store's ids (``find_ahead``'s, past
+        ``DICT_IDS``)."""
         nodes = cls(cap)
         n = len(ids)
         # Up to DICT_IDS a dict (~100 bytes an id; a look-up 0.6 µs, the follower's ~9 an
         # upsert); beyond, as a checkpoint load finds them, by the ids' sorted hashes (Python's
-        # own here: never stored), no dict of strings (a look-up ~2.8 µs)
+        # own here: never stored), no dict of strings (a look-up ~2.8 µs; the follower finds a
+        # batch's at once, ``find_ahead``, in this build's ``StringTable`` of the store's ids)
         if n <= DICT_IDS:
             nodes._index = dict(zip(ids, range(n), strict=True))
         else:
             nodes._index = KeyIndex(ids, *process_hashes(ids), hasher=hash)
+            nodes._ahead = Ahead(ids, table)
         nodes.ids = ids
         for field in FIELDS:
             column = getattr(cols, field.name)

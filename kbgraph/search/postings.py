@@ -118,6 +118,10 @@ class Postings:
         self._node_added: dict[int, tuple[int, ...]] = {}  # node -> keys, in the order put
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.count = 0  # nodes held
+        # Keys found ahead (a batch's, by the follower: ``kbgraph.projection.kb``), tried
+        # before ``key_id``, which costs microseconds a look-up when it is a checkpoint's:
+        # each key's id, or -1 for a key not interned yet.
+        self.found: dict[str, int] = {}
 
     # --- changing ---------------------------------------------------------------------------
 
@@ -128,6 +132,13 @@ class Postings:
             self.keys.append(key)
         return k
 
+    def _intern_new(self, key: str) -> int:
+        """``_intern`` of a key ``found`` says is in no vocabulary yet: interned without a
+        look-up, and ``found`` from then on."""
+        k = self.key_id[key] = self.found[key] = len(self.keys)
+        self.keys.append(key)
+        return k
+
     def put(self, node: int, items: Iterable[tuple[str, int]]) -> None:
         """Hold ``node`` with these (key, hits) pairs (distinct keys), replacing what it had."""
         self.remove(node)
@@ -136,21 +147,21 @@ class Postings:
     def add(self, node: int, items: Iterable[tuple[str, int]]) -> None:
         """``put`` of a node not held (its caller has just removed it)."""
         ids = []
-        key_id, added, intern = self.key_id, self._added, self._intern
+        added, intern = self._added, self._intern
+        get = self.found.get if self.found else self.key_id.get
         for key, hits in items:  # the follower's hot loop: ~20 keys per concept
-            k = key_id.get(key)
+            k = get(key)
             if k is None:
                 k = intern(key)
+            elif k < 0:  # found ahead as a key not interned yet
+                k = self._intern_new(key)
             holders = added.get(k)
             if holders is None:
                 added[k] = {node: hits}
             else:
                 holders[node] = hits
             ids.append(k)
-        if self._cache:
-            pop = self._cache.pop
-            for k in ids:
-                pop(k, None)
+        self._uncache(ids)
         self._node_added[node] = tuple(ids)
         self.count += 1
 
@@ -160,9 +171,8 @@ class Postings:
         if node < len(base_live) and base_live[node]:
             base_live[node] = 0
             if self._cache:  # its keys read only then: two more scattered reads at 1M nodes
-                pop = self._cache.pop
-                for k in self.node_keys[self.node_off[node] : self.node_off[node + 1]].tolist():
-                    pop(k, None)
+                start, end = self.node_off[node], self.node_off[node + 1]
+                self._uncache(self.node_keys[start:end].tolist())
             self.count -= 1
             return True
         ids = self._node_added.pop(node, None)
@@ -174,12 +184,17 @@ class Postings:
             del holders[node]
             if not holders:
                 del added[k]
-        if self._cache:
-            pop = self._cache.pop
-            for k in ids:
-                pop(k, None)
+        self._uncache(ids)
         self.count -= 1
         return True
+
+    def _uncache(self, ids: Iterable[int]) -> None:
+        """Drop the cached holders of ``ids``: those cached found by one set intersection (in
+        C), not a lookup per key."""
+        cache = self._cache
+        if cache:
+            for k in cache.keys() & ids:
+                del cache[k]
 
     @classmethod
     def built(cls, nodes: Iterable[tuple[int, Iterable[tuple[str, int]]]]) -> Postings:

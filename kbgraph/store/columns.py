@@ -240,6 +240,10 @@ class KeyIndex:
     def __setitem__(self, key: str, value: int) -> None:
         self._added[key] = value
 
+    def added(self, key: str) -> int | None:
+        """``get`` of a key known to be no string of the column: only those set since."""
+        return self._added.get(key)
+
 
 @njit(cache=True, nogil=True)
 def _fnv1a(blob: np.ndarray, start: int, end: int) -> np.uint64:  # pragma: no cover - compiled
