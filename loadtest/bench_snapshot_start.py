@@ -17,7 +17,9 @@ fresh 3-server NATS cluster on loopback (TLS, accounts: ``tests.nats_cluster``):
    alone on the machine;
 2. an empty node B starts: the seconds from its process start to ``/readyz`` 200, and when
    each line of its log came (``--log-level info``): the restore (and its stages where the
-   node logs them), the projection loaded from the checkpoint or built, the server up.
+   node logs them), the projection loaded from the checkpoint or built, the server up; and
+   the machine's 1-minute load average as B starts and once it is ready (on a shared
+   machine, other work shows in every figure).
 
 The last line is one JSON object: per checkout the median ready seconds and each run's stage
 times, the snapshot's bytes, the aim (<= 30 s at 1M) and this over the peer.
@@ -178,6 +180,7 @@ def run_once(checkout: Path, filled: Path, root: Path, deliveries: int) -> dict[
         stop_server(nodes.pop())
         shutil.rmtree(a)
         output = root / "b.log"
+        load = [os.getloadavg()[0]]
         started = time.monotonic()
         tail = Tail(output, started)
         tail.start()
@@ -189,6 +192,7 @@ def run_once(checkout: Path, filled: Path, root: Path, deliveries: int) -> dict[
             )
         )  # fmt: skip
         ready = round(time.monotonic() - started, 2)
+        load.append(os.getloadavg()[0])
         time.sleep(0.2)
         tail.done.set()
         tail.join()
@@ -199,6 +203,7 @@ def run_once(checkout: Path, filled: Path, root: Path, deliveries: int) -> dict[
             "ready_s": ready,
             "stages_s": stages,
             "snapshot_bytes": snapshot[0],
+            "load_1m": [round(x, 2) for x in load],
             "log": [f"{t:7.2f} {line[:300]}" for t, line in tail.lines if NOISE not in line],
         }
     finally:
