@@ -16,6 +16,7 @@ The last line is one JSON object with the figures and the aims of issue 15 (read
 
     .venv/bin/python -m loadtest.bench_restart [--concepts 1000000] [--tail 10000]
         [--keep-filled FILE | --filled FILE]   (fill once, then reuse a copy)
+        [--mentions on|off]   (the KB's mention edges kept, as by default, or not)
 """
 
 from __future__ import annotations
@@ -73,12 +74,12 @@ def rss_mb() -> float:
     return round(float(psutil.Process().memory_info().rss) / 2**20, 1)
 
 
-def child(db: Path, folder: Path, phase: str) -> dict[str, Any]:
+def child(db: Path, folder: Path, phase: str, mentions: bool) -> dict[str, Any]:
     """One phase in this (fresh) process: load, then checkpoint (first) or use (restart)."""
     warm_up()
     base = rss_mb()
     store = Store(db)
-    p = Projections(store, checkpoints=folder, log_retain=0)
+    p = Projections(store, checkpoints=folder, log_retain=0, mentions=lambda kb: mentions)
     start = time.perf_counter()
     p.load()
     while p.follow_once():
@@ -112,8 +113,9 @@ def child(db: Path, folder: Path, phase: str) -> dict[str, Any]:
     return out
 
 
-def run_child(db: Path, folder: Path, phase: str) -> dict[str, Any]:
+def run_child(db: Path, folder: Path, phase: str, mentions: str) -> dict[str, Any]:
     command = [sys.executable, "-m", "loadtest.bench_restart", "--child", phase]
+    command += ["--mentions", mentions]
     return child_json([*command, "--db", str(db), "--folder", str(folder)], ROOT)
 
 
@@ -125,12 +127,18 @@ def main() -> None:
     parser.add_argument("--tail", type=int, default=10_000)
     parser.add_argument("--filled", type=Path, help="start from a copy of this filled store")
     parser.add_argument("--keep-filled", type=Path, help="save the filled store here")
+    parser.add_argument(
+        "--mentions",
+        choices=["on", "off"],
+        default="on",
+        help="keep mention edges, as a KB does by default (on), or not (off)",
+    )
     parser.add_argument("--child", choices=["first", "restart"])
     parser.add_argument("--db", type=Path)
     parser.add_argument("--folder", type=Path)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.db, args.folder, args.child)))
+        print(json.dumps(child(args.db, args.folder, args.child, args.mentions == "on")))
         return
     with tempfile.TemporaryDirectory(prefix="kbgraph-restart-") as tmp:
         db, folder = Path(tmp) / "kb.db", Path(tmp) / "checkpoints"
@@ -142,7 +150,7 @@ def main() -> None:
             print(json.dumps({"filled": args.concepts, "seconds": round(fill_s, 1)}), flush=True)
             if args.keep_filled is not None:
                 shutil.copyfile(db, args.keep_filled)
-        first = run_child(db, folder, "first")
+        first = run_child(db, folder, "first", args.mentions)
         print(json.dumps({"first_build": first}), flush=True)
         with Store(db) as store:  # the log goes on past the checkpoint
             dst = synthetic_links(args.concepts)
@@ -153,7 +161,7 @@ def main() -> None:
                     links = sorted({cid(j) for j in dst[u].tolist()[: LINKS - 1]})
                     batch.append(upsert(u, 2, links))
                 store.append(KB, batch)
-        restart = run_child(db, folder, "restart")
+        restart = run_child(db, folder, "restart", args.mentions)
         print(json.dumps({"restart": restart}), flush=True)
         figures = {
             "restart_ready_s": restart["ready_s"],
@@ -164,6 +172,7 @@ def main() -> None:
                 {
                     "concepts": args.concepts,
                     "tail_events": args.tail,
+                    "mentions": args.mentions,
                     "first_build": first,
                     "restart": restart,
                     "aims": AIMS,
