@@ -243,3 +243,10 @@ VECTORS_PUT: Final = (
     " CASE WHEN value ->> 3 > 0 THEN substr(?4, value ->> 3, value ->> 4) END, value ->> 5"
     " FROM json_each(?5) WHERE true ORDER BY key" + _VECTOR_SET
 )
+# ``VECTORS_PUT`` for rows of one hash size (?6) and one vector size (?7), each holding a
+# vector: ?5 the concepts, row i's hash and vector at i times their size
+VECTORS_PUT_EVEN: Final = (
+    "INSERT INTO vector (kb, concept, model, text_hash, vec, problem)"
+    " SELECT ?1, value, ?2, substr(?3, key * ?6 + 1, ?6), substr(?4, key * ?7 + 1, ?7), NULL"
+    " FROM json_each(?5) WHERE true ORDER BY key" + _VECTOR_SET
+)
