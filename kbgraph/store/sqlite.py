@@ -50,7 +50,7 @@ from kbgraph.embeddings import carried, shipped
 from kbgraph.events import Event
 from kbgraph.store import logcut, positions, schema, vectorrows
 from kbgraph.store import statements as sql
-from kbgraph.store.checkpoints import WRITER_AUTOCHECKPOINT, Checkpointer
+from kbgraph.store.checkpoints import Checkpointer
 from kbgraph.store.eventlog import LogRecord, SqliteLog, read_transaction
 from kbgraph.store.group import GroupWriter, LoggedVectors, Pending, analyser
 from kbgraph.store.load import load_columns, load_snapshot
@@ -129,7 +129,6 @@ class Store:
                 str(self.path) + ".writelock", "a+b"
             )
         self._writer_conn = self._connect()
-        self._writer_conn.execute(f"PRAGMA wal_autocheckpoint = {WRITER_AUTOCHECKPOINT}")
         self._init_schema(self._writer_conn)
         self._checkpoints = Checkpointer(self._connect, self.path.name)
         self._thread = threading.Thread(
