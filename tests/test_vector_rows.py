@@ -38,6 +38,10 @@ def as_row(concept: str, digest: bytes, answer: list[float] | str) -> VectorRow:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(row, max_size=8), max_size=4))
 def test_the_table_holds_each_concepts_last_row(writes: list[list[tuple]]) -> None:
+    holds_each_concepts_last_row(writes)
+
+
+def holds_each_concepts_last_row(writes: list[list[tuple]]) -> None:
     want: dict[str, tuple[bytes, bytes | None, str | None]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "v.db"
@@ -59,3 +63,18 @@ def test_the_table_holds_each_concepts_last_row(writes: list[list[tuple]]) -> No
                 )
             }
     assert got == want
+
+
+even_row = st.tuples(
+    st.sampled_from(["a", "b", "é/ü", "nul\x00in", '"q"']),
+    st.binary(min_size=3, max_size=3),
+    st.lists(st.floats(-1, 1, width=32), min_size=2, max_size=2),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(even_row, min_size=1, max_size=8), max_size=4))
+def test_rows_of_one_size_are_written_as_any_rows(writes: list[list[tuple]]) -> None:
+    """Rows that all hold a vector of one size and a hash of one size (a delivery's carried
+    vectors) go in by their place in the statement: the same table as the rule says."""
+    holds_each_concepts_last_row(writes)

@@ -27,11 +27,15 @@ rows_decoder = msgspec.json.Decoder(list[list[Any]])  # a row: whatever its colu
 
 
 class Bulk(NamedTuple):
-    """One write over many rows: ``json`` takes (?1 rows as JSON, ?2 kid); ``many`` (kid, *row)."""
+    """One write over many rows: ``json`` takes (?1 rows as JSON, ?2 kid); ``many`` (kid, *row).
+    A row's items at ``lists`` are lists of strings stored as JSON text: arrays inside the rows'
+    JSON (``json`` reads each with ``->``, SQLite's JSON text of it: msgspec's bytes, encoded
+    once), encoded alone for ``many``."""
 
     json: str
     many: str
     json_takes_kid: bool = True
+    lists: tuple[int, ...] = ()
 
 
 class Lookup(NamedTuple):
@@ -46,9 +50,18 @@ def bulk(conn: sqlite3.Connection, statement: Bulk, kid: int, rows: list[tuple[A
         return
     payload = json_text(rows)
     if payload is None:
+        if statement.lists:
+            rows = [_lists_as_text(row, statement.lists) for row in rows]
         conn.executemany(statement.many, [(kid, *row) for row in rows])
     else:
         conn.execute(statement.json, (payload, kid) if statement.json_takes_kid else (payload,))
+
+
+def _lists_as_text(row: tuple[Any, ...], lists: tuple[int, ...]) -> tuple[Any, ...]:
+    items = list(row)
+    for at in lists:
+        items[at] = tags_encoder.encode(items[at]).decode()
+    return tuple(items)
 
 
 def lookup(
@@ -126,7 +139,7 @@ KEYS_FORGET: Final = "DELETE FROM accepted WHERE kid = ? AND n <= ?"
 UPSERT: Final = Bulk(
     "INSERT INTO concept (kid, id, version, title, type, status, tags, text, aliases, links)"
     " SELECT ?2, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4,"
-    " value ->> 5, value ->> 6, value ->> 7, value ->> 8 FROM json_each(?1) WHERE true"
+    " value -> 5, value ->> 6, value -> 7, value -> 8 FROM json_each(?1) WHERE true"
     " ON CONFLICT (kid, id) DO UPDATE SET version = excluded.version,"
     " title = excluded.title, type = excluded.type, status = excluded.status,"
     " tags = excluded.tags, text = excluded.text, aliases = excluded.aliases,"
@@ -137,13 +150,15 @@ UPSERT: Final = Bulk(
     " title = excluded.title, type = excluded.type, status = excluded.status,"
     " tags = excluded.tags, text = excluded.text, aliases = excluded.aliases,"
     " links = excluded.links",
+    lists=(5, 7, 8),
 )
 # Only link events: a new version and link list for an existing row.
 SET_LINKS: Final = Bulk(
-    "UPDATE concept SET version = j.value ->> 1, links = j.value ->> 2 FROM json_each(?1) AS j"
+    "UPDATE concept SET version = j.value ->> 1, links = j.value -> 2 FROM json_each(?1) AS j"
     " WHERE concept.rid = j.value ->> 0",
     "UPDATE concept SET version = ?3, links = ?4 WHERE rid = ?2",
     json_takes_kid=False,
+    lists=(2,),
 )
 DELETE_CONCEPT: Final = Bulk(
     "DELETE FROM concept WHERE rid IN (SELECT value ->> 0 FROM json_each(?1))",
@@ -163,12 +178,11 @@ UNTOMBSTONE: Final = Bulk(
 
 def write_subjects(conn: sqlite3.Connection, kid: int, subjects: dict[str, Subject]) -> None:
     """The net effect of the group on each touched concept, one statement per kind."""
-    upsert_rows: list[tuple[str, int, str, str, str, str, str, str, str]] = []
-    set_links: list[tuple[int, int, str]] = []
+    upsert_rows: list[tuple[str, int, str, str, str, list[str], str, list[str], list[str]]] = []
+    set_links: list[tuple[int, int, list[str]]] = []
     delete_rows: list[tuple[int]] = []
     tombstones: list[tuple[str, int]] = []
     untombstone: list[tuple[str]] = []
-    encode = tags_encoder.encode
     for cid, subject in subjects.items():
         if not subject.touched:
             continue
@@ -179,14 +193,13 @@ def write_subjects(conn: sqlite3.Connection, kid: int, subjects: dict[str, Subje
             if subject.fields is not None:  # rewritten: its links are the upsert's, patched
                 data = subject.fields.data
                 upsert_rows.append(
-                    (cid, version, data.title, data.type, data.status,
-                     encode(data.tags).decode(), data.text, encode(data.aliases).decode(),
-                     encode(sorted(subject.links)).decode())
+                    (cid, version, data.title, data.type, data.status, data.tags, data.text,
+                     data.aliases, sorted(subject.links))
                 )  # fmt: skip
             else:  # only link events: the concept existed before and still does
                 assert rid is not None
                 links = set(subject.stored_links) - subject.removed | subject.added
-                set_links.append((rid, version, encode(sorted(links)).decode()))
+                set_links.append((rid, version, sorted(links)))
             if subject.had_tombstone:
                 untombstone.append((cid,))
         else:
@@ -241,5 +254,12 @@ VECTORS_PUT: Final = (
     "INSERT INTO vector (kb, concept, model, text_hash, vec, problem)"
     " SELECT ?1, value ->> 0, ?2, substr(?3, value ->> 1, value ->> 2),"
     " CASE WHEN value ->> 3 > 0 THEN substr(?4, value ->> 3, value ->> 4) END, value ->> 5"
+    " FROM json_each(?5) WHERE true ORDER BY key" + _VECTOR_SET
+)
+# ``VECTORS_PUT`` for rows of one hash size (?6) and one vector size (?7), each holding a
+# vector: ?5 the concepts, row i's hash and vector at i times their size
+VECTORS_PUT_EVEN: Final = (
+    "INSERT INTO vector (kb, concept, model, text_hash, vec, problem)"
+    " SELECT ?1, value, ?2, substr(?3, key * ?6 + 1, ?6), substr(?4, key * ?7 + 1, ?7), NULL"
     " FROM json_each(?5) WHERE true ORDER BY key" + _VECTOR_SET
 )

@@ -58,7 +58,7 @@ def write(conn: sqlite3.Connection, kb: str, model: str, rows: list[VectorRow]) 
     One statement for them all (``VECTORS_PUT``): the hashes and the vectors travel as two
     blobs, each row cut out of them by offset and length, the rest as JSON text (row by row
     when a concept or a refusal holds U+0000, which SQLite's JSON functions cut at)."""
-    if not rows:
+    if not rows or _write_even(conn, kb, model, rows):
         return
     vectors = [None if r.vector is None else np.asarray(r.vector, "<f4").tobytes() for r in rows]
     meta = []
@@ -85,6 +85,29 @@ def write(conn: sqlite3.Connection, kb: str, model: str, rows: list[VectorRow]) 
     hashes = b"".join(r.text_hash for r in rows) + b"\0"
     blob = b"".join(vec for vec in vectors if vec is not None) + b"\0"
     conn.execute(sql.VECTORS_PUT, (kb, model, hashes, blob, payload))
+
+
+def _write_even(conn: sqlite3.Connection, kb: str, model: str, rows: list[VectorRow]) -> bool:
+    """``write`` of rows that all hold a vector, each of one size and with a hash of one size
+    (the carried vectors of a delivery): the vectors stacked into one blob in one step, each
+    row's cut of the blobs found from its place in the concepts' JSON array (``key``), no
+    per-row offsets. False (nothing written) for other rows."""
+    hash_size = len(rows[0].text_hash)
+    first = rows[0].vector
+    if first is None or first.ndim != 1 or not first.size or not hash_size:
+        return False
+    shape = first.shape
+    if any(r.vector is None or r.vector.shape != shape or len(r.text_hash) != hash_size
+           for r in rows):  # fmt: skip
+        return False
+    ids = json_text([r.concept for r in rows])
+    if ids is None:
+        return False
+    vectors = [r.vector for r in rows if r.vector is not None]  # every one (checked above)
+    blob = np.stack(vectors).astype("<f4", copy=False).tobytes()
+    hashes = b"".join(r.text_hash for r in rows)
+    conn.execute(sql.VECTORS_PUT_EVEN, (kb, model, hashes, blob, ids, hash_size, 4 * shape[0]))
+    return True
 
 
 def take(
