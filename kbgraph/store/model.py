@@ -52,15 +52,6 @@ class StoreBusy(RuntimeError):
     """Another process held the write lock for longer than ``BUSY_RETRY_SECONDS``."""
 
 
-def is_busy(exc: sqlite3.OperationalError) -> bool:
-    """SQLite's "database is busy / locked": another writer holds the lock (retried)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    text = str(exc)
-    return "locked" in text or "busy" in text
-
-
 class KBLimitReached(RuntimeError):
     """The delivery would create a KB beyond ``[limits] max_kbs``: nothing was stored (403)."""
 

@@ -19,9 +19,9 @@ the group replayed one delivery per SAVEPOINT, so only the failing delivery is r
 group does inside the transaction is ``kbgraph.store.group``.
 
 Only what must be durable is written: the log, the current state (declared links are a column
-of the concept's row), tombstones and accepted keys (no full-text index: search is answered
-from memory, ``kbgraph.search``). The WAL is checkpointed by a thread of its own
-(``kbgraph.store.checkpoints``), not in the writer's commits.
+of the concept's row), tombstones and accepted keys. Search is answered from memory
+(``kbgraph.search``, built from the state at start-up), so the store keeps no full-text index
+(schema 3 dropped the FTS5 tables).
 
 Several processes may share the file: writers serialize on SQLite's write lock (``BEGIN
 IMMEDIATE`` with a busy timeout and retries), fronted by an advisory file lock so a waiting
@@ -50,7 +50,6 @@ from kbgraph.embeddings import carried, shipped
 from kbgraph.events import Event
 from kbgraph.store import logcut, positions, schema, vectorrows
 from kbgraph.store import statements as sql
-from kbgraph.store.checkpoints import Checkpointer
 from kbgraph.store.eventlog import LogRecord, SqliteLog, read_transaction
 from kbgraph.store.group import GroupWriter, LoggedVectors, Pending, analyser
 from kbgraph.store.load import load_columns, load_snapshot
@@ -62,7 +61,6 @@ from kbgraph.store.model import (
     StoreClosed,
     StoreSnapshot,
     WebhookMessage,
-    is_busy,
 )
 from kbgraph.store.vectorrows import VectorRow
 from kbgraph.threads import LoopSettle, settle_groups
@@ -130,7 +128,6 @@ class Store:
             )
         self._writer_conn = self._connect()
         self._init_schema(self._writer_conn)
-        self._checkpoints = Checkpointer(self._connect, self.path.name)
         self._thread = threading.Thread(
             target=self._writer_loop, name=f"kbgraph-store-writer:{self.path.name}", daemon=True
         )
@@ -205,8 +202,8 @@ class Store:
             try:
                 return action()
             except sqlite3.OperationalError as exc:
-                if not is_busy(exc) or time.monotonic() > deadline:
-                    if is_busy(exc):
+                if not _is_busy(exc) or time.monotonic() > deadline:
+                    if _is_busy(exc):
                         raise StoreBusy(str(exc)) from exc
                     raise
                 time.sleep(0.001)
@@ -429,7 +426,6 @@ class Store:
         settle_groups(
             [(p.resolve, result, exc) for p, (result, exc) in zip(group, outcomes, strict=True)]
         )
-        self._checkpoints.wake()
 
     def _apply_alone(
         self, conn: sqlite3.Connection, pending: Pending
@@ -575,7 +571,6 @@ class Store:
             self._inbox.put(None)  # through the analyser to the writer, in order
             self._analyser.join()
             self._thread.join()
-            self._checkpoints.close()
         with self._readers_lock:
             for conn in self._all_readers:
                 with contextlib.suppress(sqlite3.Error):
@@ -595,3 +590,11 @@ class Store:
 def _consume(future: asyncio.Future[DeliveryResult]) -> None:
     if not future.cancelled():
         future.exception()
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    text = str(exc)
+    return "locked" in text or "busy" in text
