@@ -34,7 +34,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Container, Iterable, Sequence
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -384,18 +384,11 @@ class Mentions:
         new = {o.key for o in occurrences}
         by_key = self.by_key
         for key in old - new:
-            sources = by_key[key]
-            sources.discard(u)
-            if not sources:
-                del by_key[key]
+            _let_go(by_key, key, u)
         if occurrences:
             self.occ[u] = occurrences
             for key in new - old:
-                found = by_key.get(key)
-                if found is None:
-                    by_key[key] = {u}
-                else:
-                    found.add(u)
+                _hold(by_key, key, u)
 
     def _refresh(self, u: int, occurrences: Sequence[Occurrence] | None = None) -> None:
         """u's plain edges and contested occurrences from its occurrences (``occurrences``,
@@ -413,16 +406,9 @@ class Mentions:
         old = self.out.pop(u, set())
         inn = self.inn
         for v in old - targets:
-            sources = inn[v]
-            sources.discard(u)
-            if not sources:
-                del inn[v]
+            _let_go(inn, v, u)
         for v in targets - old:
-            into = inn.get(v)
-            if into is None:
-                inn[v] = {u}
-            else:
-                into.add(u)
+            _hold(inn, v, u)
         if targets:
             self.out[u] = targets
         if contested:
@@ -482,3 +468,23 @@ class Mentions:
             while len(self._views) > VIEW_CACHE_ENTRIES:
                 self._views.popitem(last=False)
         return found
+
+
+K = TypeVar("K")  # a key of a map of sets: a name key, or a concept
+
+
+def _hold(index: dict[K, set[int]], key: K, u: int) -> None:
+    """Add ``u`` to ``index[key]``, the set made when it is the first."""
+    found = index.get(key)
+    if found is None:
+        index[key] = {u}
+    else:
+        found.add(u)
+
+
+def _let_go(index: dict[K, set[int]], key: K, u: int) -> None:
+    """Take ``u`` out of ``index[key]`` (which holds it), the key dropped once empty."""
+    held = index[key]
+    held.discard(u)
+    if not held:
+        del index[key]
