@@ -83,6 +83,8 @@ class KBProjection:
         self.vectors: Vectors | None = None  # kbgraph.projection.vectors; None: no provider
         self.saved_vectors: tuple[str, int, dict[str, np.ndarray]] | None = None  # checkpoint's
         self.mentions: Mentions | None = None  # kbgraph.projection.mentions; None: off
+        # a checkpoint's mention occurrences (``Mentions.occurrences``), read when attached
+        self.saved_mentions: Callable[[], list[tuple[int, int, int, str]]] | None = None
         self._vocabularies: dict[str, Ahead] = {}  # the index's parts found ahead, by name
 
     # --- reading ------------------------------------------------------------------------
@@ -126,16 +128,21 @@ class KBProjection:
     # --- mentions -------------------------------------------------------------------------
 
     def attach_mentions(self, on: bool) -> None:
-        """Keep mention edges (``on``), built now from every text (a checkpoint does not
-        carry them), or none. Before the KB is shared."""
+        """Keep mention edges (``on``), or none. Restored from the checkpoint's occurrences
+        where it carries them, else built now from every text. Before the KB is shared."""
+        saved, self.saved_mentions = self.saved_mentions, None
         if not on:
             self.mentions = None
             return
         self.mentions = Mentions(
             self.index, lambda u: self.nodes.texts[u], lambda u: self.links.declared(u)
         )
+        nodes = np.flatnonzero(self.nodes.alive[: len(self.nodes)]).tolist()
         with gc_paused():  # as the KB's own build: many containers made, no cycle
-            self.mentions.build(np.flatnonzero(self.nodes.alive[: len(self.nodes)]).tolist())
+            if saved is not None:
+                self.mentions.restore(saved(), nodes)
+            else:
+                self.mentions.build(nodes)
 
     # --- vectors (kbgraph.projection.filler settles them, from its own thread) ------------
 

@@ -247,6 +247,22 @@ class Mentions:
             chunk = nodes_of[at : at + BUILD_CHUNK]
             found = trie.match_texts([folded(text_of(u)) for u in chunk])
             rows += [(chunk[k], i, j, key) for k, i, j, key in found]
+        self._fill(rows, nodes_of)
+
+    def occurrences(self) -> list[tuple[int, int, int, str]]:
+        """Every occurrence as (source, first token, end token, name key), by source, then as
+        its source keeps them (by first token): what a checkpoint carries (``restore``)."""
+        return [(s, o.start, o.end, o.key) for s in sorted(self.occ) for o in self.occ[s]]
+
+    def restore(self, rows: Sequence[tuple[int, int, int, str]], nodes: Iterable[int]) -> None:
+        """Fill an empty ``Mentions`` from ``occurrences`` (a checkpoint's, of this very state)
+        instead of scanning the texts: the edges made from them as ``build`` makes them."""
+        assert not self.occ, "restore fills an empty Mentions"
+        self._fill(rows, list(nodes))
+
+    def _fill(self, rows: Sequence[tuple[int, int, int, str]], nodes_of: list[int]) -> None:
+        """The occurrences ``rows`` (by source, then first token), their plain edges and
+        contested ones, every text at once."""
         self.gen += 1
         if not rows:
             return
