@@ -6,8 +6,8 @@ File: ``ckpt-<gid>.kbg`` in the checkpoint folder: a magic line, the header's le
 little-endian), the header (JSON: format, the store's id, the ``gid``, the log record at that
 ``gid``, the CRC-32 and length of the payload, and per KB its scalars and the dtype, shape and
 offset of each array), then the payload, every array aligned to 64 bytes. A KB that keeps
-mentions carries its name occurrences (``mentions.*``: source, first and end token, the name
-key's number, and the keys) so that a restart restores its mention edges instead of scanning
+mentions carries them (``mentions.*``: each name occurrence's source, first and end token and
+key's number, the keys, the plain edges) so that a restart restores them instead of scanning
 every text (format 2; a format 1 file, which has none, loads with its mentions built from
 the texts). A file is written
 under a temporary name, fsynced, renamed and its folder fsynced, so a crash leaves either the
@@ -42,6 +42,7 @@ import numpy as np
 
 from kbgraph.projection.kb import KBProjection
 from kbgraph.projection.links import Links
+from kbgraph.projection.mentions import Saved
 from kbgraph.projection.nodes import Nodes
 from kbgraph.search import SearchIndex
 from kbgraph.store.columns import KeyIndex, StringColumn, encode_strings, key_hashes
@@ -125,7 +126,7 @@ def _kb_arrays(kb: KBProjection) -> tuple[KBEntry, dict[str, np.ndarray]]:
         index_meta={"name_lengths": name_lengths},
     )
     if kb.mentions is not None:
-        arrays.update(_mention_arrays(kb.mentions.occurrences()))
+        arrays.update(_mention_arrays(kb.mentions.saved()))
         entry.mentions = True
     if kb.vectors is not None and kb.vectors.cap:
         arrays.update({f"vec.{name}": a for name, a in kb.vectors.arrays().items()})
@@ -157,37 +158,20 @@ def _kb_from_arrays(entry: KBEntry, arrays: Mapping[str, np.ndarray]) -> KBProje
         saved = {name[len("vec.") :]: a for name, a in arrays.items() if name.startswith("vec.")}
         kb.saved_vectors = (entry.vector_model, entry.vector_dim, saved)
     if entry.mentions:
-        kb.saved_mentions = lambda: _mention_rows(arrays)
+        kb.saved_mentions = _saved_mentions(arrays)
     return kb
 
 
-def _mention_arrays(rows: list[tuple[int, int, int, str]]) -> dict[str, np.ndarray]:
-    """``Mentions.occurrences`` as flat arrays, each name key stored once."""
-    numbers: dict[str, int] = {}
-    key_of = [numbers.setdefault(key, len(numbers)) for _, _, _, key in rows]
-    blob, off = encode_strings(list(numbers))
-    return {
-        "mentions.src": np.array([r[0] for r in rows], np.int64),
-        "mentions.start": np.array([r[1] for r in rows], np.int32),
-        "mentions.end": np.array([r[2] for r in rows], np.int32),
-        "mentions.key": np.array(key_of, np.int32),
-        "mentions.keys.blob": blob,
-        "mentions.keys.off": off,
-    }
+def _mention_arrays(saved: Saved) -> dict[str, np.ndarray]:
+    blob, off = encode_strings(list(saved.keys))
+    arrays = {f"mentions.{name}": a for name, a in saved._asdict().items() if name != "keys"}
+    return {**arrays, "mentions.keys.blob": blob, "mentions.keys.off": off}
 
 
-def _mention_rows(arrays: Mapping[str, np.ndarray]) -> list[tuple[int, int, int, str]]:
-    """``_mention_arrays`` read back."""
-    keys = list(StringColumn(arrays["mentions.keys.blob"], arrays["mentions.keys.off"]))
-    return list(
-        zip(
-            arrays["mentions.src"].tolist(),
-            arrays["mentions.start"].tolist(),
-            arrays["mentions.end"].tolist(),
-            [keys[k] for k in arrays["mentions.key"].tolist()],
-            strict=True,
-        )
-    )
+def _saved_mentions(arrays: Mapping[str, np.ndarray]) -> Saved:
+    keys = StringColumn(arrays["mentions.keys.blob"], arrays["mentions.keys.off"])
+    parts = {f: arrays[f"mentions.{f}"] for f in Saved._fields if f != "keys"}
+    return Saved(keys=keys, **parts)
 
 
 # --- files -------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ from kbgraph.projection.arrays import MIN_NODE_CAP
 from kbgraph.projection.bulk import gc_paused, parts_of
 from kbgraph.projection.links import Links
 from kbgraph.projection.masks import Mask, MaskCache
-from kbgraph.projection.mentions import Mentions
+from kbgraph.projection.mentions import Mentions, Saved
 from kbgraph.projection.nodes import Nodes
 from kbgraph.projection.rwlock import RWLock
 from kbgraph.projection.snapshot import Snapshot
@@ -83,8 +83,7 @@ class KBProjection:
         self.vectors: Vectors | None = None  # kbgraph.projection.vectors; None: no provider
         self.saved_vectors: tuple[str, int, dict[str, np.ndarray]] | None = None  # checkpoint's
         self.mentions: Mentions | None = None  # kbgraph.projection.mentions; None: off
-        # a checkpoint's mention occurrences (``Mentions.occurrences``), read when attached
-        self.saved_mentions: Callable[[], list[tuple[int, int, int, str]]] | None = None
+        self.saved_mentions: Saved | None = None  # a checkpoint's, restored when attached
         self._vocabularies: dict[str, Ahead] = {}  # the index's parts found ahead, by name
 
     # --- reading ------------------------------------------------------------------------
@@ -137,12 +136,11 @@ class KBProjection:
         self.mentions = Mentions(
             self.index, lambda u: self.nodes.texts[u], lambda u: self.links.declared(u)
         )
-        nodes = np.flatnonzero(self.nodes.alive[: len(self.nodes)]).tolist()
         with gc_paused():  # as the KB's own build: many containers made, no cycle
             if saved is not None:
-                self.mentions.restore(saved(), nodes)
+                self.mentions.restore(saved)
             else:
-                self.mentions.build(nodes)
+                self.mentions.build(np.flatnonzero(self.nodes.alive[: len(self.nodes)]).tolist())
 
     # --- vectors (kbgraph.projection.filler settles them, from its own thread) ------------
 
