@@ -9,6 +9,9 @@ and hold the words "Other Label".
 
 1. **First build**: ``KBProjection.build`` of the state, then ``attach_mentions`` (the
    follower does the same after a build or a checkpoint load), process CPU; with / without.
+   **Restart**: that KB written as a checkpoint and loaded, then ``attach_mentions``' CPU when
+   it restores the checkpoint's occurrences, against scanning every text as a checkpoint
+   without them needs.
 2. **Follower CPU per event**: a stream of ``--events`` single-event deliveries applied by
    ``KBProjection.apply`` (the follower's apply, two visibility masks cached and patched; each
    upsert carries its analysis as the log does): 50% text edits naming other concepts, 15% new
@@ -35,7 +38,9 @@ import argparse
 import gc
 import json
 import random
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Final
 
 from kbgraph.access import Rule, canonical
@@ -50,7 +55,7 @@ from kbgraph.events import (
     LinkData,
     UpsertData,
 )
-from kbgraph.projection import KBProjection, warm_up
+from kbgraph.projection import KBProjection, checkpoint, warm_up
 from kbgraph.projection.bulk import gc_paused
 from kbgraph.search.document import decode, encode
 from kbgraph.store import KBState, LogRecord
@@ -171,6 +176,20 @@ def built(kb_state: KBState, mentions: bool) -> tuple[KBProjection, float]:
     return kb, time.process_time() - cpu
 
 
+def attach_cpu(folder: Path, restore: bool) -> float:
+    """``attach_mentions``' CPU on the KB of the checkpoint in ``folder``: its occurrences
+    restored, or (``restore`` false) every text scanned, as for a checkpoint without them."""
+    (path, *_) = checkpoint.candidates(folder)
+    header, start = checkpoint.read_header(path)
+    kb = checkpoint.load(path, header, start).kbs["bench"]
+    if not restore:
+        kb.saved_mentions = None
+    gc.collect()
+    cpu = time.process_time()
+    kb.attach_mentions(True)
+    return time.process_time() - cpu
+
+
 def apply_cpu(kbs: dict[bool, KBProjection], records: list[list[LogRecord]]) -> dict[bool, float]:
     """The applying thread's CPU for each of ``kbs``, the stream fed to them in turns,
     ``CHUNK`` deliveries at a time: the machine's load, which moves from second to second
@@ -214,6 +233,18 @@ def main() -> None:
     figures["build_cpu_s"] = {"without": round(builds[False], 3), "with": round(builds[True], 3)}
     figures["build_ratio"] = round(builds[True] / builds[False], 3)
     print(json.dumps({"build": figures["build_cpu_s"]}), flush=True)
+
+    with tempfile.TemporaryDirectory() as folder:
+        checkpoint.write(Path(folder), "bench", 1, None, {"bench": built(kb_state, True)[0]})
+        attaches: dict[bool, float] = {}
+        for restore in (False, True, False, True):
+            seconds = attach_cpu(Path(folder), restore)
+            attaches[restore] = min(attaches.get(restore, seconds), seconds)
+    figures["restart_attach_cpu_s"] = {
+        "scan": round(attaches[False], 3),
+        "restore": round(attaches[True], 3),
+    }
+    print(json.dumps({"restart_attach": figures["restart_attach_cpu_s"]}), flush=True)
 
     records = stream(n, args.events)
     kbs = {on: built(kb_state, on)[0] for on in (False, True)}

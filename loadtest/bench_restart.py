@@ -9,7 +9,9 @@ kernel loading excluded):
    time and resident memory; then ``write_checkpoint`` (time, file size).
 2. after ``--tail`` more events reach the log, a restart: ``Projections.load`` from the
    checkpoint and the log after it, its time and resident memory; then a search and a
-   follow of one more delivery, to show the loaded arrays serve and take patches.
+   follow of one more delivery, to show the loaded arrays serve and take patches, and of one
+   changing a text (with mentions, the first such builds the name trie, which a checkpoint
+   does not carry).
 
 The last line is one JSON object with the figures and the aims of issue 15 (ready <= 3 s and
 <= 800 MB RSS after a restart from a checkpoint at 1M concepts), met true/false.
@@ -30,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil
 
 from loadtest.report import child_json
@@ -108,6 +111,13 @@ def child(db: Path, folder: Path, phase: str, mentions: bool) -> dict[str, Any]:
         while p.follow_once():
             pass
         out["follow_after_restart_ms"] = round((time.perf_counter() - start) * 1e3, 2)
+        changed = upsert(1, 10**6, [cid(2)])  # a new text: with mentions, the first builds the trie
+        text = msgspec.structs.replace(changed.data, text="a text changed after the restart")
+        store.append(KB, [msgspec.structs.replace(changed, data=text)])
+        start = time.perf_counter()
+        while p.follow_once():
+            pass
+        out["text_change_after_restart_ms"] = round((time.perf_counter() - start) * 1e3, 2)
         out["rss_after_use_mb"] = rss_mb()
     store.close()
     return out

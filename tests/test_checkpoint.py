@@ -524,7 +524,8 @@ def test_a_checkpoint_written_before_the_projection_had_parts_loads_the_same(
 ) -> None:
     """A store and its checkpoint written by the code before ``nodes``, ``links`` and
     ``masks`` were modules of their own (``tests/checkpoint_fixture.py``; the file format did
-    not change, so it is still format 1): loaded, it answers as a build from the same store,
+    not change, so it is still format 1, which carries no mentions: they are built from the
+    texts): loaded, it answers as a build from the same store,
     before and after more events."""
     shutil.copytree(FORMAT_1, tmp_path / "old")
     narrowed = [canonical([Rule(frozenset({"infra", "net"}), frozenset())])]

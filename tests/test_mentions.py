@@ -4,6 +4,7 @@ rebuilt (also through a checkpoint), narrowed equals never-written."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import msgspec
 import networkx as nx
@@ -359,20 +360,91 @@ def test_graph_path_edges_is_checked_and_links_stay_the_default() -> None:
             tools.graph_path(snap, view, GraphPathRequest("a", "b", edges="some"))
 
 
-@settings(max_examples=25)
-@given(histories())
-def test_a_checkpoint_round_trip_keeps_the_mentions(
-    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, dict]]
-) -> None:
-    events, state = run(steps)
-    kb = applied(events, [])
-    folder = tmp_path_factory.mktemp("ckpt")
+def state(kb: KBProjection) -> tuple[object, ...]:
+    """Every part of a KB's mentions, lists in order (a build's and a patch's order may
+    differ)."""
+    m = kb.mentions
+    assert m is not None
+    return (
+        {s: sorted(o) for s, o in m.occ.items()},
+        m.by_key,
+        m.out,
+        m.inn,
+        {s: sorted(o) for s, o in m.contested.items()},
+    )
+
+
+def round_trip(kb: KBProjection, folder: Path, mentions: bool = True) -> KBProjection:
     path = checkpoint.write(folder, "store", 1, None, {"m": kb})
     header, start = checkpoint.read_header(path)
     loaded = checkpoint.load(path, header, start).kbs["m"]
-    loaded.attach_mentions(True)  # as the follower does after a load
+    assert (
+        header.kbs[0].mentions == (loaded.saved_mentions is not None) == (kb.mentions is not None)
+    )
+    loaded.attach_mentions(mentions)  # as the follower does after a load
+    return loaded
+
+
+@settings(max_examples=40)
+@given(histories(), histories())
+def test_a_checkpoint_round_trip_keeps_the_mentions(
+    tmp_path_factory: pytest.TempPathFactory,
+    steps: list[tuple[str, dict]],
+    later: list[tuple[str, dict]],
+) -> None:
+    """Restored from the checkpoint's occurrences (no text scanned), the mentions equal the
+    event-by-event ones part for part and a build's edges, and stay so through more events."""
+    events, state_before = run(steps)
+    kb = applied(events, [])
+    loaded = round_trip(kb, tmp_path_factory.mktemp("ckpt"))
+    assert state(loaded) == state(kb)
     for rules in [None, *RULES]:
-        assert edges_of(loaded, rules) == edges_of(kb, rules) == oracle(state, rules)
+        assert edges_of(loaded, rules) == edges_of(built(state_before), rules)
+    everything, state_after = run(steps + later)
+    for e in everything[len(events) :]:
+        kb.apply_event(e)
+        loaded.apply_event(e)
+    assert state(loaded) == state(kb)
+    fresh = built(state_after)
+    for rules in [None, *RULES]:
+        expected = oracle(state_after, rules)
+        assert edges_of(loaded, rules) == edges_of(fresh, rules) == expected
+
+
+def test_a_checkpoint_without_mentions_is_built_from_the_texts_and_the_reverse(
+    tmp_path: Path,
+) -> None:
+    """Written with mentions off, loaded with them on: built from the texts, as a restart
+    that carried none; written with them on, loaded off: none kept."""
+    events, now = run(
+        [
+            ("upsert", {"subject": "a/ny", "title": "new york", "aliases": [],
+                        "text": "rome", "type": "t1", "links": []}),
+            ("upsert", {"subject": "c/rome", "title": "rome", "aliases": [],
+                        "text": "new york city", "type": "t1", "links": []}),
+        ]
+    )  # fmt: skip
+    off = applied(events, [])
+    off.attach_mentions(False)
+    folder = tmp_path / "off"
+    path = checkpoint.write(folder, "store", 1, None, {"m": off})
+    assert not checkpoint.read_header(path)[0].kbs[0].mentions
+    on = round_trip(off, tmp_path / "again")
+    assert edges_of(on, None) == oracle(now, None) == {("a/ny", "c/rome"), ("c/rome", "a/ny")}
+    assert round_trip(applied(events, []), tmp_path / "on", mentions=False).mentions is None
+
+
+def test_a_format_1_checkpoint_carries_no_mentions_and_they_are_built() -> None:
+    """A checkpoint of the format before mentions were kept (which has no ``mentions`` arrays)
+    is never taken as one holding none: its KBs restore no mention state, so attaching them
+    builds from the texts (its answers equal a build's: ``test_checkpoint``'s format 1 test)."""
+    folder = Path(__file__).parent / "data" / "checkpoint-format-1" / "ckpt"
+    (path,) = checkpoint.candidates(folder)
+    header, start = checkpoint.read_header(path)
+    assert header.format == 1 < checkpoint.FORMAT
+    assert header.kbs and not any(entry.mentions for entry in header.kbs)
+    for kb in checkpoint.load(path, header, start).kbs.values():
+        assert kb.saved_mentions is None
 
 
 def test_ranked_says_by_which_edge_and_seeds_from_the_names_a_question_holds() -> None:

@@ -5,7 +5,11 @@ it instead of rebuilding from the store (17-33 s and 1.6-2.5 GB at a million con
 File: ``ckpt-<gid>.kbg`` in the checkpoint folder: a magic line, the header's length (8 bytes,
 little-endian), the header (JSON: format, the store's id, the ``gid``, the log record at that
 ``gid``, the CRC-32 and length of the payload, and per KB its scalars and the dtype, shape and
-offset of each array), then the payload, every array aligned to 64 bytes. A file is written
+offset of each array), then the payload, every array aligned to 64 bytes. A KB that keeps
+mentions carries them (``mentions.*``: each name occurrence's source, first and end token and
+key's number, the keys, the plain edges) so that a restart restores them instead of scanning
+every text (format 2; a format 1 file, which has none, loads with its mentions built from
+the texts). A file is written
 under a temporary name, fsynced, renamed and its folder fsynced, so a crash leaves either the
 whole file or none under the final name.
 
@@ -38,6 +42,7 @@ import numpy as np
 
 from kbgraph.projection.kb import KBProjection
 from kbgraph.projection.links import Links
+from kbgraph.projection.mentions import Saved
 from kbgraph.projection.nodes import Nodes
 from kbgraph.search import SearchIndex
 from kbgraph.store.columns import KeyIndex, StringColumn, encode_strings, key_hashes
@@ -45,7 +50,8 @@ from kbgraph.store.columns import KeyIndex, StringColumn, encode_strings, key_ha
 log = logging.getLogger(__name__)
 
 MAGIC: Final = b"kbgraph checkpoint\n"
-FORMAT: Final = 1
+FORMAT: Final = 2  # 2: the mention occurrences
+READS: Final = (1, 2)  # 1: no mention state (built from the texts on attach)
 ALIGN: Final = 64
 KEEP: Final = 2  # checkpoint files kept (the newest and one before it)
 
@@ -66,6 +72,7 @@ class KBEntry(msgspec.Struct):
     arrays: list[ArrayEntry] = []
     vector_model: str = ""  # the embedding model of the ``vec.*`` arrays ("" = none)
     vector_dim: int = 0
+    mentions: bool = False  # the ``mentions.*`` arrays hold its occurrences (it kept mentions)
 
 
 class LogMark(msgspec.Struct, array_like=True):
@@ -118,6 +125,9 @@ def _kb_arrays(kb: KBProjection) -> tuple[KBEntry, dict[str, np.ndarray]]:
         classes=list(kb.nodes.classes),
         index_meta={"name_lengths": name_lengths},
     )
+    if kb.mentions is not None:
+        arrays.update(_mention_arrays(kb.mentions.saved()))
+        entry.mentions = True
     if kb.vectors is not None and kb.vectors.cap:
         arrays.update({f"vec.{name}": a for name, a in kb.vectors.arrays().items()})
         entry.vector_model, entry.vector_dim = kb.vectors.model, kb.vectors.dim
@@ -132,7 +142,7 @@ def _kb_from_arrays(entry: KBEntry, arrays: Mapping[str, np.ndarray]) -> KBProje
     meta: dict[str, list[tuple[int, int]]] = {"name_lengths": entry.index_meta["name_lengths"]}
     index_arrays = {}
     for name, a in arrays.items():
-        if name.startswith("vec."):
+        if name.startswith(("vec.", "mentions.")):
             continue
         if name.startswith("index.") and ".keys." not in name:
             index_arrays[name[len("index.") :]] = a
@@ -147,7 +157,21 @@ def _kb_from_arrays(entry: KBEntry, arrays: Mapping[str, np.ndarray]) -> KBProje
     if entry.vector_model:
         saved = {name[len("vec.") :]: a for name, a in arrays.items() if name.startswith("vec.")}
         kb.saved_vectors = (entry.vector_model, entry.vector_dim, saved)
+    if entry.mentions:
+        kb.saved_mentions = _saved_mentions(arrays)
     return kb
+
+
+def _mention_arrays(saved: Saved) -> dict[str, np.ndarray]:
+    blob, off = encode_strings(list(saved.keys))
+    arrays = {f"mentions.{name}": a for name, a in saved._asdict().items() if name != "keys"}
+    return {**arrays, "mentions.keys.blob": blob, "mentions.keys.off": off}
+
+
+def _saved_mentions(arrays: Mapping[str, np.ndarray]) -> Saved:
+    keys = StringColumn(arrays["mentions.keys.blob"], arrays["mentions.keys.off"])
+    parts = {f: arrays[f"mentions.{f}"] for f in Saved._fields if f != "keys"}
+    return Saved(keys=keys, **parts)
 
 
 # --- files -------------------------------------------------------------------------------
@@ -235,8 +259,8 @@ def read_header(path: Path) -> tuple[Header, int]:
         header = msgspec.json.decode(raw, type=Header)
     except msgspec.DecodeError as exc:
         raise Unusable(f"header: {exc}") from None
-    if header.format != FORMAT:
-        raise Unusable(f"format {header.format}, this kbgraph reads {FORMAT}")
+    if header.format not in READS:
+        raise Unusable(f"format {header.format}, this kbgraph reads {READS}")
     start = len(MAGIC) + 8 + size
     return header, start + _padded(start)
 

@@ -52,7 +52,7 @@ from kbgraph.projection.arrays import MIN_NODE_CAP
 from kbgraph.projection.bulk import gc_paused, parts_of
 from kbgraph.projection.links import Links
 from kbgraph.projection.masks import Mask, MaskCache
-from kbgraph.projection.mentions import Mentions
+from kbgraph.projection.mentions import Mentions, Saved
 from kbgraph.projection.nodes import Nodes
 from kbgraph.projection.rwlock import RWLock
 from kbgraph.projection.snapshot import Snapshot
@@ -83,6 +83,7 @@ class KBProjection:
         self.vectors: Vectors | None = None  # kbgraph.projection.vectors; None: no provider
         self.saved_vectors: tuple[str, int, dict[str, np.ndarray]] | None = None  # checkpoint's
         self.mentions: Mentions | None = None  # kbgraph.projection.mentions; None: off
+        self.saved_mentions: Saved | None = None  # a checkpoint's, restored when attached
         self._vocabularies: dict[str, Ahead] = {}  # the index's parts found ahead, by name
 
     # --- reading ------------------------------------------------------------------------
@@ -126,8 +127,9 @@ class KBProjection:
     # --- mentions -------------------------------------------------------------------------
 
     def attach_mentions(self, on: bool) -> None:
-        """Keep mention edges (``on``), built now from every text (a checkpoint does not
-        carry them), or none. Before the KB is shared."""
+        """Keep mention edges (``on``), or none. Restored from the checkpoint's occurrences
+        where it carries them, else built now from every text. Before the KB is shared."""
+        saved, self.saved_mentions = self.saved_mentions, None
         if not on:
             self.mentions = None
             return
@@ -135,7 +137,10 @@ class KBProjection:
             self.index, lambda u: self.nodes.texts[u], lambda u: self.links.declared(u)
         )
         with gc_paused():  # as the KB's own build: many containers made, no cycle
-            self.mentions.build(np.flatnonzero(self.nodes.alive[: len(self.nodes)]).tolist())
+            if saved is not None:
+                self.mentions.restore(saved)
+            else:
+                self.mentions.build(np.flatnonzero(self.nodes.alive[: len(self.nodes)]).tolist())
 
     # --- vectors (kbgraph.projection.filler settles them, from its own thread) ------------
 

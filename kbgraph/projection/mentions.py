@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from functools import partial
 from typing import Final, NamedTuple, TypeVar
 
 import numpy as np
@@ -283,6 +284,50 @@ class Mentions:
                 else:
                     into.add(s)
 
+    def saved(self) -> Saved:
+        """The state as flat arrays, for a checkpoint (``restore``)."""
+        numbers: dict[str, int] = {}
+        rows = [(s, o.start, o.end, o.key) for s in sorted(self.occ) for o in self.occ[s]]
+        key_of = [numbers.setdefault(key, len(numbers)) for _, _, _, key in rows]
+        sources = sorted(self.out)
+        return Saved(
+            np.array([r[0] for r in rows], np.int64),
+            np.array([r[1] for r in rows], np.int32),
+            np.array([r[2] for r in rows], np.int32),
+            np.array(key_of, np.int32),
+            list(numbers),
+            np.repeat(np.array(sources, np.int64), [len(self.out[s]) for s in sources]),
+            np.array([v for s in sources for v in sorted(self.out[s])], np.int64),
+        )
+
+    def restore(self, saved: Saved) -> None:
+        """Fill an empty ``Mentions`` from ``saved`` (a checkpoint's, of this very state)
+        instead of scanning the texts, in bulk: no text read, no name trie built."""
+        assert not self.occ, "restore fills an empty Mentions"
+        self.gen += 1
+        if not len(saved.src):
+            return
+        keys = list(saved.keys)
+        names = list(map(keys.__getitem__, saved.key.tolist()))
+        made = list(
+            map(_occurrence, zip(saved.start.tolist(), saved.end.tolist(), names, strict=True))
+        )
+        heads, parts = _runs(saved.src)
+        self.occ = dict(zip(heads, map(made.__getitem__, parts), strict=True))
+        width = int(saved.src.max()) + 1
+        pairs = np.unique(saved.key.astype(np.int64) * width + saved.src)
+        heads, parts = _runs(pairs // width)
+        self.by_key = dict(
+            zip(map(keys.__getitem__, heads), _sets(pairs % width, parts), strict=True)
+        )
+        self.out = dict(zip(*_grouped(saved.edge_src, saved.edge_dst), strict=True))
+        order = np.lexsort((saved.edge_src, saved.edge_dst))
+        self.inn = dict(zip(*_grouped(saved.edge_dst[order], saved.edge_src[order]), strict=True))
+        overlapping = np.flatnonzero(~alone(saved.src, saved.start, saved.end))
+        heads, parts = _runs(saved.src[overlapping])
+        contested = [made[i] for i in overlapping.tolist()]
+        self.contested = dict(zip(heads, map(contested.__getitem__, parts), strict=True))
+
     def _named_in(self, keys: Container[str], nodes: Iterable[int]) -> dict[str, list[int]]:
         """The holders among ``nodes`` (ascending) of each of ``keys`` held by some, read
         node by node (a key at a time costs a postings lookup each)."""
@@ -468,6 +513,41 @@ class Mentions:
             while len(self._views) > VIEW_CACHE_ENTRIES:
                 self._views.popitem(last=False)
         return found
+
+
+class Saved(NamedTuple):
+    """A ``Mentions`` as a checkpoint holds it: every occurrence (by source, then first token)
+    and the plain edges (by source, then target)."""
+
+    src: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    key: np.ndarray  # the name key's number in ``keys``
+    keys: Sequence[str]
+    edge_src: np.ndarray
+    edge_dst: np.ndarray
+
+
+_occurrence = partial(tuple.__new__, Occurrence)  # an Occurrence of a (start, end, key) tuple
+
+
+def _runs(owner: np.ndarray) -> tuple[list[int], list[slice]]:
+    """Of ``owner`` (sorted), each value once and the slice of its run."""
+    cuts = (np.flatnonzero(owner[1:] != owner[:-1]) + 1).tolist()
+    starts = [0, *cuts] if len(owner) else []
+    heads: list[int] = owner[starts].tolist()
+    return heads, list(map(slice, starts, [*cuts, len(owner)]))
+
+
+def _sets(members: np.ndarray, parts: list[slice]) -> Iterator[set[int]]:
+    values = members.tolist()
+    return map(set, map(values.__getitem__, parts))
+
+
+def _grouped(owner: np.ndarray, members: np.ndarray) -> tuple[list[int], Iterator[set[int]]]:
+    """Of pairs sorted by ``owner``, each owner and the set of its members."""
+    heads, parts = _runs(owner)
+    return heads, _sets(members, parts)
 
 
 K = TypeVar("K")  # a key of a map of sets: a name key, or a concept
