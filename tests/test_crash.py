@@ -20,7 +20,7 @@ import pytest
 
 from kbgraph.store import Store
 from tests import webhook_client as wc
-from tests.support import ADMIN, SECRET, running, served_config, start_server, stop
+from tests.support import ADMIN, SECRET, served_config, start_server, stop
 
 pytestmark = pytest.mark.slow
 
@@ -201,8 +201,11 @@ def test_checkpoints_and_log_cuts_under_load_lose_nothing(tmp_path: Path) -> Non
         count = len(present)
     headers = {"Authorization": f"Bearer {ADMIN}"}
     answers = []
+    logs = []  # each restarted server's log, for the message when the answers differ
     for _ in range(2):  # from the newest checkpoint, then with the checkpoints gone
-        with running(config) as base:
+        restarted = start_server(config)
+        base = restarted.url
+        try:
             # vectors are filled in after a build (from the store alone they start missing):
             # the answers compare once they are complete, within a deadline
             deadline = time.monotonic() + 60
@@ -217,8 +220,12 @@ def test_checkpoints_and_log_cuts_under_load_lose_nothing(tmp_path: Path) -> Non
                 httpx.get(f"{base}/v1/kbs/cut/concepts/{cid}", headers=headers, timeout=10).json()
                 for cid in sample
             ]
+            ready = httpx.get(f"{base}/readyz", timeout=10)
             answers.append((status, concepts))
+        finally:
+            stop(restarted)
+        logs.append(f"/readyz {ready.status_code} {ready.text}; its log:\n{restarted.tail()}")
         for path in folder.glob("ckpt-*.kbg"):
             path.unlink()
-    assert answers[0] == answers[1]
-    assert answers[0][0]["concepts"] == count
+    assert answers[0] == answers[1], "\n".join(logs)
+    assert answers[0][0]["concepts"] == count, "\n".join(logs)
