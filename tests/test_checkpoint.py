@@ -548,3 +548,26 @@ def test_a_checkpoint_written_before_the_projection_had_parts_loads_the_same(
         assert loaded.follow_once() == built.follow_once() > 0
         for name in loaded.names():
             assert dump(loaded.get(name), views) == dump(built.get(name), views)
+
+
+def test_a_start_from_a_checkpoint_applies_the_log_past_it_before_it_returns(
+    tmp_path: Path,
+) -> None:
+    """What the store acknowledged after the newest checkpoint is in the projection once
+    ``start`` returns (the service answers then), not once the follower thread gets to it: the
+    thread here waits a minute before its first poll, so only ``start`` itself can apply it."""
+    store, p = filled(tmp_path)
+    assert p.write_checkpoint() is not None
+    for i in range(25):
+        store.append(KB, [upsert(f"after{i}", links=[f"c{i}"])])
+    restarted = Projections(store, checkpoints=tmp_path / "ckpt", poll_interval=60)
+    try:
+        restarted.start()
+        assert restarted.loaded_from is not None
+        fresh = Projections(store)
+        fresh.load()
+        assert everything(restarted, [None]) == everything(fresh, [None])
+        assert restarted.gid == fresh.gid
+    finally:
+        restarted.stop()
+        store.close()

@@ -18,8 +18,9 @@ The package, along its jobs (events in -> store/log -> projection -> graphalgo):
 - ``arrays``: growing numpy arrays.
 """
 
-from kbgraph.projection.follower import Projections, warm_up
+from kbgraph.projection.follower import Projections
 from kbgraph.projection.kb import KBProjection
 from kbgraph.projection.snapshot import Snapshot
+from kbgraph.projection.warmup import warm_up
 
 __all__ = ["KBProjection", "Projections", "Snapshot", "warm_up"]

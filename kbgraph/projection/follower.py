@@ -54,26 +54,23 @@ import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Final, Literal, TypedDict
+from typing import BinaryIO, Final
 
 try:  # POSIX only; elsewhere every process may write checkpoints
     import fcntl
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
-import numpy as np
 from numba.core.compiler_lock import global_compiler_lock
 
 from kbgraph.config import EmbeddingsConfig
 from kbgraph.embeddings import Embedder, carried
-from kbgraph.events import ConceptDeleted, ConceptUpserted, DeleteData, UpsertData
 from kbgraph.projection import checkpoint
-from kbgraph.projection.adjacency import compact
 from kbgraph.projection.bulk import gc_paused
 from kbgraph.projection.filler import Filler
 from kbgraph.projection.kb import KBProjection
-from kbgraph.projection.masks import masked_degrees
-from kbgraph.search import SearchIndex, postings
+from kbgraph.projection.warmup import warm_up
+from kbgraph.search import SearchIndex
 from kbgraph.store import LogCut, LogRecord, Store
 
 log = logging.getLogger(__name__)
@@ -169,13 +166,15 @@ class Projections:
     # --- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Build every KB from one consistent snapshot, then follow the log from its gid."""
+        """Build every KB from one consistent snapshot (or the newest usable checkpoint), apply
+        the log past it, then follow the log in a thread."""
         if self.checkpoints is not None and not hasattr(os, "fork"):
             log.warning(
                 "no os.fork on this platform: checkpoints are written by the follower thread,"
                 " which lags behind the log while it writes one"
             )
         self.load()
+        self._catch_up()
         self._stopping.clear()
         self._thread = threading.Thread(target=self._run, name="kbgraph-follower", daemon=True)
         self._thread.start()
@@ -193,6 +192,31 @@ class Projections:
         self._kbs.update(kbs)
         with self._waiters_lock:
             self._announced.update((name, kb.seq) for name, kb in kbs.items())
+
+    def _catch_up(self) -> None:
+        """Apply what the log holds past the loaded state before the service answers: a
+        restart from a checkpoint then answers with all the store acknowledged before it, not
+        the checkpoint's older state until the thread has followed. A failed read is left to
+        the thread, which retries it."""
+        start, applied = time.perf_counter(), 0
+        while True:
+            try:
+                batch = self.follow_once()
+            except LogCut:
+                self.reload()
+                continue
+            except _ReadFailed as exc:
+                log.warning("reading the log failed (the follower retries): %r", exc.__cause__)
+                return
+            applied += batch
+            if batch < READ_LOG_LIMIT:
+                break
+        if applied:
+            log.info(
+                "%d log records past the loaded state applied in %.2f s",
+                applied,
+                time.perf_counter() - start,
+            )
 
     def _fresh_kbs(self) -> tuple[dict[str, KBProjection], int]:
         """Every KB from the newest usable checkpoint, else built from the store."""
@@ -541,38 +565,6 @@ class Projections:
 
 class _ReadFailed(Exception):
     """``read_log`` raised: nothing was applied, the follower retries."""
-
-
-def warm_up() -> None:
-    """Compile the numba kernels at start-up, not on the first narrowed request."""
-    off = np.zeros(1, np.int64)
-    ln = np.zeros(1, np.int32)
-    pool = np.zeros(1, np.int32)
-    masked_degrees(off, ln, pool, np.ones(1, np.uint8), np.zeros(1, np.int32))
-    compact(off, ln, ln, pool, np.zeros(1, np.int64), np.zeros(1, np.int32))
-    postings.warm_up()  # a new name's texts (kbgraph.projection.mentions)
-    kb = KBProjection("warm-up")
-    kb.mask(())  # cached: the events below patch it, compiling the mask kernels too
-    kb.apply_event(_warm_up_event("a", ["b"]))
-    kb.apply_event(_warm_up_event("b", ["a"]))
-    kb.apply_event(_warm_up_event("a", []))
-    kb.apply_event(ConceptDeleted(**_warm_up_envelope("b"), data=DeleteData(version=2)))
-
-
-def _warm_up_event(subject: str, links: list[str]) -> ConceptUpserted:
-    data = UpsertData(version=1, links=links)
-    return ConceptUpserted(**_warm_up_envelope(subject), data=data)
-
-
-class _Envelope(TypedDict):
-    specversion: Literal["1.0"]
-    id: str
-    source: str
-    subject: str
-
-
-def _warm_up_envelope(subject: str) -> _Envelope:
-    return {"specversion": "1.0", "id": "warm-up", "source": "warm-up", "subject": subject}
 
 
 def _resolve(future: asyncio.Future[bool]) -> None:
