@@ -45,7 +45,7 @@ from starlette.routing import Route
 
 from loadtest import kbgen, report
 from loadtest.crowd import deliver
-from loadtest.driver import _run_loop
+from loadtest.driver import run_loop
 from loadtest.httpload import Pool, build_request, closed_loop
 from loadtest.model import Model
 from loadtest.recorder import Recorder
@@ -369,13 +369,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.latency_seconds = min(args.latency_seconds, 5.0)
     if args.peer is not None:
         with tempfile.TemporaryDirectory(prefix="kbgraph-bench-") as tmp:
-            side = _run_loop(side_by_side(args, Path(tmp)))
+            side = run_loop(side_by_side(args, Path(tmp)))
         for target, row in side["p50_ms"].items():
             print(f"{target:22} " + "  ".join(f"{n} {v} ms" for n, v in row.items()))
         print(json.dumps(side, separators=(",", ":")))
         return 0
     with tempfile.TemporaryDirectory(prefix="kbgraph-bench-") as tmp:
-        out = _run_loop(bench_async(args, Path(tmp)))
+        out = run_loop(bench_async(args, Path(tmp)))
     print_table(out)
     print(json.dumps(out, separators=(",", ":")))
     return 0 if not out["errors"] else 1

@@ -24,7 +24,7 @@ import msgspec
 
 from loadtest import kbgen, report
 from loadtest.bench_api import loaded_service
-from loadtest.driver import _run_loop
+from loadtest.driver import run_loop
 from loadtest.httpload import Response, build_request, closed_loop
 from loadtest.service import HOST, KB
 
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kbgraph-bench-mcp-") as tmp:
-        out = _run_loop(bench_async(args, Path(tmp)))
+        out = run_loop(bench_async(args, Path(tmp)))
     rows = [[t, out["p50_ms"][t], out["p99_ms"][t], out["rps"][t]] for t in TARGETS]
     print(report.table(rows, ["target", "p50 ms", "p99 ms", "req/s"]))
     for name, aim in out["aims"].items():

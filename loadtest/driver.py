@@ -236,7 +236,7 @@ def run(opts: Options) -> dict[str, Any]:
     opts = opts.resolved()
     tmp = Path(tempfile.mkdtemp(prefix="kbgraph-loadtest-"))
     try:
-        full: dict[str, Any] = _run_loop(run_async(opts, tmp))
+        full: dict[str, Any] = run_loop(run_async(opts, tmp))
     finally:
         if opts.keep:
             print(f"kept {tmp}", file=sys.stderr)
@@ -266,7 +266,9 @@ def run(opts: Options) -> dict[str, Any]:
     return full
 
 
-def _run_loop(coro: Any) -> Any:
+def run_loop(coro: Any) -> Any:
+    """Run ``coro`` to its end on uvloop when it is installed (as the service runs), else on
+    asyncio's own loop; the benchmarks' one way in."""
     try:
         import uvloop
 
