@@ -55,9 +55,9 @@ def state(kb: KBProjection, rule_sets: list[RuleSet]) -> dict[str, Any]:
         }
         out["lengths"] = {ids[u]: index.lengths(u) for u in alive if index.terms.holds(u)}
         out["name_lengths"] = dict(index.name_lengths)
-        names = sorted(index.names.counts())
-        text = " ".join(" ".join(key.split(NAME_SEP)) for key in names).encode()
-        out["trie"] = sorted({key for _, _, _, key in index.name_trie().match_texts([text])})
+        # every name ever put, each as a text of its own: those the trie still holds match
+        texts = [" ".join(key.split(NAME_SEP)).encode() for key in index.names.keys]
+        out["trie"] = sorted({key for _, _, _, key in index.name_trie().match_texts(texts)})
         out["mentions"] = {}
         for rules in views:
             view = snap.view(rules)

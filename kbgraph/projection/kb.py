@@ -331,6 +331,8 @@ class KBProjection:
         """The patches gathered over a batch, made at once: the links declared
         (``_declare_gathered``) and the name trie's new names (``SearchIndex.settle``)."""
         self._declare_gathered()
+        if isinstance(self.index, SearchIndex):  # not a test's stand-in (``index_factory``)
+            self.index.settle()
 
     def _declare_gathered(self) -> None:
         """The links gathered since the last call, declared in one compiled call (one per
