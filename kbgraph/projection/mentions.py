@@ -363,7 +363,7 @@ class Mentions:
             self._holders.pop(key, None)
             if key in had or not mentionable(key):
                 continue
-            had[key] = key in before or self.index.names.holders(key)[0].size > 1
+            had[key] = key in before or self.index.names.held_by(key) > 1
 
     def flush(self) -> None:
         """The patches of the changes noted since the last flush, in one pass: the texts
