@@ -378,8 +378,9 @@ class Mentions:
         touched = set(relink)
         by_key, occ = self.by_key, self.occ
         appeared = []
+        held_by = self.index.names.held_by  # a count: the holders themselves when needed
         for key, held in had.items():
-            holders = self.holders(key)
+            holders = held_by(key)
             if holders and not held:
                 appeared.append(key)
             elif held and not holders:  # a name gone
