@@ -62,6 +62,48 @@ def test_matches_equal_the_oracle_through_adds_discards_and_rebuilds(
         assert fresh.match_texts(folded) == expected
 
 
+@settings(max_examples=200)
+@given(
+    st.lists(st.tuples(st.booleans(), name_st), max_size=60),
+    st.lists(tokens_st, min_size=1, max_size=4),
+    st.lists(name_st, max_size=10),
+    st.booleans(),
+)
+def test_adds_gathered_and_made_at_once_equal_the_oracle(
+    steps: list[tuple[bool, str]], texts: list[list[str]], first: list[str], collide: bool
+) -> None:
+    """As ``SearchIndex`` patches the trie over a batch: its adds gathered (a discard takes
+    back a gathered add of its key first, else discards from the trie), then made by one
+    ``add_many``; the matches are those of the names held at the end."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(nametrie, "MIN_DEAD_REBUILD", 0)  # rebuilds often
+        if collide:
+            patch.setattr(nametrie, "TOKEN_HASH_MASK", 3)
+        trie = NameTrie(first)
+        held: dict[str, int] = {}
+        for key in first:
+            held[key] = held.get(key, 0) + 1
+        gathered: list[str] = []
+        for added, key in steps:
+            if added:
+                gathered.append(key)
+                held[key] = held.get(key, 0) + 1
+                continue
+            if key in gathered:
+                gathered.remove(key)
+            else:
+                trie.discard(key)
+            held[key] = max(0, held.get(key, 0) - 1)
+        trie.add_many(gathered)
+        folded = [" ".join(text).encode() for text in texts]
+        assert trie.match_texts(folded) == [
+            (k, *m) for k, t in enumerate(texts) for m in oracle(held, t)
+        ]
+        for key in [k for k, count in held.items() for _ in range(count)]:
+            trie.discard(key)  # the counts held too: every name gone after as many discards
+        assert trie.match_texts(folded) == []
+
+
 def matches(trie: NameTrie, tokens: list[str]) -> list[tuple[int, int, str]]:
     return [(i, j, key) for _, i, j, key in trie.match_texts([" ".join(tokens).encode()])]
 

@@ -36,6 +36,8 @@ def test_base_and_overlay_read_as_a_build_of_the_final_contents(base, changes) -
             want = sorted((u, h) for u, pairs in final.items() for k, h in pairs if k == key)
             nodes, hits = p.holders(key)
             assert sorted(zip(nodes.tolist(), hits.tolist(), strict=True)) == want
+        for key in [*KEYS, "absent"]:  # counted, cached or not
+            assert p.held_by(key) == sum(k == key for pairs in final.items() for k, _ in pairs[1])
     rebuilt = Postings.built(sorted(final.items()))
     assert contents(p) == contents(rebuilt)
     for node, pairs in final.items():  # each node's keys in the order it put them
@@ -43,6 +45,9 @@ def test_base_and_overlay_read_as_a_build_of_the_final_contents(base, changes) -
     keys, arrays = p.arrays()
     loaded = Postings.from_arrays(list(keys), None, arrays)
     assert contents(loaded) == contents(rebuilt)
+    loaded.found = {key: k for k, key in enumerate(keys)} | {"absent": -1}  # found ahead
+    for key in [*KEYS, "absent"]:
+        assert loaded.held_by(key) == p.held_by(key)
     loaded.put(11, [("zz", 3)])  # a loaded base takes changes as any other
     assert loaded.holders("zz")[0].tolist() == [11]
 

@@ -363,7 +363,7 @@ class Mentions:
             self._holders.pop(key, None)
             if key in had or not mentionable(key):
                 continue
-            had[key] = key in before or self.index.names.holders(key)[0].size > 1
+            had[key] = key in before or self.index.names.held_by(key) > 1
 
     def flush(self) -> None:
         """The patches of the changes noted since the last flush, in one pass: the texts
@@ -378,8 +378,9 @@ class Mentions:
         touched = set(relink)
         by_key, occ = self.by_key, self.occ
         appeared = []
+        held_by = self.index.names.held_by  # a count: the holders themselves when needed
         for key, held in had.items():
-            holders = self.holders(key)
+            holders = held_by(key)
             if holders and not held:
                 appeared.append(key)
             elif held and not holders:  # a name gone

@@ -151,6 +151,8 @@ class SearchIndex:
         self._present = np.zeros(1024, dtype=np.uint8)  # 1 where a document is indexed
         self._stats: dict[tuple[int, int], tuple[np.ndarray, int, float, float]] = {}
         self._trie: NameTrie | None = None  # the names as a trie, built on first use
+        # names put since the last ``settle``, counted: added to the trie there, at once
+        self._trie_added: Counter[str] = Counter()
 
     def put(
         self,
@@ -178,7 +180,7 @@ class SearchIndex:
         for key in name_keys:
             self.name_lengths[key.count(_NAME_SEP) + 1] += 1
             if self._trie is not None and key not in kept:
-                self._trie.add(key)
+                self._trie_added[key] += 1
         self.tags.add(node, [(key, 1) for key in tag_keys])
         self._set_lengths(node, title_len, text_len)
 
@@ -276,10 +278,30 @@ class SearchIndex:
             if key in keeps:
                 kept.add(key)
             elif self._trie is not None:
-                self._trie.discard(key)
+                self._trie_discard(key)
         self.names.remove(node)
         self.tags.remove(node)
         return kept
+
+    def _trie_discard(self, key: str) -> None:
+        """One count of ``key`` less in the trie: of those waiting for ``settle`` first."""
+        added = self._trie_added
+        if added.get(key):
+            added[key] -= 1
+            if not added[key]:
+                del added[key]
+        else:
+            assert self._trie is not None
+            self._trie.discard(key)
+
+    def settle(self) -> None:
+        """The names put since the last call, added to the name trie in one compiled pass
+        (``NameTrie.add``, a name at a time, cost ~6 µs an upsert). The projection calls it
+        at the end of each batch, under its write lock: readers find nothing waiting."""
+        if self._trie_added:
+            assert self._trie is not None
+            added, self._trie_added = self._trie_added, Counter()
+            self._trie.add_many(added.elements())
 
     def __len__(self) -> int:
         return self.terms.count
@@ -323,6 +345,7 @@ class SearchIndex:
             self._trie = NameTrie(
                 key for key, count in self.names.counts().items() for _ in range(count)
             )
+        self.settle()  # a caller putting without the projection (tools, tests)
         return self._trie
 
     def named_key(self, key: str) -> list[int]:

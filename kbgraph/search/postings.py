@@ -252,6 +252,22 @@ class Postings:
         self._cache[k] = arrays
         return arrays
 
+    def held_by(self, key: str) -> int:
+        """How many nodes hold ``key`` (``holders``' count, without making or caching its
+        arrays: a writer's look-up, as ``holding_all``)."""
+        k = self.found.get(key, -1) if self.found else -1
+        if k < 0:
+            found = self.key_id.get(key)
+            if found is None:
+                return 0
+            k = found
+        count = len(self._added.get(k, ()))
+        if k + 1 < len(self.key_off):
+            start, end = self.key_off[k], self.key_off[k + 1]
+            if start < end:
+                count += int(np.count_nonzero(self.base_live[self.post_node[start:end]]))
+        return count
+
     def holding_all(self, keys: Iterable[str], mask: int) -> np.ndarray:
         """The nodes holding every one of ``keys`` with hits ``& mask`` nonzero, ascending:
         the keys with the fewest postings first, so that a rare key ends it early. Not cached
