@@ -10,8 +10,8 @@ kernel loading excluded):
 2. after ``--tail`` more events reach the log, a restart: ``Projections.load`` from the
    checkpoint and the log after it, its time and resident memory; then a search and a
    follow of one more delivery, to show the loaded arrays serve and take patches, and of one
-   changing a text (with mentions, the first such builds the name trie, which a checkpoint
-   does not carry).
+   changing a text (with mentions, it walks the name trie the checkpoint carries; from a
+   checkpoint without one, format 2 and before, the first such builds it).
 
 The last line is one JSON object with the figures and the aims of issue 15 (ready <= 3 s and
 <= 800 MB RSS after a restart from a checkpoint at 1M concepts), met true/false.
@@ -111,7 +111,7 @@ def child(db: Path, folder: Path, phase: str, mentions: bool) -> dict[str, Any]:
         while p.follow_once():
             pass
         out["follow_after_restart_ms"] = round((time.perf_counter() - start) * 1e3, 2)
-        changed = upsert(1, 10**6, [cid(2)])  # a new text: with mentions, the first builds the trie
+        changed = upsert(1, 10**6, [cid(2)])  # a new text: with mentions, walks the name trie
         text = msgspec.structs.replace(changed.data, text="a text changed after the restart")
         store.append(KB, [msgspec.structs.replace(changed, data=text)])
         start = time.perf_counter()

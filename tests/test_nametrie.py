@@ -73,6 +73,7 @@ def test_matches_equal_the_oracle_through_adds_discards_and_rebuilds(
         assert trie.match_texts(folded) == expected
         assert reloaded(trie).match_texts(folded) == expected
         assert fresh.match_texts(folded) == expected
+        assert reloaded(fresh).match_texts(folded) == expected
 
 
 def reloaded(trie: NameTrie) -> NameTrie:
@@ -109,6 +110,24 @@ def test_names_sharing_a_node_go_through_the_saved_arrays(monkeypatch: pytest.Mo
     trie.add(keys[0])
     held[keys[0]] += 1
     assert matches(reloaded(trie), text) == oracle(held, text)
+
+
+def test_the_saved_edge_table_is_sized_for_the_nodes() -> None:
+    """A build sizes its table for every name's tokens; names sharing their first token make
+    fewer nodes, and the saved table is the size those need (at most half full)."""
+    trie = NameTrie(NAME_SEP.join(["x", str(i)]) for i in range(100))
+    assert len(trie) == 102
+    edges = trie.saved()[2]["edges"]
+    assert edges.shape == (256, 4) and np.count_nonzero(edges[:, 0] >= 0) == 101
+    again = reloaded(trie)
+    text = [b"x 7 x 99 x 100"]
+    assert (
+        again.match_texts(text)
+        == trie.match_texts(text)
+        == [(0, 0, 2, "x\x1f7"), (0, 2, 4, "x\x1f99")]
+    )
+    again.add(NAME_SEP.join(["x", "100"]))
+    assert again.match_texts(text)[-1] == (0, 4, 6, "x\x1f100")
 
 
 def test_saved_arrays_that_make_no_trie_are_refused() -> None:

@@ -268,14 +268,22 @@ class NameTrie:
 
     def saved(self) -> tuple[list[str], list[str], dict[str, np.ndarray]]:
         """(each node's key, the shared nodes' keys, arrays): the trie as it is, for a
-        checkpoint (``from_arrays``); the same trie gives the same bytes."""
+        checkpoint (``from_arrays``); the same trie gives the same bytes. The edge table is
+        saved at the size its nodes need (a build sizes it for every name's tokens, as many
+        as twice the nodes a KB's shared prefixes make)."""
         nodes = len(self)
+        edges = self._edges
+        rows = 1 << (2 * nodes - 1).bit_length()  # as ``_fill`` sizes it: at most half full
+        if len(edges) > rows:
+            edges = np.zeros((rows, 4), np.int64)
+            edges[:, FROM] = -1
+            _rehash(self._edges, edges)
         shared = sorted(
             (node, key, count) for node, s in self._shared.items() for key, count in s.items()
         )
         arrays: dict[str, np.ndarray] = {
             "meta": np.array([nodes, self._dead, TOKEN_HASH_MASK], np.int64),
-            "edges": self._edges,
+            "edges": edges,
             "through": self._through[:nodes],
             "shared_node": np.array([node for node, _, _ in shared], np.int64),
             "shared_count": np.array([count for _, _, count in shared], np.int64),
