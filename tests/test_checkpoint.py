@@ -745,3 +745,23 @@ def test_a_format_2_checkpoint_loads_the_same_and_builds_its_trie_on_first_use(
         restarted = projections(store, folder)
         assert restarted.loaded_from == again
         assert answers(restarted) == want
+
+
+def test_the_same_state_gives_the_same_bytes(tmp_path: Path) -> None:
+    """A checkpoint's bytes are a function of the state: written twice, and written again from
+    its own load (the name trie mapped, its nodes' keys a lazy column), the same file."""
+    store, p = filled(tmp_path)
+    named_texts(store, 2)
+    while p.follow_once():
+        pass
+    kbs = {KB: p.get(KB)}
+    first = checkpoint.write(tmp_path / "a", "store", p.gid, None, kbs)
+    second = checkpoint.write(tmp_path / "b", "store", p.gid, None, kbs)
+    assert first.read_bytes() == second.read_bytes()
+    header, start = checkpoint.read_header(first)
+    assert header.kbs[0].name_trie
+    loaded = checkpoint.load(first, header, start).kbs
+    loaded[KB].attach_mentions(True)  # as a start does
+    again = checkpoint.write(tmp_path / "c", "store", p.gid, None, loaded)
+    assert again.read_bytes() == first.read_bytes()
+    store.close()
