@@ -17,7 +17,7 @@ the edges (a node no name passes through any more ends no name, so it matches no
 when such dead nodes outnumber the live ones the trie is built again from its names. Only
 mentionable names are held: a name of stop words alone ("The Who") names nothing.
 
-A checkpoint carries the trie as it is (``arrays``, ``from_arrays``): the arrays mapped and
+A checkpoint carries the trie as it is (``saved``, ``from_arrays``): the arrays mapped and
 the nodes' keys read lazily, so a restart walks and patches it without building it again.
 """
 
