@@ -10,15 +10,22 @@ kernel loading excluded):
 2. after ``--tail`` more events reach the log, a restart: ``Projections.load`` from the
    checkpoint and the log after it, its time and resident memory; then a search and a
    follow of one more delivery, to show the loaded arrays serve and take patches, and of one
-   changing a text (with mentions, the first such builds the name trie, which a checkpoint
-   does not carry).
+   changing a text (with mentions, it walks the name trie the checkpoint carries; from a
+   checkpoint without one, format 2 and before, the first such builds it).
+
+``--tail-texts N``: the last N events of the tail change their concept's text (a restart from a
+checkpoint without the name trie builds it while it applies them, before it is ready).
+``--peer CHECKOUT``: the same phases with that checkout's code (its ``.venv``, else this
+Python) on a copy of the same filled store, after this checkout's; both sides' figures are
+printed.
 
 The last line is one JSON object with the figures and the aims of issue 15 (ready <= 3 s and
-<= 800 MB RSS after a restart from a checkpoint at 1M concepts), met true/false.
+<= 800 MB RSS after a restart from a checkpoint at 1M concepts), met true/false (this side's).
 
     .venv/bin/python -m loadtest.bench_restart [--concepts 1000000] [--tail 10000]
         [--keep-filled FILE | --filled FILE]   (fill once, then reuse a copy)
         [--mentions on|off]   (the KB's mention edges kept, as by default, or not)
+        [--tail-texts 0] [--peer CHECKOUT]
 """
 
 from __future__ import annotations
@@ -111,7 +118,7 @@ def child(db: Path, folder: Path, phase: str, mentions: bool) -> dict[str, Any]:
         while p.follow_once():
             pass
         out["follow_after_restart_ms"] = round((time.perf_counter() - start) * 1e3, 2)
-        changed = upsert(1, 10**6, [cid(2)])  # a new text: with mentions, the first builds the trie
+        changed = upsert(1, 10**6, [cid(2)])  # a new text: with mentions, walks the name trie
         text = msgspec.structs.replace(changed.data, text="a text changed after the restart")
         store.append(KB, [msgspec.structs.replace(changed, data=text)])
         start = time.perf_counter()
@@ -123,10 +130,34 @@ def child(db: Path, folder: Path, phase: str, mentions: bool) -> dict[str, Any]:
     return out
 
 
-def run_child(db: Path, folder: Path, phase: str, mentions: str) -> dict[str, Any]:
-    command = [sys.executable, "-m", "loadtest.bench_restart", "--child", phase]
-    command += ["--mentions", mentions]
-    return child_json([*command, "--db", str(db), "--folder", str(folder)], ROOT)
+def run_child(checkout: Path, db: Path, folder: Path, phase: str, mentions: str) -> dict[str, Any]:
+    own = checkout / ".venv/bin/python"
+    python = str(own) if own.exists() else sys.executable
+    command = [python, "-m", "loadtest.bench_restart", "--child", phase, "--mentions", mentions]
+    return child_json([*command, "--db", str(db), "--folder", str(folder)], checkout)
+
+
+def side(checkout: Path, db: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The first build and the restart after the tail, with ``checkout``'s code on ``db``."""
+    folder = db.parent / f"{db.stem}.checkpoints"
+    first = run_child(checkout, db, folder, "first", args.mentions)
+    print(json.dumps({"checkout": str(checkout), "first_build": first}), flush=True)
+    with Store(db) as store:  # the log goes on past the checkpoint
+        dst = synthetic_links(args.concepts)
+        for start in range(0, args.tail, DELIVERY):
+            batch = []
+            for i in range(start, min(args.tail, start + DELIVERY)):
+                u = (i * 7919) % args.concepts
+                links = sorted({cid(j) for j in dst[u].tolist()[: LINKS - 1]})
+                event = upsert(u, 2, links)
+                if i >= args.tail - args.tail_texts:
+                    text = msgspec.structs.replace(event.data, text=f"a tail text {i}")
+                    event = msgspec.structs.replace(event, data=text)
+                batch.append(event)
+            store.append(KB, batch)
+    restart = run_child(checkout, db, folder, "restart", args.mentions)
+    print(json.dumps({"checkout": str(checkout), "restart": restart}), flush=True)
+    return {"first_build": first, "restart": restart}
 
 
 def main() -> None:
@@ -143,6 +174,10 @@ def main() -> None:
         default="on",
         help="keep mention edges, as a KB does by default (on), or not (off)",
     )
+    parser.add_argument(
+        "--tail-texts", type=int, default=0, help="events of the tail that change a text"
+    )
+    parser.add_argument("--peer", type=Path, help="a checkout to run beside this one")
     parser.add_argument("--child", choices=["first", "restart"])
     parser.add_argument("--db", type=Path)
     parser.add_argument("--folder", type=Path)
@@ -151,7 +186,7 @@ def main() -> None:
         print(json.dumps(child(args.db, args.folder, args.child, args.mentions == "on")))
         return
     with tempfile.TemporaryDirectory(prefix="kbgraph-restart-") as tmp:
-        db, folder = Path(tmp) / "kb.db", Path(tmp) / "checkpoints"
+        db = Path(tmp) / "kb.db"
         if args.filled is not None:  # a copy of a store filled before (filling takes minutes)
             shutil.copyfile(args.filled, db)
         else:
@@ -160,19 +195,12 @@ def main() -> None:
             print(json.dumps({"filled": args.concepts, "seconds": round(fill_s, 1)}), flush=True)
             if args.keep_filled is not None:
                 shutil.copyfile(db, args.keep_filled)
-        first = run_child(db, folder, "first", args.mentions)
-        print(json.dumps({"first_build": first}), flush=True)
-        with Store(db) as store:  # the log goes on past the checkpoint
-            dst = synthetic_links(args.concepts)
-            for start in range(0, args.tail, DELIVERY):
-                batch = []
-                for i in range(start, min(args.tail, start + DELIVERY)):
-                    u = (i * 7919) % args.concepts
-                    links = sorted({cid(j) for j in dst[u].tolist()[: LINKS - 1]})
-                    batch.append(upsert(u, 2, links))
-                store.append(KB, batch)
-        restart = run_child(db, folder, "restart", args.mentions)
-        print(json.dumps({"restart": restart}), flush=True)
+        peer_db = Path(tmp) / "peer.db"
+        if args.peer is not None:
+            shutil.copyfile(db, peer_db)
+        this = side(ROOT, db, args)
+        peer = side(args.peer, peer_db, args) if args.peer is not None else None
+        first, restart = this["first_build"], this["restart"]
         figures = {
             "restart_ready_s": restart["ready_s"],
             "restart_rss_mb": restart["rss_mb"],
@@ -182,11 +210,13 @@ def main() -> None:
                 {
                     "concepts": args.concepts,
                     "tail_events": args.tail,
+                    "tail_texts": args.tail_texts,
                     "mentions": args.mentions,
                     "first_build": first,
                     "restart": restart,
                     "aims": AIMS,
                     "met": {k: figures[k] <= AIMS[k] for k in AIMS},
+                    "peer": peer,
                 }
             )
         )

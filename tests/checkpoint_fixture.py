@@ -1,6 +1,8 @@
 """The history behind ``tests/data/checkpoint-format-1/``: a store and a checkpoint written by
 the code before the projection's parts got their own modules (format 1, commit 399367f), which
-``tests/test_checkpoint.py`` loads with today's code.
+``tests/test_checkpoint.py`` loads with today's code; and behind
+``tests/data/checkpoint-format-2/``, the same written by the code before the checkpoint carried
+the name trie (format 2, mentions kept, commit d6358be).
 
 Made with that commit's ``kbgraph`` first on the path (``python -m tests.checkpoint_fixture
 DIR``); the history covers every kind of array a checkpoint holds: non-ASCII ids, titles,

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numba
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from numba.core.compiler_lock import global_compiler_lock
 
 from kbgraph.access import Rule, RuleSet, canonical
 from kbgraph.projection import Projections, checkpoint, follower
+from kbgraph.search import index as search_index
 from kbgraph.store import LogCut, Store
 from tests import checkpoint_fixture
 from tests.histories import KB, deliveries_st, dump, rules_st
@@ -57,7 +59,18 @@ def everything(p: Projections, rule_sets: list[RuleSet | None]) -> dict[str, Any
         }
         named = {t: sorted(snap.ids[u] for u in index.named((t,))) for t in ("dns", "router")}
         stats = index.visible_stats(mask)
-    return {"graph": graph, "search": search, "docs": docs, "named": named, "stats": stats}
+        mentions = None
+        if kb.mentions is not None:
+            seen = kb.mentions.view(mask)
+            mentions = sorted((snap.ids[u], snap.ids[v]) for u in range(n) for v in seen.out(u))
+    return {
+        "graph": graph,
+        "search": search,
+        "docs": docs,
+        "named": named,
+        "stats": stats,
+        "mentions": mentions,
+    }
 
 
 def projections(store: Store, folder: Path, **kwargs: Any) -> Projections:
@@ -571,3 +584,184 @@ def test_a_start_from_a_checkpoint_applies_the_log_past_it_before_it_returns(
     finally:
         restarted.stop()
         store.close()
+
+
+def named_texts(store: Store, version: int) -> None:
+    """Text changes that name concepts ("DNS 3"), one that names none any more, and a new
+    name ("Fresh Name") a text then names: what the name trie is walked and patched for."""
+    store.append(KB, [upsert("c1", version, title="DNS 1", text="see dns 3 and dns 7")])
+    store.append(KB, [upsert("c2", version, title="DNS 2", text="nothing named")])
+    store.append(KB, [upsert("c3", version, title="Fresh Name", text="resolver")])
+    store.append(KB, [upsert("c4", version, title="DNS 4", text="the fresh name, dns 1")])
+
+
+def test_a_restart_from_a_checkpoint_builds_no_name_trie(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint carries each KB's name trie: the first text changes after a restart walk
+    and patch the loaded one (before, the trie of every name was built on the first, under
+    the write lock: 2.75 s at a million concepts), with the mentions of a build."""
+    store, p = filled(tmp_path)
+    assert p.write_checkpoint() is not None
+    built: list[object] = []
+    real = search_index.NameTrie
+    monkeypatch.setattr(search_index, "NameTrie", lambda *a: built.append(a) or real(*a))
+    restarted = projections(store, tmp_path / "ckpt")
+    assert restarted.loaded_from is not None
+    named_texts(store, 2)
+    while restarted.follow_once():
+        pass
+    assert built == []
+    fresh = Projections(store)
+    fresh.load()
+    want = everything(fresh, [None])
+    assert want is not None  # "dns 3" names none once c3 is renamed; "fresh name" comes
+    assert want["mentions"] == [("c1", "c7"), ("c4", "c1"), ("c4", "c3")]
+    assert everything(restarted, [None]) == want
+
+
+def with_header(good: bytes, start: int, header: checkpoint.Header) -> bytes:
+    """The checkpoint ``good`` (its payload at ``start``) with ``header`` instead of its own."""
+    raw = msgspec.json.encode(header)
+    head = checkpoint.MAGIC + len(raw).to_bytes(8, "little") + raw
+    return head + bytes(-len(head) % checkpoint.ALIGN) + good[start:]
+
+
+def test_a_torn_or_corrupt_name_trie_is_not_trusted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The name trie's arrays are checked as every other part: a byte of them flipped fails the
+    payload's CRC-32; a header whose trie arrays do not fit together (an edge table cut, an
+    array missing) is refused by the trie itself. Each time the start falls back to a build."""
+    store, p = filled(tmp_path)
+    path = p.write_checkpoint()
+    assert path is not None
+    good = path.read_bytes()
+    fresh = Projections(store)
+    fresh.load()
+    want = everything(fresh, [None])
+    header, start = checkpoint.read_header(path)
+    (entry,) = header.kbs
+    assert entry.name_trie
+    arrays = {a.name: a for a in entry.arrays}
+    edges = arrays["trie.edges"]
+    flipped = bytearray(good)
+    flipped[start + edges.offset + 8] ^= 0x01  # the first row's token
+    cut = msgspec.structs.replace(edges, shape=(edges.shape[0] // 2 - 1, 4))
+    cases = {
+        "payload CRC-32 mismatch": bytes(flipped),
+        "name trie: an edge table": with_header(
+            good,
+            start,
+            msgspec.structs.replace(
+                header,
+                kbs=[
+                    msgspec.structs.replace(
+                        entry, arrays=[cut if a is edges else a for a in entry.arrays]
+                    )
+                ],
+            ),
+        ),
+        "name trie: no through": with_header(
+            good,
+            start,
+            msgspec.structs.replace(
+                header,
+                kbs=[
+                    msgspec.structs.replace(
+                        entry, arrays=[a for a in entry.arrays if a.name != "trie.through"]
+                    )
+                ],
+            ),
+        ),
+    }
+    for why, content in cases.items():
+        path.write_bytes(content)
+        caplog.clear()
+        restarted = projections(store, path.parent)
+        assert restarted.loaded_from is None, why
+        assert why in caplog.text
+        assert everything(restarted, [None]) == want, why
+    path.write_bytes(with_header(good, start, header))  # the header written again: trusted
+    assert projections(store, path.parent).loaded_from == path
+    store.close()
+
+
+FORMAT_2 = Path(__file__).parent / "data" / "checkpoint-format-2"
+
+
+def test_a_format_2_checkpoint_loads_the_same_and_builds_its_trie_on_first_use(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint of the format before the name trie was carried (format 2: mentions, no
+    trie; ``tests/checkpoint_fixture.py``'s history, written by that code) loads, answers as a
+    build, builds its trie on the first text change and answers as a build after text changes
+    that add and remove names; its next checkpoint carries the trie."""
+    shutil.copytree(FORMAT_2, tmp_path / "old")
+    folder = tmp_path / "old" / "ckpt"
+    (path,) = checkpoint.candidates(folder)
+    assert checkpoint.read_header(path)[0].format == 2 < checkpoint.FORMAT
+    views: list[RuleSet | None] = [
+        None,
+        canonical([Rule(frozenset({"infra", "net"}), frozenset())]),
+    ]
+
+    def answers(p: Projections) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in p.names():
+            kb = p.get(name)
+            assert kb is not None and kb.mentions is not None
+            with kb.read() as snap:
+                n = len(snap.ids)
+                seen = [kb.mentions.view(snap.view(rules).mask) for rules in views]
+                edges = [
+                    sorted((snap.ids[u], snap.ids[v]) for u in range(n) for v in m.out(u))
+                    for m in seen
+                ]
+            out[name] = (dump(kb, views), edges)
+        return out
+
+    with Store(tmp_path / "old" / "kb.db") as store:
+        loaded = projections(store, folder)
+        assert loaded.loaded_from == path
+        kb = loaded.get("kb")
+        assert kb is not None and kb.index.built_trie() is None
+        built = Projections(store)
+        built.load()
+        assert answers(loaded) == answers(built)
+        for name, delivery in checkpoint_fixture.later():
+            store.append(name, delivery)
+        renamed = upsert("ops/n2", 30, title="Fresh Name", text="note 0 über infra")
+        naming = upsert("net/n5", 30, text="the fresh name; note 2 über ops")
+        for i, event in enumerate([renamed, naming]):  # ids the fixture's history never used
+            store.append("kb", [msgspec.structs.replace(event, id=f"format-2-{i}")])
+        assert loaded.follow_once() == built.follow_once() > 0
+        assert kb.index.built_trie() is not None
+        want = answers(built)
+        assert answers(loaded) == want
+        assert ("net/n5", "ops/n2") in want["kb"][1][0]
+        again = loaded.write_checkpoint()
+        assert again is not None and checkpoint.read_header(again)[0].kbs[0].name_trie
+        restarted = projections(store, folder)
+        assert restarted.loaded_from == again
+        assert answers(restarted) == want
+
+
+def test_the_same_state_gives_the_same_bytes(tmp_path: Path) -> None:
+    """A checkpoint's bytes are a function of the state: written twice, and written again from
+    its own load (the name trie mapped, its nodes' keys a lazy column), the same file."""
+    store, p = filled(tmp_path)
+    named_texts(store, 2)
+    while p.follow_once():
+        pass
+    kbs = {KB: p.get(KB)}
+    first = checkpoint.write(tmp_path / "a", "store", p.gid, None, kbs)
+    second = checkpoint.write(tmp_path / "b", "store", p.gid, None, kbs)
+    assert first.read_bytes() == second.read_bytes()
+    header, start = checkpoint.read_header(first)
+    assert header.kbs[0].name_trie
+    loaded = checkpoint.load(first, header, start).kbs
+    loaded[KB].attach_mentions(True)  # as a start does
+    again = checkpoint.write(tmp_path / "c", "store", p.gid, None, loaded)
+    assert again.read_bytes() == first.read_bytes()
+    store.close()

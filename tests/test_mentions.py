@@ -381,7 +381,11 @@ def round_trip(kb: KBProjection, folder: Path, mentions: bool = True) -> KBProje
     assert (
         header.kbs[0].mentions == (loaded.saved_mentions is not None) == (kb.mentions is not None)
     )
+    carried = loaded.index.built_trie()  # the name trie too, where it kept mentions
+    assert (carried is not None) == header.kbs[0].name_trie == (kb.mentions is not None)
     loaded.attach_mentions(mentions)  # as the follower does after a load
+    if carried is not None:
+        assert loaded.index.built_trie() is carried  # restored, not built again
     return loaded
 
 

@@ -9,7 +9,9 @@ offset of each array), then the payload, every array aligned to 64 bytes. A KB t
 mentions carries them (``mentions.*``: each name occurrence's source, first and end token and
 key's number, the keys, the plain edges) so that a restart restores them instead of scanning
 every text (format 2; a format 1 file, which has none, loads with its mentions built from
-the texts). A file is written
+the texts), and its name trie (``trie.*``: ``kbgraph.search.nametrie.NameTrie.saved``) so
+that the first text change after a restart walks it instead of building it from every name
+(format 3; a format 2 file, which has none, builds it on first use). A file is written
 under a temporary name, fsynced, renamed and its folder fsynced, so a crash leaves either the
 whole file or none under the final name.
 
@@ -45,13 +47,20 @@ from kbgraph.projection.links import Links
 from kbgraph.projection.mentions import Saved
 from kbgraph.projection.nodes import Nodes
 from kbgraph.search import SearchIndex
-from kbgraph.store.columns import KeyIndex, StringColumn, encode_strings, key_hashes
+from kbgraph.search.nametrie import NameTrie
+from kbgraph.store.columns import (
+    KeyIndex,
+    StringColumn,
+    decode_strings,
+    encode_strings,
+    key_hashes,
+)
 
 log = logging.getLogger(__name__)
 
 MAGIC: Final = b"kbgraph checkpoint\n"
-FORMAT: Final = 2  # 2: the mention occurrences
-READS: Final = (1, 2)  # 1: no mention state (built from the texts on attach)
+FORMAT: Final = 3  # 2: the mention occurrences; 3: the name trie
+READS: Final = (1, 2, 3)  # 1: no mention state (built from the texts on attach); 2: no trie
 ALIGN: Final = 64
 KEEP: Final = 2  # checkpoint files kept (the newest and one before it)
 
@@ -73,6 +82,7 @@ class KBEntry(msgspec.Struct):
     vector_model: str = ""  # the embedding model of the ``vec.*`` arrays ("" = none)
     vector_dim: int = 0
     mentions: bool = False  # the ``mentions.*`` arrays hold its occurrences (it kept mentions)
+    name_trie: bool = False  # the ``trie.*`` arrays hold its search index's name trie
 
 
 class LogMark(msgspec.Struct, array_like=True):
@@ -128,6 +138,8 @@ def _kb_arrays(kb: KBProjection) -> tuple[KBEntry, dict[str, np.ndarray]]:
     if kb.mentions is not None:
         arrays.update(_mention_arrays(kb.mentions.saved()))
         entry.mentions = True
+        arrays.update(_trie_arrays(kb.index.name_trie()))  # built here if not yet used
+        entry.name_trie = True
     if kb.vectors is not None and kb.vectors.cap:
         arrays.update({f"vec.{name}": a for name, a in kb.vectors.arrays().items()})
         entry.vector_model, entry.vector_dim = kb.vectors.model, kb.vectors.dim
@@ -159,6 +171,8 @@ def _kb_from_arrays(entry: KBEntry, arrays: Mapping[str, np.ndarray]) -> KBProje
         kb.saved_vectors = (entry.vector_model, entry.vector_dim, saved)
     if entry.mentions:
         kb.saved_mentions = _saved_mentions(arrays)
+    if entry.name_trie:
+        kb.index.adopt_trie(_saved_trie(arrays))
     return kb
 
 
@@ -172,6 +186,22 @@ def _saved_mentions(arrays: Mapping[str, np.ndarray]) -> Saved:
     keys = StringColumn(arrays["mentions.keys.blob"], arrays["mentions.keys.off"])
     parts = {f: arrays[f"mentions.{f}"] for f in Saved._fields if f != "keys"}
     return Saved(keys=keys, **parts)
+
+
+def _trie_arrays(trie: NameTrie) -> dict[str, np.ndarray]:
+    node_keys, shared_keys, arrays = trie.saved()
+    out = {f"trie.{name}": a for name, a in arrays.items()}
+    for part, keys in (("node_keys", node_keys), ("shared_keys", shared_keys)):
+        out[f"trie.{part}.blob"], out[f"trie.{part}.off"] = encode_strings(keys)
+    return out
+
+
+def _saved_trie(arrays: Mapping[str, np.ndarray]) -> NameTrie:
+    """The trie over the mapped arrays, its nodes' keys read lazily."""
+    parts = {name[len("trie.") :]: a for name, a in arrays.items() if name.startswith("trie.")}
+    node_keys = StringColumn(parts["node_keys.blob"], parts["node_keys.off"])
+    shared_keys = decode_strings(parts["shared_keys.blob"], parts["shared_keys.off"])
+    return NameTrie.from_arrays(parts, node_keys, shared_keys)
 
 
 # --- files -------------------------------------------------------------------------------

@@ -348,6 +348,17 @@ class SearchIndex:
         self.settle()  # a caller putting without the projection (tools, tests)
         return self._trie
 
+    def built_trie(self) -> NameTrie | None:
+        """``name_trie`` if it was built (or adopted), with what waits for ``settle`` added,
+        else None: it is not built here."""
+        if self._trie is not None:
+            self.settle()
+        return self._trie
+
+    def adopt_trie(self, trie: NameTrie) -> None:
+        """Take ``trie`` (a checkpoint's, saved with these very names) as ``name_trie``."""
+        self._trie = trie
+
     def named_key(self, key: str) -> list[int]:
         """The documents with the name of key ``key`` (from ``name_trie``)."""
         nodes: list[int] = self.names.holders(key)[0].tolist()

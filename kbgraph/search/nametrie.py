@@ -16,14 +16,17 @@ inserts the edges its path lacks; discarding one lowers the counts along its pat
 the edges (a node no name passes through any more ends no name, so it matches nothing), and
 when such dead nodes outnumber the live ones the trie is built again from its names. Only
 mentionable names are held: a name of stop words alone ("The Who") names nothing.
+
+A checkpoint carries the trie as it is (``saved``, ``from_arrays``): the arrays mapped and
+the nodes' keys read lazily, so a restart walks and patches it without building it again.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from typing import Final
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Final, Protocol
 
 import numpy as np
 from numba import njit
@@ -44,6 +47,18 @@ def mentionable(key: str) -> bool:
 
 
 FROM, TOKEN, TO, ENDS = 0, 1, 2, 3  # an edge's row: its node, token, child, names ending
+SAVED_ARRAYS: Final = ("meta", "edges", "through", "shared_node", "shared_count")  # ``saved``
+
+
+class NodeKeys(Protocol):
+    """Node -> the one key ending there ("" for none): a list, or a checkpoint's column (read
+    lazily, changed and appended to in memory)."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, node: int, /) -> str: ...
+    def __setitem__(self, node: int, key: str, /) -> None: ...
+    def __iter__(self) -> Iterator[str]: ...
+    def append(self, key: str, /) -> None: ...
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -229,7 +244,7 @@ class NameTrie:
         new names, as ``Mentions.flush`` makes, costs no more than they need)."""
         held = [key for key in keys if mentionable(key)]
         nodes = 1 + sum(key.count(NAME_SEP) + 1 for key in held)
-        self._node_key: list[str | None] = [None]  # node -> the one key ending there, if one
+        self._node_key: NodeKeys = [""]  # node -> the one key ending there ("" for none)
         self._shared: dict[int, dict[str, int]] = {}  # node -> its keys and counts, if two+
         self._through = np.zeros(nodes, np.int32)  # node -> names (counted) passing there
         rows = 1 << (2 * nodes - 1).bit_length()  # the table at most half full
@@ -242,6 +257,75 @@ class NameTrie:
         """Nodes, the root's included."""
         return len(self._node_key)
 
+    def _grow(self, nodes: int) -> None:
+        """Keys ("" for none) for the nodes up to ``nodes``."""
+        keys = self._node_key
+        if isinstance(keys, list):
+            keys.extend([""] * (nodes - len(keys)))
+        else:
+            for _ in range(nodes - len(keys)):
+                keys.append("")
+
+    def saved(self) -> tuple[list[str], list[str], dict[str, np.ndarray]]:
+        """(each node's key, the shared nodes' keys, arrays): the trie as it is, for a
+        checkpoint (``from_arrays``); the same trie gives the same bytes. The edge table is
+        saved at the size its nodes need (a build sizes it for every name's tokens, as many
+        as twice the nodes a KB's shared prefixes make)."""
+        nodes = len(self)
+        edges = self._edges
+        rows = 1 << (2 * nodes - 1).bit_length()  # as ``_fill`` sizes it: at most half full
+        if len(edges) > rows:
+            edges = np.zeros((rows, 4), np.int64)
+            edges[:, FROM] = -1
+            _rehash(self._edges, edges)
+        shared = sorted(
+            (node, key, count) for node, s in self._shared.items() for key, count in s.items()
+        )
+        arrays: dict[str, np.ndarray] = {
+            "meta": np.array([nodes, self._dead, TOKEN_HASH_MASK], np.int64),
+            "edges": edges,
+            "through": self._through[:nodes],
+            "shared_node": np.array([node for node, _, _ in shared], np.int64),
+            "shared_count": np.array([count for _, _, count in shared], np.int64),
+        }
+        return list(self._node_key), [key for _, key, _ in shared], arrays
+
+    @classmethod
+    def from_arrays(
+        cls, arrays: Mapping[str, np.ndarray], node_keys: NodeKeys, shared_keys: Sequence[str]
+    ) -> NameTrie:
+        """The trie ``saved`` gave, over its arrays as they are (a checkpoint maps them
+        copy-on-write: patches make private pages). ``ValueError`` when they do not make
+        a trie this code walks safely."""
+        missing = sorted(set(SAVED_ARRAYS) - arrays.keys())
+        if missing:
+            raise ValueError(f"name trie: no {', '.join(missing)}")
+        meta, edges, through = arrays["meta"], arrays["edges"], arrays["through"]
+        owners, counts = arrays["shared_node"], arrays["shared_count"]
+        if meta.shape != (3,) or edges.dtype != np.int64 or through.dtype != np.int32:
+            raise ValueError("name trie: arrays of another layout")
+        nodes, dead, mask = (int(v) for v in meta)
+        rows = len(edges)
+        if mask != TOKEN_HASH_MASK:
+            raise ValueError(f"name trie: token hash mask {mask}, this kbgraph's {TOKEN_HASH_MASK}")
+        if edges.ndim != 2 or edges.shape[1] != 4 or rows & (rows - 1) or 2 * nodes > rows:
+            raise ValueError(f"name trie: an edge table {edges.shape} for {nodes} nodes")
+        if not (len(through) == len(node_keys) == nodes >= 1 and 0 <= dead < nodes):
+            raise ValueError(
+                f"name trie: {nodes} nodes, {len(through)} counts, {len(node_keys)} keys"
+            )
+        if not len(owners) == len(counts) == len(shared_keys) or (
+            len(owners) and not (owners.min() > 0 and owners.max() < nodes and counts.min() > 0)
+        ):
+            raise ValueError("name trie: shared nodes out of range")
+        trie = cls.__new__(cls)
+        trie.lookups = 0
+        trie._node_key, trie._edges, trie._through, trie._dead = node_keys, edges, through, dead
+        trie._shared = {}
+        for node, key, count in zip(owners.tolist(), shared_keys, counts.tolist(), strict=True):
+            trie._shared.setdefault(node, {})[key] = count
+        return trie
+
     def _held(self, node: int, key: str, ends: int) -> None:
         """One more count of ``key`` at ``node``, which now ends ``ends`` names."""
         shared = self._shared.get(node)
@@ -249,11 +333,11 @@ class NameTrie:
             shared[key] = shared.get(key, 0) + 1
             return
         own = self._node_key[node]
-        if own is None or own == key:
+        if not own or own == key:
             self._node_key[node] = key
         else:  # a second key whose tokens hash alike
             self._shared[node] = {own: ends - 1, key: 1}
-            self._node_key[node] = None
+            self._node_key[node] = ""
 
     def _add_many(self, held: list[str]) -> None:
         """``add`` of each of ``held`` (mentionable keys) in one compiled pass."""
@@ -266,7 +350,7 @@ class NameTrie:
         last = np.empty(len(held), np.int64)
         nodes, revived = _insert_many(self._edges, self._through, ids, bounds, len(self), last)
         self._dead -= revived
-        self._node_key.extend([None] * (nodes - len(self)))
+        self._grow(nodes)
         rows = self._edges[last]
         ends_at = rows[:, TO].tolist()
         added = Counter(ends_at)  # names this call put at each node
@@ -288,7 +372,7 @@ class NameTrie:
         before = len(self)
         at, nodes, revived = _insert(self._edges, self._through, ids, before)
         self._dead -= revived
-        self._node_key.extend([None] * (nodes - len(self)))
+        self._grow(nodes)
         node = nodes - 1 if nodes > before else int(self._edges[at, TO])
         self._held(node, key, int(self._edges[at, ENDS]))
 
@@ -315,7 +399,7 @@ class NameTrie:
             return
         self._edges[at, ENDS] -= 1
         if not self._edges[at, ENDS]:
-            self._node_key[node] = None
+            self._node_key[node] = ""
         self._dead += _lower(self._edges, self._through, ids)
         if self._dead > max(MIN_DEAD_REBUILD, len(self) - self._dead):
             self._rebuild()
@@ -343,7 +427,7 @@ class NameTrie:
         held: list[str] = []
         for node, count in edges[rows][:, [TO, ENDS]].tolist():
             own = self._node_key[node]
-            if own is not None:
+            if own:
                 held += [own] * count
             else:
                 for key, n in self._shared[node].items():
@@ -377,7 +461,7 @@ class NameTrie:
         for k, i, j, node, first, end in out[:found].tolist():
             name = NAME_SEP.join(data[first:end].decode().split())
             key = keys[node]
-            if key == name or (key is None and name in shared.get(node, ())):
+            if key == name or (not key and name in shared.get(node, ())):
                 result.append((k, i, j, name))
         return result
 
