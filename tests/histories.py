@@ -27,6 +27,7 @@ from kbgraph.events import (
     UpsertData,
 )
 from kbgraph.projection import KBProjection
+from kbgraph.store import LogRecord
 from tests.reference_model import ReferenceKB
 
 KB = "kb"
@@ -203,3 +204,15 @@ def deliveries(draw: st.DrawFn) -> list[list[Event]]:
 
 
 deliveries_st = deliveries()
+
+
+def apply_in_deliveries(records: list[LogRecord], sizes: list[int], kb: KBProjection) -> None:
+    """``records`` applied by ``KBProjection.apply``, in deliveries of ``sizes`` (the rest in
+    one more)."""
+    deliveries = []
+    for size in [*sizes, len(records)]:
+        if records:
+            deliveries.append(records[:size])
+            records = records[size:]
+    while deliveries:
+        deliveries = deliveries[kb.apply(deliveries) :]

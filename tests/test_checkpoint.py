@@ -131,16 +131,39 @@ def filled(tmp: Path, count: int = 30) -> tuple[Store, Projections]:
     return store, projections(store, tmp / "ckpt", log_retain=0)
 
 
+def written(tmp: Path) -> tuple[Store, Path, dict[str, Any] | None]:
+    """A filled store, the checkpoint written of it, and what a build from it answers."""
+    store, p = filled(tmp)
+    path = p.write_checkpoint()
+    assert path is not None
+    fresh = Projections(store)
+    fresh.load()
+    return store, path, everything(fresh, [None])
+
+
+def refused_each(
+    store: Store,
+    path: Path,
+    cases: dict[str, bytes],
+    want: dict[str, Any] | None,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each of ``cases`` (the reason logged: the checkpoint's bytes) written at ``path`` is
+    refused with that reason, and the start falls back to a build answering ``want``."""
+    for why, content in cases.items():
+        path.write_bytes(content)
+        caplog.clear()
+        restarted = projections(store, path.parent)
+        assert restarted.loaded_from is None, why
+        assert why in caplog.text
+        assert everything(restarted, [None]) == want, why
+
+
 def test_corrupt_torn_and_foreign_checkpoints_are_not_trusted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store, p = filled(tmp_path)
-    path = p.write_checkpoint()
-    assert path is not None
+    store, path, want = written(tmp_path)
     good = path.read_bytes()
-    fresh = Projections(store)
-    fresh.load()
-    want = everything(fresh, [None])
     header, start = checkpoint.read_header(path)
     flipped = bytearray(good)
     flipped[start + header.payload_bytes // 2] ^= 0xFF
@@ -150,13 +173,7 @@ def test_corrupt_torn_and_foreign_checkpoints_are_not_trusted(
         "header cut short": good[: len(checkpoint.MAGIC) + 20],  # torn in the header
         "not a checkpoint file": b"garbage" + good[7:],
     }
-    for why, content in cases.items():
-        path.write_bytes(content)
-        caplog.clear()
-        restarted = projections(store, path.parent)
-        assert restarted.loaded_from is None, why
-        assert why in caplog.text
-        assert everything(restarted, [None]) == want, why
+    refused_each(store, path, cases, want, caplog)
     path.write_bytes(good)
     assert projections(store, path.parent).loaded_from == path
     with Store(tmp_path / "other.db") as other:  # same folder, another store
@@ -633,13 +650,8 @@ def test_a_torn_or_corrupt_name_trie_is_not_trusted(
     """The name trie's arrays are checked as every other part: a byte of them flipped fails the
     payload's CRC-32; a header whose trie arrays do not fit together (an edge table cut, an
     array missing) is refused by the trie itself. Each time the start falls back to a build."""
-    store, p = filled(tmp_path)
-    path = p.write_checkpoint()
-    assert path is not None
+    store, path, want = written(tmp_path)
     good = path.read_bytes()
-    fresh = Projections(store)
-    fresh.load()
-    want = everything(fresh, [None])
     header, start = checkpoint.read_header(path)
     (entry,) = header.kbs
     assert entry.name_trie
@@ -648,40 +660,17 @@ def test_a_torn_or_corrupt_name_trie_is_not_trusted(
     flipped = bytearray(good)
     flipped[start + edges.offset + 8] ^= 0x01  # the first row's token
     cut = msgspec.structs.replace(edges, shape=(edges.shape[0] // 2 - 1, 4))
+
+    def with_arrays(arrays: list[checkpoint.ArrayEntry]) -> bytes:
+        kb_entry = msgspec.structs.replace(entry, arrays=arrays)
+        return with_header(good, start, msgspec.structs.replace(header, kbs=[kb_entry]))
+
     cases = {
         "payload CRC-32 mismatch": bytes(flipped),
-        "name trie: an edge table": with_header(
-            good,
-            start,
-            msgspec.structs.replace(
-                header,
-                kbs=[
-                    msgspec.structs.replace(
-                        entry, arrays=[cut if a is edges else a for a in entry.arrays]
-                    )
-                ],
-            ),
-        ),
-        "name trie: no through": with_header(
-            good,
-            start,
-            msgspec.structs.replace(
-                header,
-                kbs=[
-                    msgspec.structs.replace(
-                        entry, arrays=[a for a in entry.arrays if a.name != "trie.through"]
-                    )
-                ],
-            ),
-        ),
+        "name trie: an edge table": with_arrays([cut if a is edges else a for a in entry.arrays]),
+        "name trie: no through": with_arrays([a for a in entry.arrays if a.name != "trie.through"]),
     }
-    for why, content in cases.items():
-        path.write_bytes(content)
-        caplog.clear()
-        restarted = projections(store, path.parent)
-        assert restarted.loaded_from is None, why
-        assert why in caplog.text
-        assert everything(restarted, [None]) == want, why
+    refused_each(store, path, cases, want, caplog)
     path.write_bytes(with_header(good, start, header))  # the header written again: trusted
     assert projections(store, path.parent).loaded_from == path
     store.close()

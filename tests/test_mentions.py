@@ -24,6 +24,7 @@ from kbgraph.projection.mentions import Occurrence, alone, split, unlinked
 from kbgraph.search import STOP_WORDS, SearchIndex, tokenize
 from kbgraph.store import KBState, LogRecord
 from kbgraph.store.model import ConceptState
+from tests.histories import apply_in_deliveries
 
 WORDS = ["new", "york", "city", "the", "of", "paris", "big", "apple", "rome"]
 IDS = ["a/ny", "a/nyc", "b/paris", "b/apple", "c/rome", "top", "a/city", "b/the"]
@@ -222,13 +223,7 @@ def test_a_batch_patched_at_once_equals_the_oracle(
         with kb.read():
             kb.mask(r)
     records = [LogRecord(i + 1, "m", i + 1, e, False) for i, e in enumerate(events)]
-    deliveries = []
-    for size in [*sizes, len(records)]:
-        if records:
-            deliveries.append(records[:size])
-            records = records[size:]
-    while deliveries:
-        deliveries = deliveries[kb.apply(deliveries) :]
+    apply_in_deliveries(records, sizes, kb)
     for rules in [None, *RULES]:
         assert edges_of(kb, rules) == oracle(state, rules)
     assert occurrences(kb) == occurrences(built(state))  # no stale name left behind

@@ -22,7 +22,7 @@ from kbgraph.events import Event
 from kbgraph.projection import KBProjection
 from kbgraph.search.nametrie import NAME_SEP
 from kbgraph.store import LogRecord
-from tests.histories import deliveries_st, dump, rules_st
+from tests.histories import apply_in_deliveries, deliveries_st, dump, rules_st
 from tests.kb_events import upsert
 
 
@@ -68,17 +68,6 @@ def state(kb: KBProjection, rule_sets: list[RuleSet]) -> dict[str, Any]:
     return out
 
 
-def batched(records: list[LogRecord], sizes: list[int], kb: KBProjection) -> None:
-    """``records`` applied by ``KBProjection.apply``, in deliveries of ``sizes``."""
-    deliveries = []
-    for size in [*sizes, len(records)]:
-        if records:
-            deliveries.append(records[:size])
-            records = records[size:]
-    while deliveries:
-        deliveries = deliveries[kb.apply(deliveries) :]
-
-
 def one_by_one(events: list[Event], kb: KBProjection) -> None:
     for e in events:
         kb.apply_event(e)
@@ -98,7 +87,7 @@ def test_a_batch_equals_its_events_one_by_one(
 ) -> None:
     events = [e for d in deliveries for e in d]
     kb, single = fresh(rule_sets), fresh(rule_sets)
-    batched(records_of(events), sizes, kb)
+    apply_in_deliveries(records_of(events), sizes, kb)
     one_by_one(events, single)
     single.seq = kb.seq
     assert state(kb, rule_sets) == state(single, rule_sets)
