@@ -17,7 +17,8 @@ Then, per run (each checkout in turn with ``--peer``, alternating, ``--rounds`` 
 fresh 3-server NATS cluster on loopback (TLS, accounts: ``tests.nats_cluster``):
 
 1. node A serves a copy of the filled store (that checkpoint loaded), takes ``--deliveries``
-   single-event deliveries through the stream, publishes a snapshot at its last position
+   single-event deliveries through the stream (``--tail texts``: new concepts with texts;
+   ``links``: links added, no text changed), publishes a snapshot at its last position
    (store and checkpoint) and trims the stream below it; then A stops, so that B is timed
    alone on the machine;
 2. an empty node B starts: the seconds from its process start to ``/readyz`` 200, and when
@@ -35,6 +36,7 @@ times, the snapshot's bytes, the aim (<= 30 s at 1M) and this over the peer.
 
     .venv/bin/python -m loadtest.bench_snapshot_start [--concepts 1000000]
         [--keep-filled DIR | --filled DIR] [--peer CHECKOUT] [--rounds 1]
+        [--deliveries 20] [--tail texts|links]
 """
 
 from __future__ import annotations
@@ -219,11 +221,19 @@ async def snapshot_at(cluster: NatsCluster, position: int) -> tuple[int, int] | 
         await nc.close()
 
 
-def send(port: int, count: int) -> None:
+def send(port: int, count: int, kind: str) -> None:
+    """``count`` single-event deliveries to the node at ``port``: new concepts, each with a
+    text (``kind`` "texts"), or links added between filled ones (no text, "links")."""
     source = Concepts("run", 2)
     with httpx.Client(timeout=60) as client:
-        for _ in range(count):
-            body, headers = wc.delivery(SECRET, source.next())
+        for n in range(count):
+            event = (
+                source.next()
+                if kind == "texts"
+                else wc.event("link.added", f"load/c{100 + n}", 2, source="bench://kb",
+                              event_id=f"link-{n}", target=f"load/c{200 + n}")
+            )  # fmt: skip
+            body, headers = wc.delivery(SECRET, event)
             answer = client.post(f"http://127.0.0.1:{port}/v1/kbs/{KB}/events", content=body,
                                  headers=headers)  # fmt: skip
             if answer.status_code != 200:
@@ -251,7 +261,9 @@ class Tail(threading.Thread):
                     return
 
 
-def run_once(checkout: Path, filled: Path, root: Path, deliveries: int) -> dict[str, Any]:
+def run_once(
+    checkout: Path, filled: Path, root: Path, deliveries: int, kind: str
+) -> dict[str, Any]:
     """One cluster, node A's snapshot, node B from it (see the module's docstring)."""
     cluster = NatsCluster(root / "nats", 3)
     nodes = []
@@ -264,7 +276,7 @@ def run_once(checkout: Path, filled: Path, root: Path, deliveries: int) -> dict[
         every = "snapshot_every_seconds = 10\nsnapshots_keep = 1\n"
         a_config = cluster.log_toml(STREAM) + every
         nodes.append(start_server(a, port_a, a_config, checkout, ready_seconds=WAIT_SECONDS))
-        send(port_a, deliveries)
+        send(port_a, deliveries, kind)
         deadline = time.monotonic() + WAIT_SECONDS
         snapshot = None
         while snapshot is None:
@@ -325,8 +337,19 @@ def main() -> None:
     parser.add_argument("--peer", type=Path, help="a checkout to run side by side (its .venv)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--deliveries", type=int, default=20, help="through A before its snapshot")
+    parser.add_argument(
+        "--tail",
+        choices=["texts", "links"],
+        default="texts",
+        help="A's deliveries: new concepts with texts, or links added (B's log past the "
+        "checkpoint then changes no text)",
+    )
     args = parser.parse_args()
-    figures: dict[str, Any] = {"concepts": args.concepts, "cores": os.cpu_count()}
+    figures: dict[str, Any] = {
+        "concepts": args.concepts,
+        "cores": os.cpu_count(),
+        "tail": args.tail,
+    }
     with tempfile.TemporaryDirectory(prefix="kbgraph-bench-snapstart-") as folder:
         root = Path(folder)
         filled = args.filled
@@ -343,7 +366,9 @@ def main() -> None:
         for n in range(args.rounds):
             for name in checkouts:  # this, then the peer
                 run_root = root / f"{name}-{n}"
-                run = run_once(checkouts[name], root / f"filled-{name}", run_root, args.deliveries)
+                run = run_once(
+                    checkouts[name], root / f"filled-{name}", run_root, args.deliveries, args.tail
+                )
                 shutil.rmtree(run_root, ignore_errors=True)
                 runs[name].append(run)
                 print(f"{name}: ready in {run['ready_s']} s, stages {run['stages_s']}", flush=True)
