@@ -377,7 +377,7 @@ def main() -> None:
     for name, done in runs.items():
         figures[name] = {
             "checkpoint": rewritten[name],
-            "ready_s": statistics.median(r["ready_s"] for r in done),
+            "ready_s": round(statistics.median(r["ready_s"] for r in done), 2),
             "runs": done,
         }
     if "peer" in figures:
