@@ -18,6 +18,7 @@ from kbgraph.embeddings import carried, concept_text, text_hash
 from kbgraph.embeddings.carried import Carrier
 from kbgraph.events import Event
 from kbgraph.projection import Projections
+from kbgraph.projection.vectors import Vectors
 from kbgraph.search import document
 from kbgraph.store import Store
 from tests.bulk_histories import history_event, history_events
@@ -222,3 +223,52 @@ def test_the_writer_stores_the_vector_rows_and_a_row_decodes_for_older_code() ->
 )
 def test_rows_not_of_one_shape_are_never_installed(blobs: list[bytes]) -> None:
     assert carried.unpack(blobs) is None
+
+
+def carrying(blob: bytes) -> document.Analysed:
+    """A log row's analysis carrying ``blob`` as the local model's vector."""
+    return document.Analysed(
+        document.ANALYSIS_VERSION, [], [], [], [], 0, 0, carried.key("hash-64", MAX_CHARS), blob
+    )
+
+
+def installed(v: Vectors) -> tuple[int, dict[int, tuple[bytes, bytes, bytes]], set[int]]:
+    """(the width taken, each installed row's bytes, the rows still waiting)."""
+    rows = {
+        u: (v.q8[u].tobytes(), v.scale[u].tobytes(), v.codes[u].tobytes())
+        for u in range(v.cap)
+        if v.have[u]
+    }
+    return v.dim, rows, set(v.dirty)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.sampled_from([8, 12]), st.integers(0, 9))),
+    st.lists(st.integers(1, 6)),
+)
+def test_what_is_installed_of_carried_rows_of_mixed_widths_does_not_depend_on_batching(
+    changes: list[tuple[int, int, int]], sizes: list[int]
+) -> None:
+    """Rows of two widths (only a holder of the cluster's secret could ship such) are installed
+    alike whether each change's batch ends after it or the changes come in batches of
+    ``sizes``: the first carried row sets the KB's width, as it does one change at a time, and
+    a row of another width waits for the model."""
+    rng = np.random.default_rng(7)
+    blobs = {
+        (dim, seed): carried.pack(rng.normal(size=(1, dim)).astype(np.float32))[0]
+        for dim in (8, 12)
+        for seed in range(10)
+    }
+    one_by_one = Vectors(HashEmbedder(), carried_key=carried.key("hash-64", MAX_CHARS))
+    for u, dim, seed in changes:
+        one_by_one.changed(u, carrying(blobs[dim, seed]))
+        one_by_one.install_carried()
+    batched = Vectors(HashEmbedder(), carried_key=carried.key("hash-64", MAX_CHARS))
+    at = 0
+    for size in [*sizes, len(changes)]:
+        for u, dim, seed in changes[at : at + size]:
+            batched.changed(u, carrying(blobs[dim, seed]))
+        batched.install_carried()
+        at += size
+    assert installed(batched) == installed(one_by_one)

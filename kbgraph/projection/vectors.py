@@ -36,6 +36,7 @@ class Vectors:
         # the key (``carried.key``) of the vectors a log row may carry for this model ("": none)
         self.carried_key = carried_key
         self._carried: dict[int, bytes] = {}  # row -> packed vector, installed with the batch
+        self._width = 0  # the bytes of a carried row this KB takes (``_takes``); 0: not yet
         self.dim = dim  # 0 until the first vector arrives (an openai model's size is its own)
         self.cap = 0
         self.q8 = np.zeros((0, 0), np.int8)
@@ -89,8 +90,8 @@ class Vectors:
         self.dirty.difference_update(rows)
 
     def install_carried(self) -> None:
-        """The vectors the batch's log rows carried (``changed``), in one step; a batch of
-        another width than this KB's rows stays waiting for the filler."""
+        """The vectors the batch's log rows carried (``changed``: all of one width), in one
+        step; of another size than this KB's rows, they stay waiting for the filler."""
         if not self._carried:
             return
         rows, blobs = list(self._carried), list(self._carried.values())
@@ -131,10 +132,26 @@ class Vectors:
         installed with the batch (``install_carried``)."""
         self._clear(u)
         self.dirty.add(u)
-        if analysis is not None and analysis.vector and analysis.vector_model == self.carried_key:
-            self._carried[u] = analysis.vector
+        blob = b""
+        if analysis is not None and analysis.vector_model == self.carried_key:
+            blob = analysis.vector
+        if blob and self._takes(len(blob)):
+            self._carried[u] = blob
         else:
             self._carried.pop(u, None)
+
+    def _takes(self, width: int) -> bool:
+        """Whether a carried row of ``width`` bytes is taken: of the KB's vectors' size, or,
+        before it has one, of the first carried row's. Decided per event, in log order, so
+        rows of mixed widths (only a holder of the cluster's secret could ship them) are
+        installed alike however the events are batched."""
+        if not self._width:
+            if not self.dim:
+                if width <= carried.EXTRA:
+                    return False
+                self.dim = width - carried.EXTRA  # as the first vector installed would
+            self._width = self.dim + carried.EXTRA
+        return width == self._width
 
     def mark_missing(self, alive: np.ndarray, n: int) -> None:
         """Every alive row of the first n without a vector becomes dirty (after build or load)."""
