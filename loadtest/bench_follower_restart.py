@@ -20,11 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-from loadtest.report import child_json
+from loadtest.report import checkout_python, child_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,8 +73,7 @@ print(json.dumps(out))
 
 
 def run(checkout: Path, base: int, batches: int) -> dict[str, Any]:
-    own = checkout / ".venv/bin/python"
-    python = str(own) if own.exists() else sys.executable
+    python = checkout_python(checkout)
     return child_json([python, "-c", CHILD, str(base), str(batches)], checkout)
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ from typing import Any
 import msgspec
 import psutil
 
-from loadtest.report import child_json
+from loadtest.report import checkout_python, child_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,8 +130,7 @@ def child(db: Path, folder: Path, phase: str, mentions: bool) -> dict[str, Any]:
 
 
 def run_child(checkout: Path, db: Path, folder: Path, phase: str, mentions: str) -> dict[str, Any]:
-    own = checkout / ".venv/bin/python"
-    python = str(own) if own.exists() else sys.executable
+    python = checkout_python(checkout)
     command = [python, "-m", "loadtest.bench_restart", "--child", phase, "--mentions", mentions]
     return child_json([*command, "--db", str(db), "--folder", str(folder)], checkout)
 

@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from loadtest.report import child_json
+from loadtest.report import checkout_python, child_json
 
 ROOT = Path(__file__).resolve().parent.parent
 AIM_S_PER_100K = 20.0
@@ -100,13 +99,6 @@ print(json.dumps({k: round(v / len(order) * 1e6, 1) for k, v in took.items()}
 """
 
 
-def _python(checkout: Path) -> str:
-    """``checkout``'s own ``.venv``, else this interpreter run in the checkout (``-c`` puts
-    the working folder first on ``sys.path``, the workers inherit it)."""
-    venv = checkout / ".venv/bin/python"
-    return str(venv) if venv.exists() else sys.executable
-
-
 def _checked(checkout: Path, result: dict[str, Any]) -> dict[str, Any]:
     if not Path(result.pop("code")).is_relative_to(checkout.resolve()):
         raise SystemExit(f"{checkout}: the import ran other code than the checkout's")
@@ -116,14 +108,14 @@ def _checked(checkout: Path, result: dict[str, Any]) -> dict[str, Any]:
 def run(checkout: Path, vault: Path, provider: str) -> dict[str, Any]:
     """One import by ``checkout``'s code into a fresh store."""
     with tempfile.TemporaryDirectory(prefix="kbgraph-vault-") as work:
-        command = [_python(checkout), "-c", CHILD, str(vault), work, provider]
+        command = [checkout_python(checkout), "-c", CHILD, str(vault), work, provider]
         return _checked(checkout, child_json(command, checkout))
 
 
 def stages(checkout: Path, vault: Path, notes: int) -> dict[str, Any]:
     """µs of CPU per note of each stage, on the first ``notes`` notes, by ``checkout``'s code."""
     with tempfile.TemporaryDirectory(prefix="kbgraph-vault-") as work:
-        command = [_python(checkout), "-c", STAGES, str(vault), work, str(notes)]
+        command = [checkout_python(checkout), "-c", STAGES, str(vault), work, str(notes)]
         return _checked(checkout, child_json(command, checkout))
 
 

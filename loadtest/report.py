@@ -7,11 +7,19 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+
+def checkout_python(checkout: Path) -> str:
+    """``checkout``'s own ``.venv`` Python, else this interpreter run in the checkout (``-c``
+    and ``-m`` put the working folder first on ``sys.path``)."""
+    venv = checkout / ".venv/bin/python"
+    return str(venv) if venv.exists() else sys.executable
 
 
 def child_json(command: list[str], cwd: Path) -> dict[str, Any]:
