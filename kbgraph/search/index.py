@@ -349,10 +349,7 @@ class SearchIndex:
         return self._trie
 
     def built_trie(self) -> NameTrie | None:
-        """``name_trie`` if it was built (or adopted), with what waits for ``settle`` added,
-        else None: it is not built here."""
-        if self._trie is not None:
-            self.settle()
+        """``name_trie`` if it was built (or adopted), else None: it is not built here."""
         return self._trie
 
     def adopt_trie(self, trie: NameTrie) -> None:
