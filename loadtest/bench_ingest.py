@@ -30,7 +30,6 @@ import socket
 import sqlite3
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 import httpx  # noqa: E402
 
+from loadtest.report import checkout_python  # noqa: E402
 from tests import webhook_client as wc  # noqa: E402
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -80,8 +80,7 @@ def start_server(
         f'[store]\npath = "bench.db"\n[webhooks]\nsecrets = ["{SECRET}"]\n'
         f'[[tokens]]\nname = "admin"\ntoken = "{ADMIN}"\nadmin = true\n' + extra_config
     )
-    own = checkout / ".venv/bin/python"
-    python = str(own) if checkout != ROOT and own.exists() else sys.executable
+    python = checkout_python(checkout)
     command = [python, "-m", "kbgraph", "serve", "--config", str(config)]
     command += ["--port", str(port), "--log-level", log_level]
     sink = None if output is None else open(output, "wb")  # noqa: SIM115 (the child's)

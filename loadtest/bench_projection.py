@@ -480,15 +480,14 @@ def side_by_side(args: argparse.Namespace) -> None:
     """Part 1 for this checkout and ``args.peer``, each size in a fresh child process."""
     from statistics import median
 
-    from loadtest.report import child_json
+    from loadtest.report import checkout_python, child_json
 
     started = time.monotonic()
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {"peer": {}, "this": {}}
     for _ in range(args.rounds):
         for size in (int(s) for s in args.sizes.split(",")):
             for name, checkout in (("peer", args.peer), ("this", ROOT)):
-                own = checkout / ".venv/bin/python"
-                python = str(own) if checkout != ROOT and own.exists() else sys.executable
+                python = checkout_python(checkout)
                 command = [python, "-c", SIZE_CHILD, __file__, str(size), str(args.events)]
                 got = child_json(command, checkout)
                 assert got["kbgraph"] == str(Path(checkout).resolve()), got["kbgraph"]

@@ -76,6 +76,7 @@ from loadtest.bench_ingest import (  # noqa: E402
     start_server,
     stop_server,
 )
+from loadtest.report import checkout_python  # noqa: E402
 from tests import webhook_client as wc  # noqa: E402
 from tests.nats_cluster import STREAM, NatsCluster  # noqa: E402
 
@@ -160,8 +161,7 @@ print(json.dumps({"load_s": round(loaded, 1), "write_s": round(written, 1),
 def rewrite_checkpoint(checkout: Path, filled: Path, folder: Path) -> dict[str, Any]:
     """``filled`` copied to ``folder`` and its checkpoint written again by ``checkout``'s code."""
     shutil.copytree(filled, folder)
-    own = checkout / ".venv/bin/python"
-    python = str(own) if checkout != ROOT and own.exists() else sys.executable
+    python = checkout_python(checkout)
     done = subprocess.run(
         [python, "-c", REWRITE, str(folder), STORE], cwd=checkout, capture_output=True, check=False
     )

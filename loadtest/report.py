@@ -14,12 +14,17 @@ from typing import Any
 
 import numpy as np
 
+THIS_CHECKOUT = Path(__file__).resolve().parent.parent
+
 
 def checkout_python(checkout: Path) -> str:
-    """``checkout``'s own ``.venv`` Python, else this interpreter run in the checkout (``-c``
-    and ``-m`` put the working folder first on ``sys.path``)."""
+    """The Python a benchmark runs ``checkout``'s code in: for this checkout, the interpreter
+    the benchmark was started with; for another, its own ``.venv`` Python, else this
+    interpreter run in the checkout (``-c`` and ``-m`` put the working folder first on
+    ``sys.path``)."""
     venv = checkout / ".venv/bin/python"
-    return str(venv) if venv.exists() else sys.executable
+    mine = checkout.resolve() == THIS_CHECKOUT
+    return str(venv) if not mine and venv.exists() else sys.executable
 
 
 def child_json(command: list[str], cwd: Path) -> dict[str, Any]:

@@ -6,6 +6,8 @@ trie built from the names held at the end."""
 from __future__ import annotations
 
 import re
+import threading
+from collections.abc import Iterable
 
 import numpy as np
 import pytest
@@ -229,3 +231,36 @@ def test_a_short_output_is_called_again_with_room() -> None:
     assert len(found) == 300 * 301 // 2
     assert found[:3] == [(0, 1, "x"), (0, 2, NAME_SEP.join("xx")), (0, 3, NAME_SEP.join("xxx"))]
     assert found[-1] == (299, 300, "x")
+
+
+def test_readers_at_once_build_the_trie_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Readers share the projection's read lock: a second reader asking for the name trie
+    while the first builds it (seconds at a million names) waits for that build."""
+    from kbgraph.search import SearchIndex
+    from kbgraph.search import index as index_module
+
+    built: list[NameTrie] = []
+    entered, release = threading.Event(), threading.Event()
+
+    class SlowTrie(NameTrie):
+        def __init__(self, keys: Iterable[str]) -> None:
+            built.append(self)
+            entered.set()
+            assert release.wait(30), "the test never released the first build"
+            super().__init__(keys)
+
+    monkeypatch.setattr(index_module, "NameTrie", SlowTrie)
+    index = SearchIndex()
+    index.put(0, "Alpha Beta", "text", ())
+    tries: list[NameTrie] = []
+    first = threading.Thread(target=lambda: tries.append(index.name_trie()))
+    first.start()
+    assert entered.wait(30)
+    second = threading.Thread(target=lambda: tries.append(index.name_trie()))
+    second.start()
+    second.join(0.5)  # without the lock, the second reader starts a build of its own here
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert len(built) == 1
+    assert len(tries) == 2 and tries[0] is tries[1] is built[0]

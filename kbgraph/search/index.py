@@ -151,6 +151,7 @@ class SearchIndex:
         self._present = np.zeros(1024, dtype=np.uint8)  # 1 where a document is indexed
         self._stats: dict[tuple[int, int], tuple[np.ndarray, int, float, float]] = {}
         self._trie: NameTrie | None = None  # the names as a trie, built on first use
+        self._trie_building = threading.Lock()  # readers build it once between them
         # names put since the last ``settle``, counted: added to the trie there, at once
         self._trie_added: Counter[str] = Counter()
 
@@ -340,11 +341,15 @@ class SearchIndex:
         return self.tags.holders(tag)[0]
 
     def name_trie(self) -> NameTrie:
-        """Every name key (once per concept holding it) as a ``NameTrie``."""
+        """Every name key (once per concept holding it) as a ``NameTrie``. Built on first use
+        (seconds at a million names), once: readers share the read lock, and a second one
+        waits for the first's build rather than doing it again."""
         if self._trie is None:
-            self._trie = NameTrie(
-                key for key, count in self.names.counts().items() for _ in range(count)
-            )
+            with self._trie_building:
+                if self._trie is None:
+                    self._trie = NameTrie(
+                        key for key, count in self.names.counts().items() for _ in range(count)
+                    )
         self.settle()  # a caller putting without the projection (tools, tests)
         return self._trie
 

@@ -35,7 +35,7 @@ from kbgraph.search.analysis import STOP_WORDS
 
 NAME_SEP: Final = "\x1f"  # joins a name's tokens into one key (tokens are letters and digits)
 TOKEN_HASH_MASK = -1  # the bits of a token's hash kept as its id (a test collides them)
-FNV_OFFSET: Final = 0xCBF29CE484222325  # FNV-1a, 64 bits: a token's hash (``_hashes``)
+FNV_OFFSET: Final = 0xCBF29CE484222325  # FNV-1a, 64 bits: a token's hash (``_token``)
 FNV_PRIME: Final = 0x100000001B3
 MIN_DEAD_REBUILD: Final = 1 << 12  # dead nodes tolerated before a rebuild, at least
 
@@ -151,10 +151,22 @@ def _rehash(edges: np.ndarray, new: np.ndarray) -> None:
             new[_slot(new, edges[at, FROM], edges[at, TOKEN])] = edges[at]
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _token(buf: np.ndarray, i: int, stop: int, mask: int) -> tuple[np.int64, int]:
+    """The id of the token starting at ``buf[i]`` (a token is a run of bytes above the space,
+    so spaces and ``NAME_SEP`` part them): its FNV-1a hash ``& mask``; and where it ends.
+    Both kernels that hash tokens (``_hashes``, ``match``) take their ids here, so a name's
+    ids and a text's are the same function of the bytes."""
+    h = np.uint64(FNV_OFFSET)
+    while i < stop and buf[i] > 32:
+        h = (h ^ np.uint64(buf[i])) * np.uint64(FNV_PRIME)
+        i += 1
+    return np.int64(h) & np.int64(mask), i
+
+
 @njit(cache=True, nogil=True)
 def _hashes(buf: np.ndarray, mask: int) -> np.ndarray:
-    """The id of each token of ``buf`` (UTF-8; a token is a run of bytes above the space,
-    so spaces and ``NAME_SEP`` part them): its FNV-1a hash, ``& mask``."""
+    """The id of each token of ``buf`` (UTF-8), as ``_token`` gives it."""
     out = np.empty(len(buf) // 2 + 1, np.int64)
     n = 0
     i = 0
@@ -162,11 +174,7 @@ def _hashes(buf: np.ndarray, mask: int) -> np.ndarray:
         if buf[i] <= 32:
             i += 1
             continue
-        h = np.uint64(FNV_OFFSET)
-        while i < len(buf) and buf[i] > 32:
-            h = (h ^ np.uint64(buf[i])) * np.uint64(FNV_PRIME)
-            i += 1
-        out[n] = np.int64(h) & np.int64(mask)
+        out[n], i = _token(buf, i, len(buf), mask)
         n += 1
     return out[:n]
 
@@ -177,7 +185,7 @@ def match(
 ) -> tuple[int, int]:
     """Every (text, first token, end token, node, first byte, end byte) where a name ends,
     texts ``buf[bounds[k]:bounds[k + 1]]`` (folded UTF-8, tokens parted by spaces: each
-    token hashed as ``_hashes`` does, here), by text, first token, end; written to ``out``
+    token's id from ``_token``), by text, first token, end; written to ``out``
     (rows of 6) while it has room. Returns (matches, edges looked up): a caller whose
     ``out`` was short calls again. An edge is one row: a step of the walk reads one cache
     line."""
@@ -198,11 +206,7 @@ def match(
                 i += 1
                 continue
             starts[n] = i
-            h = np.uint64(FNV_OFFSET)
-            while i < stop and buf[i] > 32:
-                h = (h ^ np.uint64(buf[i])) * np.uint64(FNV_PRIME)
-                i += 1
-            ids[n] = np.int64(h) & np.int64(mask)
+            ids[n], i = _token(buf, i, stop, mask)
             ends[n] = i
             n += 1
         for a in range(n):
@@ -229,7 +233,7 @@ def match(
 
 class NameTrie:
     """Mentionable name keys (tokens joined by ``NAME_SEP``), counted: added and discarded
-    as concepts are indexed and forgotten. A token is walked by its hash (``_hashes``),
+    as concepts are indexed and forgotten. A token is walked by its hash (``_token``),
     computed from its bytes alone (a dict from tokens to ids was a cold lookup per token of
     every text scanned): two names whose tokens' hashes all agree share a node, which then
     holds both keys, and every match is checked against the text's tokens, so a hash
