@@ -14,7 +14,10 @@ subgraph's neighbours gets what a graph without the hidden nodes gives.
   u adds ``alpha r(u)`` to ``p(u)`` and shares ``(1 - alpha) r(u)`` among u's neighbours in
   proportion to the edges' weights; u is pushed while ``r(u) >= eps * d(u)``, ``d(u)`` the sum
   of its edges' weights; an isolated node keeps its residual. Pushes run in rounds, each round's
-  nodes in id order, so every sum is made in an order fixed by the ids.
+  nodes in id order, so every sum is made in an order fixed by the ids. A node's degree is read
+  only once its residual reaches ``eps`` times the heaviest edge that brought it some (``d(u)``
+  is at least that edge's weight, so below it no degree makes u pushable): most nodes a walk
+  touches, a hub many texts name among them, are never read.
 - ``hops_and_via``: breadth-first search from a seed set (E. F. Moore, 1959) giving each
   target its distance and the node before it on the lexicographically smallest shortest path
   (paths compared as id sequences, seed first): each layer is ordered by its nodes' smallest
@@ -58,6 +61,7 @@ def weighted_ppr(
     residual = {u: w / total for u, w in seeds.items() if w > 0.0}
     p: dict[int, float] = {}
     degree, key = graph.degree, graph.key
+    heaviest: dict[int, float] = {}  # a node's heaviest edge that brought it residual
     frontier = sorted(residual, key=key)
     while frontier:
         touched: set[int] = set()
@@ -75,9 +79,15 @@ def weighted_ppr(
             nodes, weights = graph.neighbours(u)
             for v, w in zip(nodes, weights, strict=True):
                 residual[v] = residual.get(v, 0.0) + share * w
+                if w > heaviest.get(v, 0.0):
+                    heaviest[v] = w
             touched.update(nodes)
         frontier = sorted(
-            (v for v in touched if residual[v] > 0.0 and residual[v] >= eps * degree(v)),
+            (
+                v
+                for v in touched
+                if (r := residual[v]) > 0.0 and r >= eps * heaviest[v] and r >= eps * degree(v)
+            ),
             key=key,
         )
     return p
