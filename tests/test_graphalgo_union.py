@@ -32,8 +32,18 @@ def graphs(draw: st.DrawFn) -> tuple[int, dict[int, dict[int, float]]]:
     return n, adj
 
 
-def functions(adj: dict[int, dict[int, float]], ids: list[str]):
-    return (lambda u: sorted(adj[u].items())), ids.__getitem__
+class Dict:
+    """A ``union.Weighted`` over a dict of dicts: degrees summed edge by edge."""
+
+    def __init__(self, adj: dict[int, dict[int, float]], ids: list[str]) -> None:
+        self.adj, self.key = adj, ids.__getitem__
+
+    def neighbours(self, u: int) -> tuple[list[int], list[float]]:
+        near = sorted(self.adj[u].items())
+        return [v for v, _ in near], [w for _, w in near]
+
+    def degree(self, u: int) -> float:
+        return sum(w for _, w in sorted(self.adj[u].items()))
 
 
 def power_ppr(n: int, adj: dict[int, dict[int, float]], seeds: dict[int, float], alpha: float):
@@ -63,8 +73,7 @@ def test_weighted_ppr_is_within_the_push_bound(graph, data) -> None:
         st.dictionaries(st.integers(0, n - 1), st.sampled_from([1.0, 0.5]), min_size=1)
     )
     eps = 1e-4
-    near, key = functions(adj, IDS)
-    p = union.weighted_ppr(near, key, seeds, 0.25, eps)
+    p = union.weighted_ppr(Dict(adj, IDS), seeds, 0.25, eps)
     exact = power_ppr(n, adj, seeds, 0.25)
     for u in range(n):
         gap = exact[u] - p.get(u, 0.0)
@@ -91,10 +100,11 @@ def test_paths_are_the_smallest_shortest(graph, data) -> None:
     g = nx.Graph()
     g.add_nodes_from(range(n))
     g.add_edges_from((u, v) for u in adj for v in adj[u])
-    near, key = functions(adj, ids)
+    graph = Dict(adj, ids)
+    key = graph.key
 
     def nexts(u: int) -> list[int]:
-        return [v for v, _ in near(u)]
+        return graph.neighbours(u)[0]
 
     seeds = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=3))
     targets = list(range(n))
@@ -121,10 +131,9 @@ def test_results_do_not_depend_on_the_numbering(graph, data) -> None:
     ids = IDS[:n]
     moved_ids = [ids[perm.index(i)] for i in range(n)]
     seeds = {0: 1.0, n - 1: 0.5}
-    near, key = functions(adj, ids)
-    near2, key2 = functions(moved, moved_ids)
-    p = union.weighted_ppr(near, key, seeds, 0.25, 1e-4)
-    p2 = union.weighted_ppr(near2, key2, {perm[u]: w for u, w in seeds.items()}, 0.25, 1e-4)
+    near, near2 = Dict(adj, ids), Dict(moved, moved_ids)
+    p = union.weighted_ppr(near, seeds, 0.25, 1e-4)
+    p2 = union.weighted_ppr(near2, {perm[u]: w for u, w in seeds.items()}, 0.25, 1e-4)
     assert {ids[u]: x for u, x in p.items()} == {moved_ids[u]: x for u, x in p2.items()}
     values = {u: 1.0 / (1 + u) for u in range(n)}
     h = union.neighbour_evidence(near, values, list(range(n)), 0.5)

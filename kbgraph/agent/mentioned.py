@@ -55,13 +55,13 @@ def walks_mentions(concepts: int, links: int) -> bool:
 
 
 class Both:
-    """A view's links and mentions, each node's neighbours read once."""
+    """A view's links and mentions (a ``union.Weighted``), each node's neighbours read once:
+    its links (weight 1) first, then the mentions no link doubles (``weight``)."""
 
     def __init__(self, view: View, mentions: MentionView, weight: float) -> None:
         self.view, self.mentions, self.weight = view, mentions, weight
         self.ids = view.graph.ids
-        self._near: dict[int, list[tuple[int, float]]] = {}
-        self._links: dict[int, set[int]] = {}
+        self._near: dict[int, tuple[list[int], list[float], int]] = {}  # nodes, weights, links
         self._keys: dict[int, str] = {}  # ids read once (a checkpoint's decode each read)
 
     def key(self, u: int) -> str:
@@ -70,31 +70,35 @@ class Both:
             found = self._keys[u] = self.ids[u]
         return found
 
-    def linked(self, u: int) -> set[int]:
-        """u's visible neighbours by a link, either way."""
-        found = self._links.get(u)
+    def _read(self, u: int) -> tuple[list[int], list[float], int]:
+        found = self._near.get(u)
         if found is None:
             g, mask = self.view.graph, self.view.mask
             size = int(g.und_len[u])
-            if not size or not mask[u]:
-                found = self._links[u] = set()
-            else:
+            links: list[int] = []
+            if size and mask[u]:
                 start = int(g.und_off[u])
                 block = g.und[start : start + size]
-                found = self._links[u] = set(block[mask[block] != 0].tolist())
+                links = list(set(block[mask[block] != 0].tolist()))
+            mentioned = self.mentions.both(u)
+            if links:
+                mentioned.difference_update(links)
+            weights = [1.0] * len(links) + [self.weight] * len(mentioned)
+            found = self._near[u] = ([*links, *mentioned], weights, len(links))
         return found
 
-    def neighbours(self, u: int) -> list[tuple[int, float]]:
-        found = self._near.get(u)
-        if found is None:
-            linked = self.linked(u)
-            found = [(v, 1.0) for v in linked]
-            found += [(v, self.weight) for v in self.mentions.both(u) - linked]
-            self._near[u] = found
-        return found
+    def neighbours(self, u: int) -> tuple[list[int], list[float]]:
+        nodes, weights, _ = self._read(u)
+        return nodes, weights
+
+    def degree(self, u: int) -> float:
+        """The sum of u's edges' weights: its links, and its other mentions' ``weight`` each
+        (exact, as a sum edge by edge is, for the weights used: halves and ones)."""
+        nodes, _, links = self._read(u)
+        return links + self.weight * (len(nodes) - links)
 
     def nexts(self, u: int) -> list[int]:
-        return [v for v, _ in self.neighbours(u)]
+        return self._read(u)[0]
 
     def outs(self, u: int) -> list[int]:
         """u's out-links (visible) and the concepts its text mentions."""
@@ -104,7 +108,8 @@ class Both:
         return [*block[mask[block] != 0].tolist(), *self.mentions.out(u)]
 
     def by(self, u: int, v: int) -> str:
-        return "link" if v in self.linked(u) else "mention"
+        nodes, _, links = self._read(u)
+        return "link" if v in nodes[:links] else "mention"
 
 
 def ranked(
@@ -131,7 +136,7 @@ def ranked(
         seeds[v] = seeds.get(v, 0.0) + NAMED_WEIGHT * specific
         if NAMED_SEARCH:
             scores[v] = max(scores.get(v, 0.0), NAMED_SEARCH * best * specific)
-    mass = union.weighted_ppr(both.neighbours, both.key, seeds, alpha, WALK_EPS)
+    mass = union.weighted_ppr(both, seeds, alpha, WALK_EPS)
     total = sum(seeds[v] for v in sorted(seeds, key=both.key))
     share = {v: seeds[v] / total for v in sorted(seeds, key=both.key)}
     reached = sorted(
@@ -148,7 +153,7 @@ def ranked(
         [(v, hops, via) for v, hops, via in results if via is not None],
         limit,
         alpha,
-        both.neighbours,
+        both,
         (RANK_WALK_WEIGHT, RANK_NEIGHBOUR_WEIGHT),
     )
     return [(row, None if row.via is None else both.by(row.via, row.node)) for row in rows]

@@ -72,14 +72,14 @@ def ranked(
     results: Sequence[tuple[int, int, int]],
     limit: int,
     alpha: float,
-    neighbours: union.Neighbours | None = None,
+    graph: union.Weighted | None = None,
     weights: tuple[float, float] = (WALK_WEIGHT, NEIGHBOUR_WEIGHT),
 ) -> list[Row]:
     """Seeds and results in one list, best first, at most ``limit`` of them.
 
     ``search``: the search score of every hit (seeds' and beyond); ``seeds``: each seed's
     normalised weight; ``mass``: the PPR estimate of each seed and result; ``results``:
-    (node, hops, via) of each result; ``alpha``: the walk's restart; ``neighbours``: the
+    (node, hops, via) of each result; ``alpha``: the walk's restart; ``graph``: the
     weighted graph walked (links and mentions, ``kbgraph.agent.mentioned``), else the links;
     ``weights``: the walk's and the neighbours' (the links' rule's unless given).
     """
@@ -87,20 +87,20 @@ def ranked(
     if not nodes:
         return []
     best = max(search.values(), default=0.0) or 1.0
-    if neighbours is None:
+    if graph is None:
         degrees = view.deg[np.array(nodes, np.int64)].tolist()
     else:
-        degrees = [sum(w for _, w in neighbours(v)) for v in nodes]
+        degrees = [graph.degree(v) for v in nodes]
     walk = [
         max(mass.get(v, 0.0) - alpha * seeds.get(v, 0.0), 0.0) / max(d, 1) ** WALK_DEGREE_POWER
         for v, d in zip(nodes, degrees, strict=True)
     ]
-    if neighbours is None:
+    if graph is None:
         hits = np.fromiter(search.keys(), np.int64, len(search))
         scores = np.fromiter(search.values(), np.float64, len(search))
         near = neighbour_evidence(view, hits, scores, nodes, NEIGHBOUR_DEGREE_POWER).tolist()
     else:
-        near = union.neighbour_evidence(neighbours, search, nodes, NEIGHBOUR_DEGREE_POWER)
+        near = union.neighbour_evidence(graph, search, nodes, NEIGHBOUR_DEGREE_POWER)
     top_walk, top_near = max(walk) or 1.0, max(near) or 1.0
     hops_of = {v: (h, b) for v, h, b in results}
     rows = []

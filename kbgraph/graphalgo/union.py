@@ -1,18 +1,23 @@
 """Walks and paths over a graph given by its neighbours: the links and the mentions together.
 
 The link graph has flat arrays and numba kernels (``ppr``, ``paths``, ``smooth``); the union of
-links and mention edges (``kbgraph.projection.mentions``) is read through functions instead:
-``neighbours(u)`` gives u's visible neighbours with the weight of each edge, ``key(u)`` its id.
-Every loop below orders nodes by ``key``, so the results never depend on how ids were interned
-as ints, and a caller who passes the visible subgraph's neighbours gets what a graph without the
-hidden nodes gives.
+links and mention edges (``kbgraph.projection.mentions``) is read node by node instead, through
+a ``Weighted``: ``neighbours(u)`` gives u's visible neighbours and the weight of each edge (each
+neighbour once, in any order), ``degree(u)`` the sum of those weights (read without the list
+where the caller can: a hub's degree is all a walk asks of it), ``key(u)`` u's id. Every loop
+below orders nodes by ``key`` and no sum depends on the order of a node's neighbours, so the
+results never depend on how ids were interned as ints, and a caller who passes the visible
+subgraph's neighbours gets what a graph without the hidden nodes gives.
 
 - ``weighted_ppr``: personalized PageRank by forward push (Andersen, Chung, Lang, "Local graph
   partitioning using PageRank vectors", FOCS 2006) on a weighted undirected graph: a push of
   u adds ``alpha r(u)`` to ``p(u)`` and shares ``(1 - alpha) r(u)`` among u's neighbours in
   proportion to the edges' weights; u is pushed while ``r(u) >= eps * d(u)``, ``d(u)`` the sum
   of its edges' weights; an isolated node keeps its residual. Pushes run in rounds, each round's
-  nodes in id order, so every sum is made in an order fixed by the ids.
+  nodes in id order, so every sum is made in an order fixed by the ids. A node's degree is read
+  only once its residual reaches ``eps`` times the heaviest edge that brought it some (``d(u)``
+  is at least that edge's weight, so below it no degree makes u pushable): most nodes a walk
+  touches, a hub many texts name among them, are never read.
 - ``hops_and_via``: breadth-first search from a seed set (E. F. Moore, 1959) giving each
   target its distance and the node before it on the lexicographically smallest shortest path
   (paths compared as id sequences, seed first): each layer is ordered by its nodes' smallest
@@ -28,21 +33,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Final
+from typing import Final, Protocol
 
-Neighbours = Callable[[int], Sequence[tuple[int, float]]]
 UNBOUNDED: Final = 1 << 30  # hops: as far as the graph goes
 Key = Callable[[int], str]
 
-__all__ = ["hops_and_via", "neighbour_evidence", "shortest_path", "weighted_ppr"]
+__all__ = ["Weighted", "hops_and_via", "neighbour_evidence", "shortest_path", "weighted_ppr"]
+
+
+class Weighted(Protocol):
+    """A weighted undirected graph, read node by node (the module docstring)."""
+
+    def neighbours(self, u: int) -> tuple[Sequence[int], Sequence[float]]: ...
+
+    def degree(self, u: int) -> float: ...
+
+    def key(self, u: int) -> str: ...
 
 
 def weighted_ppr(
-    neighbours: Neighbours,
-    key: Key,
-    seeds: Mapping[int, float],
-    alpha: float,
-    eps: float,
+    graph: Weighted, seeds: Mapping[int, float], alpha: float, eps: float
 ) -> dict[int, float]:
     """The PPR estimate ``p`` of every node it reaches, seeds' weights normalised to 1."""
     total = math.fsum(seeds.values())  # exact: the seeds' order does not matter
@@ -50,22 +60,14 @@ def weighted_ppr(
         return {}
     residual = {u: w / total for u, w in seeds.items() if w > 0.0}
     p: dict[int, float] = {}
-    adjacent: dict[int, Sequence[tuple[int, float]]] = {}
-    degree: dict[int, float] = {}
-
-    def degree_of(u: int) -> float:
-        d = degree.get(u)
-        if d is None:
-            adjacent[u] = neighbours(u)
-            d = degree[u] = sum(w for _, w in adjacent[u])
-        return d
-
+    degree, key = graph.degree, graph.key
+    heaviest: dict[int, float] = {}  # a node's heaviest edge that brought it residual
     frontier = sorted(residual, key=key)
     while frontier:
         touched: set[int] = set()
         for u in frontier:
             r = residual[u]
-            d = degree_of(u)
+            d = degree(u)
             if r < eps * d or r == 0.0:
                 continue  # an earlier push this round is no reason to push it twice
             residual[u] = 0.0
@@ -74,11 +76,18 @@ def weighted_ppr(
                 continue
             p[u] = p.get(u, 0.0) + alpha * r
             share = (1.0 - alpha) * r / d
-            for v, w in adjacent[u]:
+            nodes, weights = graph.neighbours(u)
+            for v, w in zip(nodes, weights, strict=True):
                 residual[v] = residual.get(v, 0.0) + share * w
-                touched.add(v)
+                if w > heaviest.get(v, 0.0):
+                    heaviest[v] = w
+            touched.update(nodes)
         frontier = sorted(
-            (v for v in touched if residual[v] > 0.0 and residual[v] >= eps * degree_of(v)),
+            (
+                v
+                for v in touched
+                if (r := residual[v]) > 0.0 and r >= eps * heaviest[v] and r >= eps * degree(v)
+            ),
             key=key,
         )
     return p
@@ -139,25 +148,16 @@ def shortest_path(
 
 
 def neighbour_evidence(
-    neighbours: Neighbours,
-    sources: Mapping[int, float],
-    targets: Sequence[int],
-    gamma: float,
+    graph: Weighted, sources: Mapping[int, float], targets: Sequence[int], gamma: float
 ) -> list[float]:
     """``h`` of each target, in ``targets``' order (module docstring)."""
-    degree: dict[int, float] = {}
-
-    def degree_of(u: int) -> float:
-        d = degree.get(u)
-        if d is None:
-            d = degree[u] = sum(w for _, w in neighbours(u))
-        return d
-
+    degree = graph.degree
     out = []
     for v in targets:
+        nodes, weights = graph.neighbours(v)
         terms = [
-            sources[u] * w * (degree_of(u) * degree_of(v)) ** -gamma
-            for u, w in neighbours(v)
+            sources[u] * w * (degree(u) * degree(v)) ** -gamma
+            for u, w in zip(nodes, weights, strict=True)
             if sources.get(u, 0.0) > 0.0 and u != v
         ]
         out.append(sum(sorted(terms)))

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Iterator, Sequence
 from functools import partial
 from typing import Final, NamedTuple, TypeVar
 
@@ -45,6 +45,7 @@ from kbgraph.search.nametrie import NAME_SEP, NameTrie, mentionable
 
 VIEW_CACHE_ENTRIES: Final = 16
 BUILD_CHUNK: Final = 1 << 12  # texts scanned in one compiled call by the first build
+BULK_MASK: Final = 64  # a set of mentions this big is masked as an array (``MentionView``)
 TEXT_HITS: Final = 0xFFFFFFFF  # a term posting's text-field hits (kbgraph.search.bulk.FIELD)
 
 
@@ -183,24 +184,41 @@ class MentionView:
     def _seen(self, u: int) -> bool:
         return 0 <= u < len(self._mask) and bool(self._mask[u])
 
+    def _visible(self, nodes: Collection[int]) -> set[int]:
+        """Those of ``nodes`` the view shows: a big set (a name many texts hold) masked in
+        one array operation, instead of an element at a time."""
+        mask = self._mask
+        size = len(mask)
+        if len(nodes) < BULK_MASK:
+            return {v for v in nodes if v < size and mask[v]}
+        found = np.fromiter(nodes, np.int64, len(nodes))
+        found = found[found < size]
+        return set(found[mask[found] != 0].tolist())
+
     def out(self, u: int) -> set[int]:
         if not self._seen(u):
             return set()
-        mask = self._mask
-        found = {v for v in self._of.out.get(u, ()) if v < len(mask) and mask[v]}
+        found = self._visible(self._of.out.get(u, ()))
         found |= self._cout.get(u, set())
         return found
 
     def into(self, u: int) -> set[int]:
         if not self._seen(u):
             return set()
-        mask = self._mask
-        found = {v for v in self._of.inn.get(u, ()) if v < len(mask) and mask[v]}
+        found = self._visible(self._of.inn.get(u, ()))
         found |= self._cin.get(u, set())
         return found
 
     def both(self, u: int) -> set[int]:
-        return self.out(u) | self.into(u)
+        """``out(u) | into(u)``, a new set the caller may change."""
+        if not self._seen(u):
+            return set()
+        of = self._of
+        found = self._visible(of.out.get(u, ()))
+        found |= self._visible(of.inn.get(u, ()))
+        found |= self._cout.get(u, set())
+        found |= self._cin.get(u, set())
+        return found
 
 
 class Mentions:
