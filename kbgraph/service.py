@@ -24,10 +24,6 @@ from kbgraph.store.opening import open_store
 from kbgraph.threads import ToolThreads
 
 TOOL_THREADS: Final = 2  # one per core: the kernels run in parallel, the Python parts share the GIL
-# Net container allocations between two young collections of a serving process (CPython's
-# default is 700): a request's objects are mostly gone by then, so fewer walks for the same
-# garbage found.
-YOUNG_COLLECTION_EVERY: Final = 10_000
 
 
 def warm_up() -> None:
@@ -41,15 +37,12 @@ def warm_up() -> None:
 def settle_heap() -> None:
     """For a serving process, once it is ready: what start-up made (the modules, the kernels,
     the model's tables, the projection's first build) is collected once and then frozen out of
-    the cyclic collector's walks (``gc.freeze``), and young collections come every
-    ``YOUNG_COLLECTION_EVERY`` allocations. Without it a full collection walked the whole
-    start-up heap (~130 ms on an empty store) every few seconds of ingest, and young ones ran
-    every 700 allocations: ~100 µs a single delivery in all. Frozen objects are still freed
-    by their reference counts; only a cycle among them is never collected."""
+    the cyclic collector's walks (``gc.freeze``). Without it each full collection walked the
+    whole start-up heap (130-250 ms on an empty store, every few seconds of ingest, every
+    thread paused). Frozen objects are still freed by their reference counts; only a cycle
+    among them is never collected."""
     gc.collect()
     gc.freeze()
-    young, middle, old = gc.get_threshold()
-    gc.set_threshold(max(young, YOUNG_COLLECTION_EVERY), middle, old)
 
 
 class Service:
