@@ -26,11 +26,14 @@ from kbgraph.http.context import AppContext
 from kbgraph.http.openapi import document as openapi_document
 from kbgraph.http.origins import HostOriginCheck
 from kbgraph.http.routes import encode_json, internal_error, log, starlette_error
-from kbgraph.service import Service
+from kbgraph.service import Service, settle_heap
 
 
-def create_app(config: Config) -> Starlette:
-    """The whole service: agent API, webhook ingest, health and metrics."""
+def create_app(config: Config, *, serving: bool = False) -> Starlette:
+    """The whole service: agent API, webhook ingest, health and metrics. ``serving``: the
+    process is a ``kbgraph serve`` worker, its heap settled once it is ready
+    (``kbgraph.service.settle_heap``; never in a process that builds apps over and over, such
+    as the tests')."""
     openapi = encode_json(openapi_document(explorer.OPENAPI_PATHS))
     listing = encode_json(toolspecs.http_listing())
     service = Service(config)
@@ -44,6 +47,8 @@ def create_app(config: Config) -> Starlette:
         await anyio.to_thread.run_sync(service.open)  # kbgraph.service: built in one place
         await service.follow()
         running.mcp = mcp_out.http_session_manager(lambda: service.tool_threads)
+        if serving:
+            settle_heap()
         running.ready = True
         try:
             async with running.mcp.run():  # the SDK's task group lives as long as the app
@@ -95,4 +100,4 @@ def context_of(app: ASGIApp) -> AppContext:
 
 def app_from_env() -> Starlette:
     """uvicorn factory (``kbgraph.api:app_from_env``): the config path comes from the env."""
-    return create_app(load_config(os.environ[CONFIG_ENV], quiet=True))  # serve warned
+    return create_app(load_config(os.environ[CONFIG_ENV], quiet=True), serving=True)  # serve warned

@@ -6,6 +6,11 @@ keep-alive connections on raw asyncio sockets (signed deliveries, built in this 
 1. single-event deliveries: deliveries/s and p50/p99 acknowledgement latency;
 2. 500-event deliveries: events/s and p50/p99 acknowledgement latency.
 
+Each phase also reports the CPU a delivery (an event, batched) of the server process, all its
+threads, and of this client, over the measured window: on a shared machine the CPU a delivery
+moves far less than the rate, and the client's shows whether it, on the same cores, is the
+bottleneck.
+
 Every 200 counted is durable (the store answers after the fsynced group commit). The last line
 printed is one JSON object with the figures, the aims (>= 3,000 single deliveries/s,
 >= 50,000 events/s batched) and whether each was met. Bounded to well under 2 minutes.
@@ -174,22 +179,44 @@ async def one_connection(
         writer.close()
 
 
+def process_cpu(pid: int) -> float:
+    """Seconds of CPU (user and system, every thread) process ``pid`` has used (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def phase(
-    port: int, make: Callable[[], bytes], connections: int, warmup: float, seconds: float
-) -> tuple[float, float, float]:
-    """(deliveries/s, p50 ms, p99 ms) over the measured window, after the warm-up."""
+    port: int,
+    make: Callable[[], bytes],
+    connections: int,
+    warmup: float,
+    seconds: float,
+    server_pid: int,
+) -> tuple[float, float, float, float, float]:
+    """(deliveries/s, p50 ms, p99 ms, server CPU µs a delivery, client CPU µs a delivery) over
+    the measured window, after the warm-up."""
     start = time.perf_counter()
     measure_from = start + warmup
     stop_at = measure_from + seconds
     latencies: list[float] = []
     counts = [0]
+    cpu_from: list[float] = []
+
+    async def cpu_at_start() -> None:
+        await asyncio.sleep(max(0.0, measure_from - time.perf_counter()))
+        cpu_from.extend((process_cpu(server_pid), time.process_time()))
+
     await asyncio.gather(
+        cpu_at_start(),
         *(
             one_connection(port, make, stop_at, measure_from, latencies, counts)
             for _ in range(connections)
-        )
+        ),
     )
     elapsed = max(1e-9, time.perf_counter() - measure_from)
+    done = max(1, counts[0])
+    server_us = (process_cpu(server_pid) - cpu_from[0]) / done * 1e6
+    client_us = (time.process_time() - cpu_from[1]) / done * 1e6
     latencies.sort()
 
     def pct(p: float) -> float:
@@ -197,11 +224,16 @@ async def phase(
             return 0.0
         return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000, 2)
 
-    return counts[0] / elapsed, pct(0.50), pct(0.99)
+    return counts[0] / elapsed, pct(0.50), pct(0.99), round(server_us, 1), round(client_us, 1)
 
 
 def ingest_phases(
-    port: int, connections: int, batch_connections: int, seconds: float, seed: int = 1
+    port: int,
+    connections: int,
+    batch_connections: int,
+    seconds: float,
+    server_pid: int,
+    seed: int = 1,
 ) -> tuple[dict[str, Any], int]:
     """Single-event deliveries, then 500-event ones, each phase ``seconds`` long; returns
     (figures, events sent: what the KB ``bench`` must hold after both)."""
@@ -221,17 +253,25 @@ def ingest_phases(
     def make_batch() -> bytes:
         return request_bytes(port, [batches.next() for _ in range(BATCH)])
 
-    s_rate, s_p50, s_p99 = asyncio.run(phase(port, make_single, connections, 1.0, seconds))
-    b_rate, b_p50, b_p99 = asyncio.run(phase(port, make_batch, batch_connections, 1.0, seconds))
+    s_rate, s_p50, s_p99, s_cpu, s_client = asyncio.run(
+        phase(port, make_single, connections, 1.0, seconds, server_pid)
+    )
+    b_rate, b_p50, b_p99, b_cpu, b_client = asyncio.run(
+        phase(port, make_batch, batch_connections, 1.0, seconds, server_pid)
+    )
     # every delivery built was sent, but for the pre-built ones left over
     sent = single.count + batches.count - sum(1 for _ in position)
     figures = {
         "single_deliveries_per_s": round(s_rate),
         "single_p50_ms": s_p50,
         "single_p99_ms": s_p99,
+        "single_server_cpu_us": s_cpu,
+        "single_client_cpu_us": s_client,
         "batch_events_per_s": round(b_rate * BATCH),
         "batch_p50_ms": b_p50,
         "batch_p99_ms": b_p99,
+        "batch_server_cpu_us_per_event": round(b_cpu / BATCH, 1),
+        "batch_client_cpu_us_per_event": round(b_client / BATCH, 1),
     }
     return figures, sent
 
@@ -243,7 +283,7 @@ def measure(checkout: Path, args: argparse.Namespace) -> dict[str, Any]:
         proc = start_server(Path(folder), port, checkout=checkout)
         try:
             phases, sent = ingest_phases(
-                port, args.connections, args.batch_connections, args.seconds
+                port, args.connections, args.batch_connections, args.seconds, proc.pid
             )
         finally:
             stop_server(proc)
@@ -280,13 +320,19 @@ def main() -> None:
             print(
                 f"{name}: single-event deliveries {got['single_deliveries_per_s']:,}/s"
                 f"  p50 {got['single_p50_ms']} ms  p99 {got['single_p99_ms']} ms"
-                f" ({args.connections} connections); {BATCH}-event deliveries"
-                f" {got['batch_events_per_s']:,} events/s  p50 {got['batch_p50_ms']} ms"
-                f"  p99 {got['batch_p99_ms']} ms ({args.batch_connections} connections)",
+                f" ({args.connections} connections; CPU µs a delivery: server"
+                f" {got['single_server_cpu_us']}, client {got['single_client_cpu_us']});"
+                f" {BATCH}-event deliveries {got['batch_events_per_s']:,} events/s"
+                f"  p50 {got['batch_p50_ms']} ms  p99 {got['batch_p99_ms']} ms"
+                f" ({args.batch_connections} connections; CPU µs an event: server"
+                f" {got['batch_server_cpu_us_per_event']},"
+                f" client {got['batch_client_cpu_us_per_event']})",
                 flush=True,
             )
     numbers = ("single_deliveries_per_s", "single_p50_ms", "single_p99_ms",
-               "batch_events_per_s", "batch_p50_ms", "batch_p99_ms")  # fmt: skip
+               "single_server_cpu_us", "single_client_cpu_us",
+               "batch_events_per_s", "batch_p50_ms", "batch_p99_ms",
+               "batch_server_cpu_us_per_event", "batch_client_cpu_us_per_event")  # fmt: skip
     med = {
         name: {k: statistics.median(r[k] for r in rs) for k in numbers} for name, rs in runs.items()
     }

@@ -65,8 +65,8 @@ def main() -> None:
             makers = {mode: maker(port, mode) for mode in MODES}
             for round_ in range(args.rounds):
                 for mode in MODES if round_ % 2 == 0 else reversed(MODES):
-                    rate, median, _ = asyncio.run(
-                        phase(port, makers[mode], args.connections, 1.0, args.seconds)
+                    rate, median, *_ = asyncio.run(
+                        phase(port, makers[mode], args.connections, 1.0, args.seconds, proc.pid)
                     )
                     rates[mode].append(rate)
                     p50[mode].append(median)

@@ -49,8 +49,8 @@ def start_node(folder: Path, port: int, cluster: NatsCluster) -> subprocess.Pope
     return start_server(folder, port, cluster.log_toml(STREAM))
 
 
-def ingest_figures(port: int, args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    return ingest_phases(port, args.connections, args.batch_connections, args.seconds, seed)[0]
+def ingest_figures(port: int, pid: int, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    return ingest_phases(port, args.connections, args.batch_connections, args.seconds, pid, seed)[0]
 
 
 async def lag_samples(
@@ -131,7 +131,7 @@ def main() -> None:
         port = free_port()
         proc = start_server(root / "sqlite", port)
         try:
-            figures["sqlite"] = ingest_figures(port, args, 1)
+            figures["sqlite"] = ingest_figures(port, proc.pid, args, 1)
         finally:
             stop_server(proc)
         print("sqlite (one node):", figures["sqlite"])
@@ -143,7 +143,7 @@ def main() -> None:
             port_a, port_b = free_port(), free_port()
             nodes.append(start_node(root / "node-a", port_a, cluster))
             nodes.append(start_node(root / "node-b", port_b, cluster))
-            figures["jetstream"] = ingest_figures(port_a, args, 3)
+            figures["jetstream"] = ingest_figures(port_a, nodes[0].pid, args, 3)
             print("jetstream (to node A of 2, stream R3):", figures["jetstream"])
             idle, idle_503 = asyncio.run(lag_samples(port_a, port_b, args.lag_samples, 0, 60))
             busy, busy_503 = asyncio.run(lag_samples(port_a, port_b, args.lag_samples, 16, 60))

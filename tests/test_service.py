@@ -92,3 +92,43 @@ def test_the_log_is_chosen_by_the_config(tmp_path: Path, monkeypatch: pytest.Mon
         chosen[2].applier.close()  # type: ignore[attr-defined]
     finally:
         store.close()
+
+
+# Through the lifespan of an app the tests build, then of one uvicorn's factory builds for
+# ``kbgraph serve``: only the second settles the process's heap (``settle_heap``).
+SETTLED_HEAP = r"""
+import gc, json, os, sys
+from starlette.testclient import TestClient
+from kbgraph.api import app_from_env, create_app
+from kbgraph.config import CONFIG_ENV, load_config
+from tests import webhook_client as wc
+from tests.support import SECRET
+
+def serve(app, subject):
+    with TestClient(app) as client:
+        body, headers = wc.delivery(SECRET, [wc.upsert(subject, 1, title="A")])
+        posted = client.post("/v1/kbs/homelab/events", content=body, headers=headers)
+        return posted.status_code, gc.get_freeze_count()
+
+built = serve(create_app(load_config(sys.argv[1])), "infra/a")
+os.environ[CONFIG_ENV] = sys.argv[1]
+served = serve(app_from_env(), "infra/b")
+print(json.dumps({"built": built, "served": served}))
+"""
+
+
+def test_only_a_serving_process_settles_its_heap(tmp_path: Path) -> None:
+    config = write_config(tmp_path, '[embeddings]\nprovider = "none"\n')
+    done = subprocess.run(
+        [sys.executable, "-c", SETTLED_HEAP, str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["built"] == [200, 0]  # nothing frozen by an app the tests build
+    posted, frozen = out["served"]
+    assert posted == 200
+    assert frozen > 10_000  # the modules, the kernels, the first build
