@@ -24,8 +24,9 @@ and hold the words "Other Label".
    of an event), fed one of two ways:
 
    - **in turns** (the default): both KBs in one process, fed ``CHUNK`` deliveries each in
-     turn, as a follower serving several KBs: each KB's work evicts the other's memory, and a
-     collection falling in one KB's turn walks the other's young objects too.
+     turn, each its own copy of the stream, as a follower serving several KBs: each KB's work
+     evicts the other's memory, and a collection falling in one KB's turn walks the other's
+     young objects too.
    - **alone** (``--alone``; with ``--turns`` both ways): each KB in a process of its own,
      fed its whole stream, as a follower of that one KB; the two processes of a pair run one
      after the other (their order swapped every round), so the load weighs less alike on
@@ -220,11 +221,15 @@ def attach_cpu(folder: Path, restore: bool) -> float:
     return time.process_time() - cpu
 
 
-def apply_cpu(kbs: dict[bool, KBProjection], records: list[list[LogRecord]]) -> dict[bool, float]:
-    """The applying thread's CPU for each of ``kbs``, the stream fed to them in turns,
-    ``CHUNK`` deliveries at a time (one KB: alone): the machine's load, which moves from
-    second to second here, weighs on both sides of the ratio alike (and each KB's work evicts
-    the other's from the caches, as a follower of several KBs does)."""
+def apply_cpu(
+    kbs: dict[bool, KBProjection], streams: dict[bool, list[list[LogRecord]]]
+) -> dict[bool, float]:
+    """The applying thread's CPU for each of ``kbs``, its stream (a copy of its own: a KB
+    reading the records the other just read would find them in the cache, and their strings'
+    hashes made) fed to them in turns, ``CHUNK`` deliveries at a time (one KB: alone): the
+    machine's load, which moves from second to second here, weighs on both sides of the ratio
+    alike (and each KB's work evicts the other's from the caches, as a follower of several KBs
+    does)."""
     for kb in kbs.values():
         with kb.read() as snap:
             for rules in (
@@ -237,9 +242,9 @@ def apply_cpu(kbs: dict[bool, KBProjection], records: list[list[LogRecord]]) -> 
     # falls in whichever KB's turn allocates first.
     gc.collect()
     spent = dict.fromkeys(kbs, 0.0)
-    for at in range(0, len(records), CHUNK):
+    for at in range(0, max(map(len, streams.values())), CHUNK):
         for on, kb in kbs.items():
-            rest = records[at : at + CHUNK]
+            rest = streams[on][at : at + CHUNK]
             cpu = time.thread_time()
             while rest:
                 with gc_paused():  # as the follower applies a batch
@@ -256,7 +261,10 @@ def child(feed: str, name: str, n: int, events: int) -> dict[str, float]:
     sides = (False, True) if feed == "turns" else (feed == "with",)
     kbs = {on: built(kb_state, on)[0] for on in sides}
     del kb_state
-    spent = apply_cpu(kbs, records)
+    streams = {sides[0]: records}
+    for on in sides[1:]:  # the same stream, in objects of its own
+        streams[on] = stream(n, events) if name == "synthetic" else real()[1]
+    spent = apply_cpu(kbs, streams)
     out = {SIDES[on]: round(cpu / len(records) * 1e6, 1) for on, cpu in spent.items()}
     mentions = kbs[True].mentions if True in kbs else None
     if mentions is not None and name == "synthetic":
