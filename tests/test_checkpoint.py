@@ -5,87 +5,25 @@ of an event older than the cut still answers ``duplicates``."""
 
 from __future__ import annotations
 
-import logging
-import os
 import shutil
-import socket
 import tempfile
-import threading
-import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import numba
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from numba.core.compiler_lock import global_compiler_lock
 
 from kbgraph.access import Rule, RuleSet, canonical
-from kbgraph.projection import Projections, checkpoint, follower
+from kbgraph.projection import Projections, checkpoint
 from kbgraph.search import index as search_index
 from kbgraph.store import LogCut, Store
 from tests import checkpoint_fixture
+from tests.checkpointed import everything, filled, projections, written
 from tests.histories import KB, deliveries_st, dump, rules_st
 from tests.kb_events import upsert
-
-QUERIES = ["dns", "resolver body", "router", "x", "y"]
-
-
-def everything(p: Projections, rule_sets: list[RuleSet | None]) -> dict[str, Any] | None:
-    """The projection (``dump``) and its search index as readers see them."""
-    kb = p.get(KB)
-    graph = dump(kb, rule_sets)
-    if kb is None:
-        return graph
-    with kb.read() as snap:
-        mask = snap.view(None).mask
-        n = len(snap.ids)
-        index = snap.index
-        search = {}
-        for query in QUERIES:
-            nodes, scores = index.search(query, mask)
-            search[query] = sorted(
-                (snap.ids[u], round(s, 9))
-                for u, s in zip(nodes.tolist(), scores.tolist(), strict=True)
-            )
-        docs = {
-            snap.ids[u]: (index.doc_terms(u), index.doc_tags(u), list(snap.aliases[u]))
-            for u in range(n)
-            if mask[u]
-        }
-        named = {t: sorted(snap.ids[u] for u in index.named((t,))) for t in ("dns", "router")}
-        stats = index.visible_stats(mask)
-        mentions = None
-        if kb.mentions is not None:
-            seen = kb.mentions.view(mask)
-            mentions = sorted((snap.ids[u], snap.ids[v]) for u in range(n) for v in seen.out(u))
-    return {
-        "graph": graph,
-        "search": search,
-        "docs": docs,
-        "named": named,
-        "stats": stats,
-        "mentions": mentions,
-    }
-
-
-def projections(store: Store, folder: Path, **kwargs: Any) -> Projections:
-    p = Projections(store, checkpoints=folder, **kwargs)
-    p.load()
-    return p
-
-
-def reap(p: Projections, seconds: float, why: str) -> None:
-    """Wait, within ``seconds``, until the forked checkpoint writer is reaped (``why`` says
-    what missing the deadline means)."""
-    deadline = time.monotonic() + seconds
-    while p.reap_checkpoint():
-        assert time.monotonic() < deadline, why
-        time.sleep(0.01)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -122,23 +60,6 @@ def test_restart_from_checkpoint_equals_a_build_from_the_store(deliveries, data,
         again = projections(store, folder)
         assert again.loaded_from is not None and again.gid == restarted.gid
         assert everything(again, views) == everything(fresh, views)
-
-
-def filled(tmp: Path, count: int = 30) -> tuple[Store, Projections]:
-    store = Store(tmp / "kb.db")
-    for i in range(count):
-        store.append(KB, [upsert(f"c{i}", title=f"DNS {i}", text="resolver", links=["c0"])])
-    return store, projections(store, tmp / "ckpt", log_retain=0)
-
-
-def written(tmp: Path) -> tuple[Store, Path, dict[str, Any] | None]:
-    """A filled store, the checkpoint written of it, and what a build from it answers."""
-    store, p = filled(tmp)
-    path = p.write_checkpoint()
-    assert path is not None
-    fresh = Projections(store)
-    fresh.load()
-    return store, path, everything(fresh, [None])
 
 
 def refused_each(
@@ -320,230 +241,6 @@ def test_a_kb_remembers_its_last_dedupe_keys_and_the_cut_forgets_the_rest(tmp_pa
             kept = conn.execute("SELECT id FROM accepted ORDER BY n").fetchall()
         assert [row[0] for row in kept] == [sent[5].id, sent[2].id, sent[3].id]
         assert store.append(KB, [sent[5], sent[3]]).duplicates == 2
-
-
-def test_a_forked_writer_checkpoints_while_the_follower_goes_on(tmp_path: Path) -> None:
-    store = Store(tmp_path / "kb.db")
-    for i in range(20):
-        store.append(KB, [upsert(f"c{i}", title=f"DNS {i}", links=["c0"])])
-    p = projections(store, tmp_path / "ckpt", checkpoint_every=10, log_retain=0)
-    p.maybe_checkpoint()  # 20 records past none: a child starts writing at gid 20
-    assert p.checkpoint_writer is not None and p.checkpoint_writer[1] == 20
-    for i in range(5):  # the follower goes on meanwhile
-        store.append(KB, [upsert(f"later{i}", links=["c1"])])
-    while p.follow_once():
-        pass
-    reap(p, 60, "the checkpoint writer did not finish")
-    assert p.checkpoint_gid == 20 and store.log_start() == 20
-    restarted = projections(store, tmp_path / "ckpt")
-    assert restarted.loaded_from is not None and restarted.gid == 20  # the forked instant
-    while restarted.follow_once():
-        pass
-    assert everything(restarted, [None]) == everything(p, [None])
-    p.stop()
-    assert not list((tmp_path / "ckpt").glob(".*.tmp"))
-    store.close()
-
-
-def test_the_forked_writer_holds_no_descriptor_of_the_parent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A connection the server closes while a checkpoint is being written must close for its
-    client at once, not when the writer exits."""
-    store = Store(tmp_path / "kb.db")
-    for i in range(20):
-        store.append(KB, [upsert(f"c{i}")])
-    p = projections(store, tmp_path / "ckpt", checkpoint_every=10)
-    write = checkpoint.write
-
-    def slow_write(*args: Any) -> Path:
-        time.sleep(3)  # in the child: the parent goes on meanwhile
-        return write(*args)
-
-    monkeypatch.setattr(checkpoint, "write", slow_write)
-    server_end, client_end = socket.socketpair()
-    p.maybe_checkpoint()
-    assert p.checkpoint_writer is not None
-    server_end.close()  # the parent closes its end while the child is writing
-    client_end.settimeout(2)
-    assert client_end.recv(1) == b""  # EOF now: the child holds no copy of it
-    client_end.close()
-    reap(p, 60, "the checkpoint writer did not finish")
-    assert p.checkpoint_gid == 20  # the slowed child still wrote it
-    store.close()
-
-
-FORK_WARNING = (  # CPython 3.12+'s words (Modules/posixmodule.c), pid aside
-    "This process (pid={}) is multi-threaded, use of fork() may lead to deadlocks in the child."
-)
-
-
-def test_the_fork_warning_alone_is_silenced(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On Python 3.12+ os.fork() in a process with threads warns; the checkpoint fork says
-    why that does not apply to its child (``follower.fork``) and silences exactly that."""
-
-    def warning_fork(message: str) -> Any:
-        def fork() -> int:
-            warnings.warn(message, DeprecationWarning, stacklevel=2)
-            return 4242
-
-        return fork
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        monkeypatch.setattr(os, "fork", warning_fork(FORK_WARNING.format(os.getpid())))
-        assert follower.fork() == 4242
-        monkeypatch.setattr(os, "fork", warning_fork("another deprecation"))
-        with pytest.raises(DeprecationWarning, match="another deprecation"):
-            follower.fork()
-
-
-def test_the_forked_child_writes_while_other_threads_hold_locks(tmp_path: Path) -> None:
-    """The real fork, with warnings as errors, while another thread holds a KB's read lock
-    and the store's writer thread runs: the child takes neither and writes the checkpoint."""
-    store = Store(tmp_path / "kb.db")
-    for i in range(20):
-        store.append(KB, [upsert(f"c{i}")])
-    p = projections(store, tmp_path / "ckpt", checkpoint_every=10)
-    kb = p.get(KB)
-    assert kb is not None
-    holding, release = threading.Event(), threading.Event()
-
-    def reader() -> None:
-        with kb.read():
-            holding.set()
-            release.wait(60)
-
-    thread = threading.Thread(target=reader)
-    thread.start()
-    try:
-        assert holding.wait(30)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            p.maybe_checkpoint()
-        assert p.checkpoint_writer is not None
-        reap(p, 60, "the forked writer hung")
-        assert p.checkpoint_gid == 20
-    finally:
-        release.set()
-        thread.join()
-    restarted = projections(store, tmp_path / "ckpt")
-    assert restarted.loaded_from is not None and restarted.gid == 20
-    assert everything(restarted, [None]) == everything(p, [None])
-    store.close()
-
-
-def test_the_forked_child_compiles_a_kernel_while_another_thread_was_compiling(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A kernel the parent never ran is compiled (or loaded from numba's cache) in the child,
-    under numba's compiler lock. Another thread compiling at the instant of the fork (the
-    local model's first batch, a request's first walk) must not leave the child's copy of that
-    lock held: the child hung, and a server wrote no checkpoint and cut no log again. The fork
-    waits for the compile under way, and the child compiles."""
-    store = Store(tmp_path / "kb.db")
-    for i in range(20):
-        store.append(KB, [upsert(f"c{i}")])
-    p = projections(store, tmp_path / "ckpt", checkpoint_every=10)
-    write = checkpoint.write
-
-    def compiling_write(*args: Any) -> Path:
-        @numba.njit
-        def fresh(x: int) -> int:
-            return x + 1
-
-        assert fresh(1) == 2  # compiled here, in the child
-        return write(*args)
-
-    monkeypatch.setattr(checkpoint, "write", compiling_write)
-    compiling, done = threading.Event(), threading.Event()
-
-    def compiler() -> None:
-        with global_compiler_lock:  # as numba holds it while compiling
-            compiling.set()
-            done.wait(1.0)
-
-    thread = threading.Thread(target=compiler)
-    thread.start()
-    try:
-        assert compiling.wait(30)
-        p.maybe_checkpoint()
-        assert p.checkpoint_writer is not None
-        reap(p, 30, "the forked writer hung on numba's lock")
-        assert p.checkpoint_gid == 20 and (tmp_path / "ckpt" / checkpoint.file_name(20)).exists()
-    finally:
-        done.set()
-        thread.join()
-        p.stop()  # kills a writer still hung
-        store.close()
-
-
-def test_a_writer_still_running_after_its_deadline_is_killed_and_tried_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Whatever holds a forked writer, checkpoints and the log's cut must not stop for good:
-    past ``WRITER_SECONDS`` it is killed, its partial file removed, the log left uncut, and
-    another writer starts after as many records."""
-    store = Store(tmp_path / "kb.db")
-    for i in range(20):
-        store.append(KB, [upsert(f"c{i}")])
-    p = projections(store, tmp_path / "ckpt", checkpoint_every=10, log_retain=0)
-    write = checkpoint.write
-
-    def hung_write(folder: Path, *args: Any) -> Path:
-        (folder / f".ckpt-hung.kbg.{os.getpid()}.tmp").write_bytes(b"partial")
-        time.sleep(3600)
-        raise AssertionError("not reached")
-
-    monkeypatch.setattr(checkpoint, "write", hung_write)
-    monkeypatch.setattr(follower, "WRITER_SECONDS", 0.5)
-    try:
-        p.maybe_checkpoint()
-        assert p.checkpoint_writer is not None
-        pid = p.checkpoint_writer[0]
-        with caplog.at_level(logging.WARNING, logger="kbgraph.projection.follower"):
-            reap(p, 30, "the hung writer was never killed")
-        assert p.checkpoint_writer is None and "was still writing after" in caplog.text
-        with pytest.raises(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)  # reaped, not a zombie
-        assert not list((tmp_path / "ckpt").glob("*.kbg*")) and store.log_start() <= 1
-        assert p.checkpoint_gid == 20  # the next try after as many records
-        monkeypatch.setattr(checkpoint, "write", write)
-        for i in range(10):
-            store.append(KB, [upsert(f"later{i}")])
-        while p.follow_once():
-            pass
-        p.maybe_checkpoint()
-        reap(p, 60, "the next writer did not finish")
-        assert p.checkpoint_gid == 30 and store.log_start() == 30
-    finally:
-        p.stop()
-        store.close()
-
-
-def test_without_fork_checkpoints_are_written_in_the_follower(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A platform without os.fork: start-up says how checkpoints are written, and they are
-    (no AttributeError mid-run)."""
-    store = Store(tmp_path / "kb.db")
-    for i in range(20):
-        store.append(KB, [upsert(f"c{i}")])
-    monkeypatch.delattr(os, "fork")
-    p = Projections(store, checkpoints=tmp_path / "ckpt", checkpoint_every=10, log_retain=0)
-    with caplog.at_level(logging.WARNING, logger="kbgraph.projection.follower"):
-        p.start()
-    try:
-        assert "no os.fork on this platform" in caplog.text
-        p.stop()  # the follower thread: the checkpoint below is then this thread's to write
-        p.maybe_checkpoint()
-        assert p.checkpoint_writer is None and p.checkpoint_gid == 20 and store.log_start() == 20
-        assert [f.name for f in checkpoint.candidates(tmp_path / "ckpt")] == [
-            checkpoint.file_name(20)
-        ]
-    finally:
-        p.stop()
-        store.close()
 
 
 FORMAT_1 = Path(__file__).parent / "data" / "checkpoint-format-1"
