@@ -66,10 +66,10 @@ def create_app(config: Config, *, serving: bool = False) -> Starlette:
 
     app = Starlette(
         routes=[
+            *ingest.routes(context),  # first: the hot path, matched before any other
             *routes.routes(context),
             Route("/v1/tools", tools_json, methods=["GET"]),
             Route("/openapi.json", openapi_json, methods=["GET"]),
-            *ingest.routes(context),
             *explorer.routes,
         ],
         lifespan=lifespan,
