@@ -219,7 +219,7 @@ class LocalEmbedder:
         fresh = {
             k: (
                 self._tokenizer.encode(k, add_special_tokens=False).ids
-                if any(mark in k for mark in marks)
+                if not marks.isdisjoint(k)  # one of the added tokens' first characters
                 else [token.id for token in model(normalize(k))]
             )
             for k in pieces
