@@ -63,16 +63,9 @@ def _pieces(text: str) -> list[str] | None:
             out.append(first)
             out.extend("\n" + line for line in lines)
         return out
-    # single spaces only: the pieces are the words, each line's first one after its break
-    if not text:
-        return []
-    first, *lines = text.split("\n")
-    out = first.split(" ")
-    for line in lines:
-        words = line.split(" ")
-        words[0] = "\n" + words[0]
-        out.extend(words)
-    return out
+    # single spaces only: the pieces are the words, each line's first one after its break (a
+    # space put before each break cuts there too: one split in C, no loop over the lines)
+    return text.replace("\n", " \n").split(" ") if text else []
 
 
 def _package_folder() -> Path:
