@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kbgraph.sources.vault.markdown import OUTLINE_PARSER, LinkRef, _parser, parse
+from kbgraph.sources.vault.markdown import OUTLINE_PARSER, LinkRef, _parser, inline_tags, parse
 from kbgraph.sources.vault.reader import read_vault
 from kbgraph.sources.vault.resolve import Resolver
 from tests.vault_files import write_vault
@@ -227,6 +227,40 @@ def test_a_note_markdown_it_is_not_given_reads_as_if_it_were(source: str) -> Non
     what markdown-it parsing every inline run of it yields (front matter when it opens with
     ``---``, which the pieces can draw); ``OUTLINE_PARSER`` is the one that parses them all."""
     assert parse(source) == parse(source, OUTLINE_PARSER)
+
+
+def tags_by_hand(text: str) -> list[str]:
+    """The inline tag rule read character by character (the oracle): a ``#`` at the start or
+    after whitespace, then the longest run of word characters (``str.isalnum``, ``_``), ``/``
+    and ``-``; the scan goes on after the run; a run of digits alone is no tag."""
+    tags, at = [], 0
+    while at < len(text):
+        end = at + 1
+        if text[at] == "#" and (at == 0 or text[at - 1].isspace()):
+            while end < len(text) and (text[end].isalnum() or text[end] in "_/-"):
+                end += 1
+            tag = text[at + 1 : end]
+            if tag and not tag.isdigit():
+                tags.append(tag)
+        at = end
+    return tags
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.text(alphabet="#a1_/-é٣ \t\n\u2003\u00a0.,x(", max_size=30))
+def test_inline_tags_follow_the_rule(text: str) -> None:
+    """A tag opens after whitespace (any kind) or at the start; ``a#b``, ``##a`` are none."""
+    assert inline_tags(text) == tags_by_hand(text)
+
+
+def test_inline_tags_examples() -> None:
+    assert inline_tags("#a x#b #c/d-e_1 ##f #12 #1a\u2003#g\t#h.") == [
+        "a",
+        "c/d-e_1",
+        "1a",
+        "g",
+        "h",
+    ]
 
 
 def test_dendron_cross_vault_links_resolve(tmp_path: Path) -> None:

@@ -23,7 +23,9 @@ from markdown_it.token import Token
 from mdit_py_plugins.front_matter import front_matter_plugin
 
 # Obsidian's inline tag: after a line start or whitespace, letters, digits, _ - /, not all digits.
-_TAG = re.compile(r"(?:(?<=\s)|^)#([\w/-]+)")
+# Written to open with its "#" (the lookbehind after it checks what precedes it), so the regex
+# engine jumps from "#" to "#" instead of trying the lookbehind at every character of a text.
+_TAG = re.compile(r"#(?<!\S#)([\w/-]+)")
 # Dendron's target of a note in a named vault: dendron://<vault>/<note>
 DENDRON_SCHEME: Final = "dendron://"
 # A Logseq block reference, ``((uuid))``: the uuid of a block that carries ``id:: uuid``
@@ -194,9 +196,15 @@ def _read_inline(children: list[Token], note: ParsedNote) -> None:
                 note.links.append(LinkRef(src, markdown=True, embed=True))
         elif child.type == "text":
             if "#" in child.content:
-                note.tags.extend(tag for tag in _TAG.findall(child.content) if not tag.isdigit())
+                note.tags.extend(inline_tags(child.content))
             if "((" in child.content:
                 note.block_refs.extend(_BLOCK_REF.findall(child.content))
+
+
+def inline_tags(text: str) -> list[str]:
+    """Obsidian's inline tags of a run of text, in order: a ``#`` at its start or after
+    whitespace, then letters, digits, ``_ - /``; a run of digits alone is no tag."""
+    return [tag for tag in _TAG.findall(text) if not tag.isdigit()]
 
 
 def _line_start(source: str, line: int) -> int:
