@@ -18,17 +18,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final
 
 import msgspec
 
 from kbgraph.events import ConceptDeleted, ConceptUpserted, DeleteData, Event, UpsertData
 from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sinks import Sink
-from kbgraph.sources.sync import event_id
+from kbgraph.sources.sync import BATCH_BYTES, BATCH_EVENTS, event_id
 
-BATCH_EVENTS: Final = 500
-BATCH_BYTES: Final = 4 << 20
 _hash_encoder = msgspec.msgpack.Encoder()
 
 
