@@ -41,6 +41,7 @@ STREAMS = [
     "t-vec",
     *("t-vrep", "t-vlease", "t-vstall"),
     "t-ship",
+    "t-snap-gone",
 ]
 # the administrator's own stream, made to see the cluster ready (a node's streams are its
 # own to create: it states its decision rules then, and may not change them after)

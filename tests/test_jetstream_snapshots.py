@@ -12,11 +12,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from nats.js import api
 
+from kbgraph.config import load_config
+from kbgraph.log.jetstream import snapshots
+from kbgraph.log.jetstream.admin import restore_before_serving
+from kbgraph.log.jetstream.node import NODE_ENV
+from kbgraph.log.jetstream.snapshots import store_position
 from tests import webhook_client as wc
 from tests.jetstream_nodes import (
     READY_SECONDS,
@@ -139,3 +145,50 @@ def test_snapshots_trim_the_stream_and_a_fresh_node_starts_from_one(
     finally:
         for n in nodes:
             n.stop()
+
+
+def test_a_snapshot_replaced_before_it_is_fetched_is_listed_again(
+    shared_cluster: NatsCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh node lists the newest snapshot, and before it fetches it the bucket replaces it
+    (a newer one put, the old deleted: it keeps ``snapshots_keep``): the node lists again and
+    restores the newer one, not starting empty behind a trimmed stream."""
+    cluster, stream = shared_cluster, "t-snap-gone"
+    every = "snapshot_every_seconds = 1\nsnapshots_keep = 1\n"
+    node = Node(tmp_path / "a", cluster, stream, log_extra=every)
+    node.start()
+    try:
+        with httpx.Client(timeout=30) as client:
+            for i in range(30):
+                assert post(client, node.url, [wc.upsert(f"gone/{i}")]).status_code == 200
+        wait_log(node, "snapshot-00000000000000000030")
+        deadline = time.monotonic() + READY_SECONDS
+        while stream_state(cluster, stream)[0] <= 30 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert stream_state(cluster, stream) == (31, 30)
+
+        def replace_the_snapshot() -> None:  # A snapshots at 35 and deletes the one at 30
+            with httpx.Client(timeout=30) as client:
+                for i in range(30, 35):
+                    assert post(client, node.url, [wc.upsert(f"gone/{i}")]).status_code == 200
+            wait_log(node, "snapshot-00000000000000000035")
+
+        listed = snapshots.snapshots
+        calls: list[list[str]] = []
+
+        async def stale_first(obs: Any) -> list[Any]:
+            found = await listed(obs)
+            calls.append([info.name for info in found])
+            if len(calls) == 1:
+                await asyncio.to_thread(replace_the_snapshot)
+            return found
+
+        monkeypatch.setattr(snapshots, "snapshots", stale_first)
+        monkeypatch.setenv(NODE_ENV, "")  # restore_before_serving names this process's node
+        fresh = write_node_config(tmp_path / "fresh", cluster, stream)
+        config = load_config(str(fresh))
+        assert restore_before_serving(config) is None
+        assert store_position(tmp_path / "fresh" / "kb.db", stream) == 35, calls
+        assert calls == [["snapshot-00000000000000000030"], ["snapshot-00000000000000000035"]]
+    finally:
+        node.stop()

@@ -206,10 +206,30 @@ async def restore(
         obs = await js.object_store(bucket(stream))
     except nats.js.errors.NotFoundError:
         return None
-    found = await snapshots(obs)
-    if not found:
-        return None
-    info = found[-1]
+    for _ in range(RESTORE_ATTEMPTS):
+        found = await snapshots(obs)
+        if not found:
+            return None
+        restored = await _restore_from(obs, found[-1], signer, rules, stream, store, checkpoints)
+        if restored is not None:
+            at, took = restored
+            log.warning("%s: this node was at %s, the stream starts at %s", took, position, first)
+            return at
+    return None  # each listed snapshot was replaced before it was fetched: the follower says why
+
+
+async def _restore_from(
+    obs: Any,
+    info: Any,
+    signer: wire.Signer,
+    rules: str,
+    stream: str,
+    store: Path,
+    checkpoints: Path | None,
+) -> tuple[int, str] | None:
+    """``store`` (and its checkpoints) replaced by snapshot ``info``: the position restored and
+    what to log; None when ``info`` was deleted before it was fetched (a newer snapshot took its
+    place, as the bucket keeps only the newest ``snapshots_keep``: list again)."""
     headers = info.headers or {}
     started = time.monotonic()
     unpacker = Unpacker(store, headers.get(wire.ENCODING, ""), headers.get(UNPACKED))
@@ -217,6 +237,9 @@ async def restore(
         sink = _Sink(signer.begin(_signed(info.name, headers), headers), unpacker)
         try:
             await obs.get(info.name, writeinto=sink)
+        except nats.js.errors.NotFoundError:
+            log.info("snapshot %s was replaced before it was fetched: listing again", info.name)
+            return None
         except nats.js.errors.DigestMismatchError:
             raise SnapshotRefused(
                 f"snapshot {info.name}: its bytes do not match its digest"
@@ -238,21 +261,13 @@ async def restore(
     finally:
         unpacker.discard()
     restored = store_position(store, stream)
-    log.warning(
-        "store restored from snapshot %s at position %s in %.1f s (%.1f MB fetched and unpacked"
-        " as they came in %.1f s, the rest unpacked in %.1f s, %s): this node was at %s, the"
-        " stream starts at %s",
-        info.name,
-        restored,
-        time.monotonic() - started,
-        sink.size / 2**20,
-        fetched - started,
-        unpacked - fetched,
-        headers.get(wire.ENCODING) or "gzip",
-        position,
-        first,
+    took = (
+        f"store restored from snapshot {info.name} at position {restored} in"
+        f" {time.monotonic() - started:.1f} s ({sink.size / 2**20:.1f} MB fetched and unpacked as"
+        f" they came in {fetched - started:.1f} s, the rest unpacked in {unpacked - fetched:.1f}"
+        f" s, {headers.get(wire.ENCODING) or 'gzip'})"
     )
-    return restored
+    return restored, took
 
 
 class _Sink:
