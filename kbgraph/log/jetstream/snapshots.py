@@ -48,6 +48,7 @@ RULES: Final = "Kbgraph-Rules"
 POSITION: Final = "Kbgraph-Position"
 POSITION_TTL_SECONDS: Final = 60.0
 RESTORE_ATTEMPTS: Final = 3
+FETCH_STALL_SECONDS: Final = 2.0  # no chunk for this long: is the snapshot still there?
 
 __all__ = ["SnapshotRefused"]  # raised here, defined beside the unpacking
 
@@ -236,7 +237,9 @@ async def _restore_from(
     try:
         sink = _Sink(signer.begin(_signed(info.name, headers), headers), unpacker)
         try:
-            await obs.get(info.name, writeinto=sink)
+            if not await _fetched(obs, info.name, sink):
+                log.info("snapshot %s was deleted while it was fetched: listing again", info.name)
+                return None
         except nats.js.errors.NotFoundError:
             log.info("snapshot %s was replaced before it was fetched: listing again", info.name)
             return None
@@ -268,6 +271,27 @@ async def _restore_from(
         f" s, {headers.get(wire.ENCODING) or 'gzip'})"
     )
     return restored, took
+
+
+async def _fetched(obs: Any, name: str, sink: _Sink) -> bool:
+    """Object ``name`` fetched into ``sink``; False when it was deleted meanwhile (a newer
+    snapshot took its place). nats-py's ``get`` waits for chunks without end, and a deleted
+    object's chunks are purged: so whenever no chunk came for ``FETCH_STALL_SECONDS``, the
+    object is looked up, and the fetch is given up once it is gone."""
+    fetch = asyncio.ensure_future(obs.get(name, writeinto=sink))
+    seen = -1
+    while not (await asyncio.wait({fetch}, timeout=FETCH_STALL_SECONDS))[0]:
+        if sink.size == seen:
+            try:
+                await obs.get_info(name)
+            except nats.js.errors.NotFoundError:
+                fetch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await fetch
+                return False
+        seen = sink.size
+    await fetch  # its own errors (a digest that does not match, say) to the caller
+    return True
 
 
 class _Sink:
