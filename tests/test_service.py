@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,17 +44,23 @@ print(json.dumps({
 """
 
 
-def test_a_sqlite_service_never_imports_nats(tmp_path: Path) -> None:
-    config = write_config(tmp_path, '[embeddings]\nprovider = "none"\n')
+def child_json(script: str, config: Path) -> Any:
+    """The JSON object on the last line ``script`` prints, run with ``config`` in a fresh
+    interpreter (its imports and its heap its own)."""
     done = subprocess.run(
-        [sys.executable, "-c", SERVE_SQLITE, str(config)],
+        [sys.executable, "-c", script, str(config)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_sqlite_service_never_imports_nats(tmp_path: Path) -> None:
+    config = write_config(tmp_path, '[embeddings]\nprovider = "none"\n')
+    out = child_json(SERVE_SQLITE, config)
     assert out == {"posted": 200, "read": 200, "ready": 200, "nats": []}
 
 
@@ -119,15 +126,7 @@ print(json.dumps({"built": built, "served": served}))
 
 def test_only_a_serving_process_settles_its_heap(tmp_path: Path) -> None:
     config = write_config(tmp_path, '[embeddings]\nprovider = "none"\n')
-    done = subprocess.run(
-        [sys.executable, "-c", SETTLED_HEAP, str(config)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = child_json(SETTLED_HEAP, config)
     assert out["built"] == [200, 0]  # nothing frozen by an app the tests build
     posted, frozen = out["served"]
     assert posted == 200
