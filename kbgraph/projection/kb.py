@@ -135,9 +135,10 @@ class KBProjection:
         if not on:
             self.mentions = None
             return
-        self.mentions = Mentions(
-            self.index, lambda u: self.nodes.texts[u], lambda u: self.links.declared(u)
-        )
+        # the KB's parts, not the KB: a closure over ``self`` made the KB a reference cycle,
+        # freed only by a full collection, and never once ``settle_heap`` had frozen it
+        nodes = self.nodes
+        self.mentions = Mentions(self.index, lambda u: nodes.texts[u], self.links.declared)
         with gc_paused():  # as the KB's own build: many containers made, no cycle
             if saved is not None:
                 self.mentions.restore(saved)
