@@ -220,7 +220,7 @@ def _ints(text: str) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m loadtest.bench_cluster", description=__doc__.splitlines()[0]
+        prog="python -m loadtest.bench_cluster", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--concepts", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=60.0, help="the write phase, sampled")

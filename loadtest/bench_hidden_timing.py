@@ -72,7 +72,7 @@ def alternate(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, lis
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m loadtest.bench_hidden_timing", description=__doc__.splitlines()[0]
+        prog="python -m loadtest.bench_hidden_timing", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--hidden", type=int, default=60_000)
     parser.add_argument("--out-links", type=int, default=10_000)

@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from loadtest.bench_ingest import (
+    ADMIN,
     SECRET,
     Concepts,
     free_port,
@@ -40,8 +41,6 @@ from loadtest.bench_ingest import (
 )
 from tests import webhook_client as wc
 from tests.nats_cluster import STREAM, NatsCluster
-
-ADMIN = "bench-admin-token-local"
 
 
 def start_node(folder: Path, port: int, cluster: NatsCluster) -> subprocess.Popen[bytes]:

@@ -22,7 +22,7 @@ from kbgraph.sources.vault.reader import read_vault
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m loadtest.bench_logseq", description=__doc__.splitlines()[0]
+        prog="python -m loadtest.bench_logseq", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--graph", required=True, type=Path, help="a Logseq graph folder")
     args = parser.parse_args()

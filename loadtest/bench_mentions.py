@@ -324,7 +324,7 @@ def apply_aims(figures: dict[str, Any]) -> dict[str, bool]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m loadtest.bench_mentions", description=__doc__.split("\n")[0]
+        prog="python -m loadtest.bench_mentions", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--concepts", type=int, default=20_000)
     parser.add_argument("--events", type=int, default=5_000)

@@ -320,7 +320,7 @@ def measure(tmp: Path, args: argparse.Namespace, root: Path | None) -> dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m loadtest.bench_spine", description=__doc__.splitlines()[0]
+        prog="python -m loadtest.bench_spine", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--deliveries", type=int, default=40)
     parser.add_argument("--delay", type=float, default=1.0, help="the provider's seconds")

@@ -119,7 +119,7 @@ async def run(folder: Path, log_toml: str, concepts: int, changes: int) -> dict[
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m loadtest.cluster_model", description=__doc__.splitlines()[0]
+        prog="python -m loadtest.cluster_model", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--folder", type=Path, required=True)
     parser.add_argument("--log", type=Path, required=True, help="a node's [log] sections (TOML)")

@@ -55,7 +55,6 @@ KB: Final = "twowiki"
 TUNE: Final = 250  # the first records of questions.jsonl; the rest are held out
 HALVES: Final = ("tune", "held-out")
 KS: Final = (2, 5)
-SEARCH_MODES: Final = ("lexical", "vector", "hybrid")
 MINILM_URL: Final = "http://127.0.0.1:18765/v1"
 # The mention edges of issue 44 on or off: a config section and key (absent before they land)
 MENTIONS: Final = ("mentions", "enabled")

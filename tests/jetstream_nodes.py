@@ -23,6 +23,8 @@ from tests.support import ADMIN, SECRET, ServerProcess, start_server, stop
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
 KB = "shared"
 READY_SECONDS = 120.0
+FILL_SECONDS = 120.0  # the vector tests: until a cluster's vectors are filled
+HOLDS = "embeds for the cluster"  # the line a process logs when it takes the embedder lease
 
 
 def write_node_config(

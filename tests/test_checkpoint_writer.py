@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,22 +47,32 @@ def test_a_forked_writer_checkpoints_while_the_follower_goes_on(tmp_path: Path) 
     store.close()
 
 
-def test_the_forked_writer_holds_no_descriptor_of_the_parent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A connection the server closes while a checkpoint is being written must close for its
-    client at once, not when the writer exits."""
+def writer_running_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: Callable[[], None]
+) -> tuple[Store, Projections]:
+    """A store of 20 concepts, its projection checkpointing every 10 records, and a checkpoint
+    writer that runs ``first`` (in the forked child, the parent going on) before it writes."""
     store = Store(tmp_path / "kb.db")
     for i in range(20):
         store.append(KB, [upsert(f"c{i}")])
     p = projections(store, tmp_path / "ckpt", checkpoint_every=10)
     write = checkpoint.write
 
-    def slow_write(*args: Any) -> Path:
-        time.sleep(3)  # in the child: the parent goes on meanwhile
+    def write_after_first(*args: Any) -> Path:
+        first()
         return write(*args)
 
-    monkeypatch.setattr(checkpoint, "write", slow_write)
+    monkeypatch.setattr(checkpoint, "write", write_after_first)
+    return store, p
+
+
+def test_the_forked_writer_holds_no_descriptor_of_the_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection the server closes while a checkpoint is being written must close for its
+    client at once, not when the writer exits."""
+    # the child sleeps before it writes: the parent goes on meanwhile
+    store, p = writer_running_first(tmp_path, monkeypatch, lambda: time.sleep(3))
     server_end, client_end = socket.socketpair()
     p.maybe_checkpoint()
     assert p.checkpoint_writer is not None
@@ -142,21 +153,15 @@ def test_the_forked_child_compiles_a_kernel_while_another_thread_was_compiling(
     local model's first batch, a request's first walk) must not leave the child's copy of that
     lock held: the child hung, and a server wrote no checkpoint and cut no log again. The fork
     waits for the compile under way, and the child compiles."""
-    store = Store(tmp_path / "kb.db")
-    for i in range(20):
-        store.append(KB, [upsert(f"c{i}")])
-    p = projections(store, tmp_path / "ckpt", checkpoint_every=10)
-    write = checkpoint.write
 
-    def compiling_write(*args: Any) -> Path:
+    def compile_fresh() -> None:
         @numba.njit
         def fresh(x: int) -> int:
             return x + 1
 
         assert fresh(1) == 2  # compiled here, in the child
-        return write(*args)
 
-    monkeypatch.setattr(checkpoint, "write", compiling_write)
+    store, p = writer_running_first(tmp_path, monkeypatch, compile_fresh)
     compiling, done = threading.Event(), threading.Event()
 
     def compiler() -> None:

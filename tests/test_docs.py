@@ -135,6 +135,33 @@ def test_scripts_are_shown_one_way() -> None:
     assert not unshown, f"loadtest scripts the docs never show: {unshown}"
 
 
+SHOWN_SCRIPT = re.compile(r"python -m loadtest\.(\w+)")
+REPO_PATH = re.compile(r"`((?:kbgraph|loadtest|tests|scripts|examples)/[^`*<>…\s]*)`")
+
+
+def test_what_the_docs_name_is_there() -> None:
+    """Every ``python -m loadtest.<name>`` the docs show is a script, and every path of this
+    repository they name in code quotes (``kbgraph/…``, ``tests/…``, ``tests/x.py::test_y``)
+    exists: a module, test or script moved or removed leaves no page pointing at it. The history
+    pages are dated records and may name what has since gone."""
+    gone = []
+    for path in DOCS:
+        text = path.read_text()
+        gone += [
+            f"{path.relative_to(ROOT)}: python -m loadtest.{name}"
+            for name in SHOWN_SCRIPT.findall(text)
+            if name not in scripts()
+        ]
+        for named in REPO_PATH.findall(text):
+            file, _, test = named.partition("::")
+            there = (ROOT / file).exists()
+            if there and test:
+                there = f"def {test.split('[')[0]}(" in (ROOT / file).read_text()
+            if not there:
+                gone.append(f"{path.relative_to(ROOT)}: {named}")
+    assert not gone, gone
+
+
 def test_the_docs_index_names_every_page() -> None:
     index = (ROOT / "docs" / "README.md").read_text()
     pages = [p.name for p in DOCS if p.parent.name == "docs" and p.name != "README.md"]

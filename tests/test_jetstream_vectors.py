@@ -20,15 +20,13 @@ import pytest
 from kbgraph.embeddings import concept_text
 from loadtest.embed_provider import CountingProvider
 from tests import webhook_client as wc
-from tests.jetstream_nodes import AUTH, KB, Node
+from tests.jetstream_nodes import AUTH, FILL_SECONDS, HOLDS, KB, Node
 from tests.nats_cluster import running_cluster
 from tests.support import SECRET
 
 pytestmark = pytest.mark.slow
 
 STREAM = "t-vec"
-FILL_SECONDS = 120.0
-HOLDS = "embeds for the cluster"  # the line a process logs when it takes the lease
 
 
 @contextlib.contextmanager

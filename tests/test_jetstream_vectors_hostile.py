@@ -31,13 +31,10 @@ from kbgraph.log.jetstream import lease, wire
 from kbgraph.store import Store
 from loadtest.embed_provider import CountingProvider
 from tests import webhook_client as wc
-from tests.jetstream_nodes import AUTH, KB, SECRET, Node, wait_caught_up
+from tests.jetstream_nodes import AUTH, FILL_SECONDS, HOLDS, KB, SECRET, Node, wait_caught_up
 from tests.nats_cluster import NatsCluster
 
 pytestmark = pytest.mark.slow
-
-FILL_SECONDS = 120.0
-HOLDS = "embeds for the cluster"  # the line a process logs when it takes the lease
 
 
 @contextlib.contextmanager

@@ -98,9 +98,9 @@ def fork() -> int:
     so the child sees a row with its whole vector or without it), writes one new file with its
     own descriptors, reports a failure with ``os.write`` on fd 2 and leaves with ``os._exit``;
     it logs nothing and touches no SQLite connection and no KB lock
-    (``tests/test_checkpoint.py`` runs it while another thread holds a KB's read lock). What the
-    fork buys, a copy-on-write instant of every array without stopping the follower for the
-    ~15 s a million concepts take, has no thread-safe equivalent short of copying the
+    (``tests/test_checkpoint_writer.py`` runs it while another thread holds a KB's read lock).
+    What the fork buys, a copy-on-write instant of every array without stopping the follower for
+    the ~15 s a million concepts take, has no thread-safe equivalent short of copying the
     projection. Only that warning, only around this call, is silenced."""
     with warnings.catch_warnings(), global_compiler_lock:
         warnings.filterwarnings(
