@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kbgraph.agent.evidence import shares
-from kbgraph.agent.tools import MENTION_WEIGHT, PPR_ALPHA, SUGGEST_WALK_WEIGHT
+from kbgraph.agent.tools import PPR_ALPHA, SUGGEST_MENTION_WEIGHT, SUGGEST_WALK_WEIGHT
 from kbgraph.projection.mentions import unlinked
 from kbgraph.search import STOP_WORDS, SearchIndex, tokens_with_offsets
 from tests.kb_events import upsert
@@ -87,8 +87,8 @@ def test_hybrid_finds_unlinked_mentions_outside_links(service: Service) -> None:
     assert set(by_id) == {"ops/restic", "ops/vault"}  # ops/old is retired; ops/backup linked
     for c in by_id.values():
         assert c["common"] == []
-        assert c["score"] >= MENTION_WEIGHT
-    assert by_id["ops/restic"]["score"] == MENTION_WEIGHT  # "restic" is in 3 of 5: not rare
+        assert c["score"] >= SUGGEST_MENTION_WEIGHT
+    assert by_id["ops/restic"]["score"] == SUGGEST_MENTION_WEIGHT  # "restic" is in 3 of 5: not rare
     # "restic" inside "Backup with restic" (linked) is not a mention; the later one is.
     assert by_id["ops/restic"]["mention"].startswith("…")
     assert "restic also copies" in by_id["ops/restic"]["mention"]

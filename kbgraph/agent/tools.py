@@ -63,7 +63,7 @@ RETIRED: Final = frozenset({"deprecated", "superseded"})
 METHODS: Final = ("hybrid", "structure")
 EDGES: Final = ("links", "all")
 # link_suggest hybrid: structure's resource allocation plus weighted text evidence.
-MENTION_WEIGHT: Final = 2.0
+SUGGEST_MENTION_WEIGHT: Final = 2.0
 TERMS_WEIGHT: Final = 4.0
 TAGS_WEIGHT: Final = 1.0
 # ... + SUGGEST_WALK_WEIGHT * the walk's mass from x (PPR, restart PPR_ALPHA) over its best:
@@ -299,7 +299,7 @@ def _structure(snap: Snapshot, view: View, node: int, limit: int) -> list[Candid
 def _hybrid(snap: Snapshot, view: View, node: int, limit: int) -> list[Candidate]:
     """Resource allocation (one common neighbour is enough) plus the text's evidence.
 
-    score = RA + MENTION_WEIGHT * mention + TERMS_WEIGHT * terms + TAGS_WEIGHT * tags
+    score = RA + SUGGEST_MENTION_WEIGHT * mention + TERMS_WEIGHT * terms + TAGS_WEIGHT * tags
             + SUGGEST_WALK_WEIGHT * walk
     (``kbgraph.agent.evidence``; ``walk``: the PPR mass from ``node`` over the best of it,
     ``node`` left out), over the visible concepts not linked with ``node`` either way; a
@@ -318,7 +318,7 @@ def _hybrid(snap: Snapshot, view: View, node: int, limit: int) -> list[Candidate
     cands, ra = graphalgo.resource_allocation_scores(view, node, min_common=1)
     total[cands] = ra
     if found.mention:
-        total[list(found.mention)] += MENTION_WEIGHT
+        total[list(found.mention)] += SUGGEST_MENTION_WEIGHT
     total += TERMS_WEIGHT * found.terms
     total += TAGS_WEIGHT * found.tags
     reached, mass = graphalgo.personalized_pagerank(view, [(node, 1.0)], PPR_ALPHA, ordered=False)
