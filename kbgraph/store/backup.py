@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from kbgraph.store import statements as sql
 from kbgraph.store.schema import SCHEMA_VERSION
 
 # files SQLite and the store keep beside the store, named after it
@@ -177,7 +178,7 @@ def check(conn: sqlite3.Connection) -> tuple[int, dict[str, int]]:
     found = conn.execute("PRAGMA user_version").fetchone()[0]
     if found != SCHEMA_VERSION:
         raise BackupError(f"the copy has schema version {found}, this kbgraph {SCHEMA_VERSION}")
-    gid = conn.execute("SELECT coalesce(max(gid), 0) FROM log").fetchone()[0]
+    gid = conn.execute(sql.LOG_LAST).fetchone()[0]
     kbs = dict(conn.execute("SELECT name, seq FROM kb ORDER BY name").fetchall())
     for name, end in conn.execute("SELECT kb, max(seq) FROM log GROUP BY kb"):
         if kbs.get(name) != end:

@@ -7,6 +7,7 @@ from typing import Final
 
 import numpy as np
 
+from kbgraph.store import statements as sql
 from kbgraph.store.columns import StringColumn, encode_strings, joined_columns, split_json_arrays
 from kbgraph.store.model import ColumnSnapshot, ConceptState, KBColumns, KBState, StoreSnapshot
 from kbgraph.store.statements import tags_decoder, tags_encoder
@@ -21,7 +22,7 @@ _COLUMNS: Final = (
 
 def load_snapshot(conn: sqlite3.Connection) -> StoreSnapshot:
     """The state of every KB with seq >= 1 and the gid it reflects (call in a read transaction)."""
-    gid = conn.execute("SELECT coalesce(max(gid), 0) FROM log").fetchone()[0]
+    gid = conn.execute(sql.LOG_LAST).fetchone()[0]
     kbs = conn.execute("SELECT kid, name, seq FROM kb WHERE seq > 0").fetchall()
     rows = conn.execute(
         "SELECT kid, id, version, title, type, status, tags, text, aliases, links FROM concept"
@@ -62,7 +63,7 @@ def load_columns(conn: sqlite3.Connection) -> ColumnSnapshot:
     its columns as it comes (ids, titles and texts encoded, the links split into an encoded column
     of target ids, types and statuses shared, empty lists the shared ``EMPTY``), so a million
     rows' raw values never live at once."""
-    gid = conn.execute("SELECT coalesce(max(gid), 0) FROM log").fetchone()[0]
+    gid = conn.execute(sql.LOG_LAST).fetchone()[0]
     kbs = conn.execute("SELECT kid, name, seq FROM kb WHERE seq > 0").fetchall()
     out: dict[str, KBColumns] = {}
     for kid, name, seq in sorted(kbs, key=lambda row: row[1]):

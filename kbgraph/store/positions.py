@@ -117,16 +117,25 @@ def record(
         conn.execute(RESULT_PRUNE, (stream, seq - RESULTS_KEPT))
 
 
+def position(conn: sqlite3.Connection, stream: str) -> int:
+    """The last sequence of ``stream`` applied to ``conn``'s store (0: none, or a file from
+    before positions were kept, with no table for them)."""
+    try:
+        row = conn.execute(sql.POSITION_GET, (stream,)).fetchone()
+    except sqlite3.OperationalError:  # no table yet
+        return 0
+    return 0 if row is None else int(row[0])
+
+
 def outcomes(
     conn: sqlite3.Connection, stream: str, seqs: Sequence[int]
 ) -> tuple[int, list[tuple[int, bytes | None, str | None, str | None]], list[tuple[int, str, str]]]:
     """The stream position, with the results and the notes of those of ``seqs`` up to it."""
-    row = conn.execute(sql.POSITION_GET, (stream,)).fetchone()
-    position = 0 if row is None else row[0]
-    reached = [seq for seq in seqs if seq <= position]
+    at = position(conn, stream)
+    reached = [seq for seq in seqs if seq <= at]
     if not reached:
-        return position, [], []
+        return at, [], []
     marks = ",".join("?" * len(reached))
     results = conn.execute(RESULTS_GET.format(marks), (stream, *reached)).fetchall()
     notes = conn.execute(NOTES_AT.format(marks), (stream, *reached)).fetchall()
-    return position, results, notes
+    return at, results, notes

@@ -119,7 +119,7 @@ class Store:
             self._thread: threading.Thread | None = None
             self._analyser: threading.Thread | None = None
             with self._reader() as conn:
-                conn.execute("SELECT count(*) FROM kb").fetchone()
+                conn.execute(sql.KB_COUNT).fetchone()
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if fcntl is not None:
@@ -339,8 +339,7 @@ class Store:
     def log_position(self, stream: str) -> int:
         """The last sequence of ``stream`` whose delivery this store applied (0: none)."""
         with self._reader() as conn:
-            row = conn.execute(sql.POSITION_GET, (stream,)).fetchone()
-        return 0 if row is None else row[0]
+            return positions.position(conn, stream)
 
     def _empty_result(self, kb: str) -> DeliveryResult:
         if self._closed:

@@ -37,7 +37,7 @@ from typing import IO, Final, cast
 import zstandard
 
 from kbgraph.projection import checkpoint
-from kbgraph.store import logcut
+from kbgraph.store import logcut, positions
 
 ENCODING_ZSTD: Final = "zstd"  # the value of wire.ENCODING on a snapshot packed here
 UNPACKED: Final = "Kbgraph-Unpacked-Bytes"  # the header declaring the tar's unpacked size
@@ -68,7 +68,7 @@ def take(store: Path, checkpoints: Path | None, stream: str) -> Packed:
         try:
             source.backup(target)
             target.execute("PRAGMA journal_mode = DELETE")  # one file, no WAL beside it
-            position = _position(target, stream)
+            position = positions.position(target, stream)
             ship = _followable(target, checkpoints)
         finally:
             source.close()
@@ -88,14 +88,6 @@ def take(store: Path, checkpoints: Path | None, stream: str) -> Packed:
                     tar.add(ship, arcname=f"checkpoints/{ship.name}")
                     unpacked += size
     return Packed(position, data.getvalue(), unpacked)
-
-
-def _position(conn: sqlite3.Connection, stream: str) -> int:
-    try:
-        row = conn.execute("SELECT seq FROM log_position WHERE stream = ?", (stream,)).fetchone()
-    except sqlite3.OperationalError:  # no table yet
-        return 0
-    return 0 if row is None else int(row[0])
 
 
 def _followable(conn: sqlite3.Connection, folder: Path | None) -> Path | None:

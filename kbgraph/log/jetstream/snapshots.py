@@ -40,6 +40,7 @@ from kbgraph.log.jetstream.snapshotfile import (
     SnapshotRefused,
     Unpacker,
 )
+from kbgraph.store import positions
 
 log = logging.getLogger("kbgraph.log.jetstream")
 
@@ -67,12 +68,9 @@ def store_position(path: Path, stream: str) -> int:
         return 0
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
-        row = conn.execute("SELECT seq FROM log_position WHERE stream = ?", (stream,)).fetchone()
-    except sqlite3.OperationalError:  # no table yet
-        return 0
+        return positions.position(conn, stream)
     finally:
         conn.close()
-    return 0 if row is None else int(row[0])
 
 
 def _signed(name: str, headers: dict[str, str]) -> str:
