@@ -7,7 +7,7 @@ contract's own error messages stay with the tools (``kbgraph.agent.tools``), not
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import Annotated, Final, NamedTuple
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -15,10 +15,37 @@ from msgspec import UNSET, UnsetType
 MAX_IDS: Final = 10
 
 
+class Bounds(NamedTuple):
+    """A count field's default (what 0 takes) and the range any other value is clamped into."""
+
+    default: int
+    low: int
+    high: int
+
+    def clamp(self, value: int) -> int:
+        return self.default if value == 0 else min(max(value, self.low), self.high)
+
+
+CONTEXT_LIMIT: Final = Bounds(10, 1, 30)
+SUGGEST_LIMIT: Final = Bounds(5, 1, 20)
+PATH_HOPS: Final = Bounds(6, 1, 12)
+SEARCH_LIMIT: Final = Bounds(10, 1, 50)
+
+
 def _field(description: str, **schema: object) -> msgspec.Meta:
     """A request field's description, plus bounds or allowed values for the JSON Schema only:
     clamping and the contract's own error messages stay with the tools, not the decoder."""
     return msgspec.Meta(description=description, extra_json_schema=schema or None)
+
+
+def _bounded(what: str, bounds: Bounds) -> msgspec.Meta:
+    """A count field: its description says the default and the clamp, its schema the range."""
+    return _field(
+        f"{what}; 0 takes the default {bounds.default}, others clamp into"
+        f" {bounds.low}-{bounds.high}.",
+        minimum=0,
+        maximum=bounds.high,
+    )
 
 
 class GraphContextRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -32,26 +59,12 @@ class GraphContextRequest(msgspec.Struct, forbid_unknown_fields=True):
             f"Concept ids to start from (each adds weight 1), at most {MAX_IDS}.", maxItems=MAX_IDS
         ),
     ] = None
-    limit: Annotated[
-        int,
-        _field(
-            "How many results; 0 takes the default 10, others clamp into 1-30.",
-            minimum=0,
-            maximum=30,
-        ),
-    ] = 10
+    limit: Annotated[int, _bounded("How many results", CONTEXT_LIMIT)] = CONTEXT_LIMIT.default
 
 
 class LinkSuggestRequest(msgspec.Struct, forbid_unknown_fields=True):
     id: Annotated[str, _field("The concept to suggest missing links for.")]
-    limit: Annotated[
-        int,
-        _field(
-            "How many candidates; 0 takes the default 5, others clamp into 1-20.",
-            minimum=0,
-            maximum=20,
-        ),
-    ] = 5
+    limit: Annotated[int, _bounded("How many candidates", SUGGEST_LIMIT)] = SUGGEST_LIMIT.default
     method: Annotated[
         str | None,
         _field(
@@ -80,24 +93,12 @@ class GraphPathRequest(msgspec.Struct, forbid_unknown_fields=True):
             enum=["links", "all", None],
         ),
     ] = "links"
-    max_hops: Annotated[
-        int,
-        _field(
-            "The longest path considered; 0 takes the default 6, others clamp into 1-12.",
-            minimum=0,
-            maximum=12,
-        ),
-    ] = 6
+    max_hops: Annotated[int, _bounded("The longest path considered", PATH_HOPS)] = PATH_HOPS.default
 
 
 class SearchRequest(msgspec.Struct, forbid_unknown_fields=True):  # GET search?q=&limit=
     query: Annotated[str, _field("Words to search titles and texts for (no syntax).")]
-    limit: Annotated[
-        int,
-        _field(
-            "How many hits; 0 takes the default 10, others clamp into 1-50.", minimum=0, maximum=50
-        ),
-    ] = 10
+    limit: Annotated[int, _bounded("How many hits", SEARCH_LIMIT)] = SEARCH_LIMIT.default
     mode: Annotated[
         str | None,
         _field(

@@ -20,8 +20,12 @@ from msgspec import UNSET, UnsetType
 from kbgraph import graphalgo
 from kbgraph.agent import evidence, mentioned, ranking, retrieval
 from kbgraph.agent.shapes import (
+    CONTEXT_LIMIT,
     FAILED_NAMED,
     MAX_IDS,
+    PATH_HOPS,
+    SEARCH_LIMIT,
+    SUGGEST_LIMIT,
     Candidate,
     ConceptResponse,
     ContextResult,
@@ -80,11 +84,6 @@ def invalid_choice(field: str, value: str, expected: str) -> ToolError:
     """``422 invalid <field> "<value>": expected <expected>``, the value cut to ECHO_CHARS."""
     shown = value if len(value) <= ECHO_CHARS else value[:ECHO_CHARS] + "…"
     return ToolError(422, f'invalid {field} "{shown}": expected {expected}')
-
-
-def clamp(value: int, default: int, low: int, high: int) -> int:
-    """docs/api.md: absent or 0 takes the default, anything else is clamped into [low, high]."""
-    return default if value == 0 else min(max(value, low), high)
 
 
 def decode_request(body: bytes, request_type: type[Req]) -> Req:
@@ -148,7 +147,7 @@ def graph_context(
         raise ToolError(422, f"'ids' takes at most {MAX_IDS} concepts")
     if req.query is None and not ids:
         raise ToolError(422, "'query' or 'ids' is required")
-    limit = clamp(req.limit, 10, 1, 30)
+    limit = CONTEXT_LIMIT.clamp(req.limit)
 
     weights: dict[int, float] = {}
     ids_nodes: list[int] = []
@@ -265,7 +264,7 @@ def link_suggest(snap: Snapshot, view: View, req: LinkSuggestRequest) -> LinkSug
     method = "hybrid" if req.method is None else req.method
     if method not in METHODS:
         raise invalid_choice("method", method, "hybrid or structure")
-    limit = clamp(req.limit, 5, 1, 20)
+    limit = SUGGEST_LIMIT.clamp(req.limit)
     node = visible_node(snap, view, req.id)
     if method == "hybrid":
         candidates = _hybrid(snap, view, node, limit)
@@ -359,7 +358,7 @@ def graph_path(snap: Snapshot, view: View, req: GraphPathRequest) -> GraphPathRe
     edges = "links" if req.edges is None else req.edges
     if edges not in EDGES:
         raise invalid_choice("edges", edges, "links or all")
-    max_hops = clamp(req.max_hops, 6, 1, 12)
+    max_hops = PATH_HOPS.clamp(req.max_hops)
     source = visible_node(snap, view, req.source)
     target = visible_node(snap, view, req.target)
     if edges == "all" and snap.mentions is not None:
@@ -390,7 +389,7 @@ def search(
 ) -> SearchResponse:
     """The best visible hits for ``query`` by words (BM25), meaning (vectors) or both
     (``meaning``: the query's vector, embedded before the lock; None: embedded here)."""
-    limit = clamp(limit, 10, 1, 50)
+    limit = SEARCH_LIMIT.clamp(limit)
     if mode is None:
         mode = retrieval.default_mode(snap)
     elif mode not in retrieval.MODES:
