@@ -8,9 +8,11 @@ does not read are ignored; those it may miss have MediaWiki's defaults.
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import msgspec
+
+WIKITEXT: Final = "wikitext"  # MediaWiki's content model of wikitext pages (API and dumps)
 
 
 class Struct(msgspec.Struct):
@@ -89,7 +91,7 @@ class Renamed(Struct):
 
 class Slot(Struct):
     content: str = ""
-    contentmodel: str = "wikitext"
+    contentmodel: str = WIKITEXT
 
 
 class Revision(Struct):

@@ -31,6 +31,7 @@ from anyio.from_thread import start_blocking_portal
 
 from kbgraph.events import ECHO_CHARS
 from kbgraph.sources.mediawiki.answers import (
+    WIKITEXT,
     AllPages,
     Answer,
     Backlinks,
@@ -73,7 +74,7 @@ class PageState:
     exists: bool = False
     readable: bool = True
     redirect: bool = False
-    model: str = "wikitext"
+    model: str = WIKITEXT
     text: str = ""
     redirects_here: list[str] = field(default_factory=list)
 

@@ -29,12 +29,12 @@ import mwxml  # type: ignore[import-untyped]
 
 from kbgraph.events import ECHO_CHARS
 from kbgraph.sources.deliver import SourceConcept
+from kbgraph.sources.mediawiki.answers import WIKITEXT
 from kbgraph.sources.mediawiki.bounds import MAX_DUMP_BYTES, MAX_PAGE_BYTES
 from kbgraph.sources.mediawiki.concepts import concept_of
 from kbgraph.sources.mediawiki.titles import Namespace, Namespaces, Title
 from kbgraph.sources.mediawiki.wikitext import PageFields, parse
 
-WIKITEXT: Final = "wikitext"
 PROGRESS_EVERY: Final = 500
 PAGE_XML_FACTOR: Final = 16  # XML's escapes write a character of text in up to 6 bytes
 

@@ -42,11 +42,11 @@ from typing import Final
 from kbgraph.events import ECHO_CHARS
 from kbgraph.sources.deliver import Sent, SourceConcept, deliver
 from kbgraph.sources.manifest import Manifest, open_db, write_transaction
-from kbgraph.sources.mediawiki.answers import Change, LogParams
+from kbgraph.sources.mediawiki.answers import WIKITEXT, Change, LogParams
 from kbgraph.sources.mediawiki.api import PageState, WikiApi, WikiError
 from kbgraph.sources.mediawiki.bounds import MAX_PAGE_BYTES
 from kbgraph.sources.mediawiki.concepts import SOURCE, concept_of
-from kbgraph.sources.mediawiki.dump import WIKITEXT, build, over
+from kbgraph.sources.mediawiki.dump import build, over
 from kbgraph.sources.mediawiki.titles import Namespaces, Title
 from kbgraph.sources.mediawiki.wikitext import PageFields, parse
 from kbgraph.sources.sinks import Sink
