@@ -11,7 +11,10 @@ KB_NAME = re.compile(KB_NAME_PATTERN)
 MAX_ID_LENGTH = 512
 # Segments of non-control characters (C0, DEL, C1) joined by single slashes: the common case,
 # checked in one regex call; only a failing id is walked character by character to say why.
-_VALID_ID = re.compile(r"[^/\x00-\x1f\x7f-\x9f]+(?:/[^/\x00-\x1f\x7f-\x9f]+)*")
+_ID = r"[^/\x00-\x1f\x7f-\x9f]+(?:/[^/\x00-\x1f\x7f-\x9f]+)*"
+_VALID_ID = re.compile(_ID)
+# Ids joined by line breaks: a control character, so the separator is in no valid id.
+_VALID_IDS = re.compile(rf"{_ID}(?:\n{_ID})*")
 
 
 def is_kb_name(name: str) -> bool:
@@ -46,6 +49,21 @@ def concept_id_problem(concept_id: str) -> str | None:
     if "" in concept_id.split("/"):
         return "invalid concept id: empty segment"
     return None
+
+
+def all_plain_ids(ids: list[str]) -> bool:
+    """Whether every one of ``ids`` is a valid concept id made of ASCII characters only (so
+    none needs NFC): a delivery's ids checked by one regex call over them joined, instead of
+    ``concept_id_problem`` once an id (which says what is wrong with one that is not)."""
+    if not ids:
+        return True
+    joined = "\n".join(ids)
+    return (
+        joined.isascii()
+        and joined.count("\n") == len(ids) - 1  # no id holds the separator
+        and (len(joined) <= MAX_ID_LENGTH or max(map(len, ids)) <= MAX_ID_LENGTH)
+        and _VALID_IDS.fullmatch(joined) is not None
+    )
 
 
 def collection_of(concept_id: str) -> str:
