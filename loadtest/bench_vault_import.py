@@ -44,6 +44,12 @@ from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sinks import LocalSink
 from kbgraph.sources.sync import sync_once
 vault, work, provider = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+if sys.argv[4]:  # --ahead-min-cores, where the checkout makes the analyses in its workers
+    try:
+        from kbgraph.sources.vault import ahead
+        ahead.AHEAD_MIN_CORES = int(sys.argv[4])
+    except ImportError:
+        pass
 config = Config(StoreConfig(str(work / "kb.db")), EmbeddingsConfig(provider))
 sink = LocalSink(open_store(config))
 with Manifest(work / "kb.manifest") as manifest:
@@ -149,10 +155,11 @@ def _checked(checkout: Path, result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def run(checkout: Path, vault: Path, provider: str) -> dict[str, Any]:
+def run(checkout: Path, vault: Path, provider: str, min_cores: int | None) -> dict[str, Any]:
     """One import by ``checkout``'s code into a fresh store."""
     with tempfile.TemporaryDirectory(prefix="kbgraph-vault-") as work:
-        command = [checkout_python(checkout), "-c", CHILD, str(vault), work, provider]
+        cores = "" if min_cores is None else str(min_cores)
+        command = [checkout_python(checkout), "-c", CHILD, str(vault), work, provider, cores]
         return _checked(checkout, child_json(command, checkout))
 
 
@@ -182,6 +189,13 @@ def main() -> None:
         help="the store's provider: local makes each note's vector (as the default config)",
     )
     parser.add_argument(
+        "--ahead-min-cores",
+        type=int,
+        metavar="N",
+        help="the cores from which the parse workers make the store's analyses"
+        " (kbgraph.sources.vault.ahead; default: the code's): 2 shows it on a 2-core machine",
+    )
+    parser.add_argument(
         "--stages", type=int, default=0, metavar="N", help="CPU per stage on N notes (0: none)"
     )
     args = parser.parse_args()
@@ -195,7 +209,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, checkout in (("peer", args.peer), ("this", ROOT)):
                 start = time.perf_counter()
-                runs[name].append(run(checkout, vault, args.embeddings))
+                runs[name].append(run(checkout, vault, args.embeddings, args.ahead_min_cores))
                 print(name, json.dumps(runs[name][-1]), f"({time.perf_counter() - start:.1f} s)")
         per_stage = {
             name: stages(checkout, vault, args.stages)
@@ -224,6 +238,11 @@ def main() -> None:
                 "peer": med["peer"],
                 "this": med["this"],
                 "this_over_peer": round(med["this"]["import_s"] / med["peer"]["import_s"], 3),
+                "cpu_this_over_peer": round(med["this"]["cpu_s"] / med["peer"]["cpu_s"], 3),
+                "main_cpu_this_over_peer": round(
+                    med["this"]["main_cpu_s"] / med["peer"]["main_cpu_s"], 3
+                ),
+                "ahead_min_cores": args.ahead_min_cores,
                 "same_state": len(same) == 1,
                 "same_store": same_store,
                 "rounds": args.rounds,

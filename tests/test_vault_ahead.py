@@ -87,6 +87,7 @@ def run(
     """A first import and a re-sync after edits, into a fresh store; the reports and the
     texts the store's model embedded in each."""
     mp.setattr(ahead, "AHEAD_NOTES_PER_WORKER", per_worker)
+    mp.setattr(ahead, "AHEAD_MIN_CORES", 1)  # whatever cores the machine running the test has
     embedder = Counting() if provider == "local" else None
     config = Config(StoreConfig(str(work / "kb.db")), EmbeddingsConfig(provider))
     sink = LocalSink(open_store(config, embedder=embedder))
@@ -180,5 +181,6 @@ def test_a_worker_makes_nothing_sent_before_nor_for_a_key_it_has_no_model_of() -
     assert document.decode(analysis) is not None
     assert Maker(Ahead("other|8000", 8000, [], 3)).made(states) == [None] * 3
     assert Maker(Ahead(key, 4000, [], 3)).made(states) == [None] * 3  # another cut: no key
-    assert Ahead(key, 8000, [], 2 * ahead.AHEAD_NOTES_PER_WORKER).worth(2)
-    assert not Ahead(key, 8000, [], 2 * ahead.AHEAD_NOTES_PER_WORKER - 1).worth(2)
+    enough = Ahead(key, 8000, [], 2 * ahead.AHEAD_NOTES_PER_WORKER)
+    assert enough.worth(2, ahead.AHEAD_MIN_CORES) and not enough.worth(2, ahead.AHEAD_MIN_CORES - 1)
+    assert not Ahead(key, 8000, [], 2 * ahead.AHEAD_NOTES_PER_WORKER - 1).worth(2, 64)

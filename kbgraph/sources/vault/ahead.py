@@ -8,11 +8,16 @@ pool's workers make them instead (``Maker``: ``Carrier.vectors`` and ``document.
 very calls of the store's analyser, so the same bytes), and the store takes them under its own
 key (``kbgraph.store.group.MadeAhead``).
 
-A worker that makes them loads the model: ~0.8 s of CPU and ~185 MB more, paid back by the
+A worker that makes them loads the model: ~0.8 s of CPU and ~185 MB more RSS, paid back by the
 importing process's ~150 µs a note after ~5,000 notes (``AHEAD_NOTES_PER_WORKER``). So only
 an import with that many notes not sent before, per worker, has them made ahead (a first
 import, a store replaced); notes whose state was sent before are never made ahead (a re-sync
-sends none of them), nor anything for a remote destination, which analyses its own.
+sends none of them), nor anything for a remote destination, which analyses its own. And only
+with at least ``AHEAD_MIN_CORES`` cores: the importing process uses one core at most (its
+threads share one GIL), so on two cores it and the workers already keep both busy, and moving
+its work to them only adds the models' start and each worker's word cache filling on its own
+(20,000 notes on 2 cores: the importing process's CPU 0.50x, all processes' 1.20x, the wall
+time 1.18x); with more cores it is the import's serial part.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ if TYPE_CHECKING:  # imported by a worker that makes the analyses only: numba, t
     from kbgraph.embeddings.carried import Carrier
 
 AHEAD_NOTES_PER_WORKER: Final = 5_000  # new notes a worker must get to load the model
+AHEAD_MIN_CORES: Final = 3  # cores the importing process may run on (see the module)
 
 Made = tuple[bytes, bytes, bytes]  # (analysis, text hash, float32 vector): a ``MadeAhead``'s
 
@@ -41,9 +47,10 @@ class Ahead(msgspec.Struct, array_like=True, frozen=True):
     sent: list[str]
     new_notes: int
 
-    def worth(self, workers: int) -> bool:
-        """Whether ``workers`` workers should make the analyses (see the module)."""
-        return self.new_notes >= AHEAD_NOTES_PER_WORKER * workers
+    def worth(self, workers: int, cores: int) -> bool:
+        """Whether ``workers`` workers should make the analyses, on ``cores`` cores (see the
+        module)."""
+        return cores >= AHEAD_MIN_CORES and self.new_notes >= AHEAD_NOTES_PER_WORKER * workers
 
 
 class Maker:

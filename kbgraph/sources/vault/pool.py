@@ -164,7 +164,7 @@ def read_all(
             yield from ((read, None) for read in read_chunk(here, chunk))
         return
     root, real_root, files, cache, allow_hardlinks, max_bytes = context
-    if ahead is not None and not ahead.worth(workers):
+    if ahead is not None and not ahead.worth(workers, default_workers()):
         ahead = None
     shipped = _Shipped(str(root), real_root, files, cache, allow_hardlinks, max_bytes, ids, ahead)
     spawn = multiprocessing.get_context("spawn")
