@@ -16,8 +16,8 @@ sends none of them), nor anything for a remote destination, which analyses its o
 with at least ``AHEAD_MIN_CORES`` cores: the importing process uses one core at most (its
 threads share one GIL), so on two cores it and the workers already keep both busy, and moving
 its work to them only adds the models' start and each worker's word cache filling on its own
-(20,000 notes on 2 cores: the importing process's CPU 0.50x, all processes' 1.20x, the wall
-time 1.18x); with more cores it is the import's serial part.
+(20,000 notes on 2 cores: the importing process's CPU 0.50x, all processes' 1.17-1.27x, the
+wall time 1.05-1.6x); with more cores it is the import's serial part.
 """
 
 from __future__ import annotations
