@@ -19,8 +19,9 @@ the group replayed one delivery per SAVEPOINT, so only the failing delivery is r
 group does inside the transaction is ``kbgraph.store.group``.
 
 Only what must be durable is written: the log, the current state (declared links are a column
-of the concept's row), tombstones and accepted keys; search is answered from memory
-(``kbgraph.search``, built from the state at start-up), the store keeps no full-text index.
+of the concept's row), tombstones and accepted keys. Search is answered from memory
+(``kbgraph.search``, built from the state at start-up), so the store keeps no full-text index
+(schema 3 dropped the FTS5 tables).
 
 Several processes may share the file: writers serialize on SQLite's write lock (``BEGIN
 IMMEDIATE`` with a busy timeout and retries), fronted by an advisory file lock so a waiting
