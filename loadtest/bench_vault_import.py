@@ -5,13 +5,15 @@ peer / this ``--rounds`` times, a fresh process of each checkout (its own ``.ven
 into a fresh local store opened as ``kbgraph import --config`` opens it (``open_store``: WAL +
 ``synchronous=FULL``; with ``--embeddings local``, the default when the model is installed, the
 store makes each note's vector): wall seconds and the CPU seconds of the process and its
-children (the parse workers). Both stores must hold the same concepts: their states are
-compared. ``--stages N``: each checkout's CPU per note of each stage on the first N notes, one
-process (walk, read, parse, resolve and state hash, event build, the store's append without and
-with the model, after a first pass into scratch stores whose once-a-process costs, the model's
-~0.5 s of kernel loading among them, are ``first_pass_extra_s``). The last line is one JSON
-object with the medians, this over peer, the stages, and the aim of issue 47 (100k notes in
-<= 20 s).
+children (the parse workers). Both stores must hold the same concepts (``same_state``) and the
+same log analyses and vector rows (``same_store``). ``--stages N``: each checkout's CPU per note
+of each stage on the first N notes, one process (walk, read, parse, resolve and state hash,
+event build, the store's append without and with the model, after a first pass into scratch
+stores whose once-a-process costs, the model's ~0.5 s of kernel loading among them, are
+``first_pass_extra_s``; where the checkout has them, the parse workers' making of the store's
+analyses, ``make_ahead``, and the store's append with the model taking them,
+``store_append_ahead``). The last line is one JSON object with the medians, this over peer, the
+stages, and the aim of issue 47 (100k notes in <= 20 s).
 
     .venv/bin/python -m loadtest.bench_vault_import [--notes 100000] --peer CHECKOUT [--stages 5000]
 """
@@ -32,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 AIM_S_PER_100K = 20.0
 
 CHILD = """
-import hashlib, json, resource, sys, time
+import hashlib, json, resource, sqlite3, sys, time
 from pathlib import Path
 import kbgraph
 from kbgraph.config import Config, EmbeddingsConfig, StoreConfig
@@ -42,6 +44,12 @@ from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sinks import LocalSink
 from kbgraph.sources.sync import sync_once
 vault, work, provider = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+if sys.argv[4]:  # --ahead-min-cores, where the checkout makes the analyses in its workers
+    try:
+        from kbgraph.sources.vault import ahead
+        ahead.AHEAD_MIN_CORES = int(sys.argv[4])
+    except ImportError:
+        pass
 config = Config(StoreConfig(str(work / "kb.db")), EmbeddingsConfig(provider))
 sink = LocalSink(open_store(config))
 with Manifest(work / "kb.manifest") as manifest:
@@ -53,9 +61,19 @@ usage = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_C
 with Store(work / "kb.db") as store:
     state = store.load().kbs["kb"].concepts
 digest = hashlib.sha256(repr([(c.id, c.title, c.text, c.links, c.tags) for c in state]).encode())
+# the log's analyses and the vector rows: what the store made of the notes (not the events,
+# whose versions and ids come from the clock)
+conn = sqlite3.connect(work / "kb.db")
+made = hashlib.sha256(repr([
+    conn.execute("SELECT seq, analysis FROM log ORDER BY gid").fetchall(),
+    conn.execute("SELECT kb, concept, model, text_hash, vec, problem FROM vector"
+                 " ORDER BY kb, model, concept").fetchall(),
+]).encode())
+conn.close()
 print(json.dumps({"import_s": wall, "cpu_s": sum(u.ru_utime + u.ru_stime for u in usage),
                   "main_cpu_s": usage[0].ru_utime + usage[0].ru_stime,
                   "notes": len(state), "state_sha256": digest.hexdigest(),
+                  "store_sha256": made.hexdigest(),
                   "code": str(Path(kbgraph.__file__).resolve())}))
 """
 
@@ -101,6 +119,29 @@ appends = (("store_append", "none"), ("store_append_model", "local"))
 once = {name: appended(work / f"first-{name}.db", provider) for name, provider in appends}
 for name, provider in appends:
     took[name] = appended(work / f"{name}.db", provider)
+try:  # the analyses made ahead by the parse workers (kbgraph.sources.vault.ahead), if any
+    from kbgraph.sources.vault.ahead import Ahead, Maker
+    from kbgraph.store import MadeAhead
+except ImportError:
+    Maker = None
+if Maker is not None:
+    store = open_store(Config(StoreConfig(str(work / "key.db")), EmbeddingsConfig("local")))
+    key, cut = store.carrier.key, store.carrier.max_chars
+    store.close()
+    states = [read.state for read in reads]
+    maker, made = Maker(Ahead(key, cut, [], len(states))), []
+    maker.made(states[:1])  # its model loaded, apart
+    start = cpu()
+    for first in range(0, len(states), 128):  # a worker's chunk
+        made += maker.made(states[first : first + 128])
+    took["make_ahead"] = cpu() - start
+    ahead = [MadeAhead(key, *one) for one in made]
+    store = open_store(Config(StoreConfig(str(work / "ahead.db")), EmbeddingsConfig("local")))
+    start = cpu()
+    for first in range(0, len(events), 500):
+        store.append("kb", events[first : first + 500], ahead=ahead[first : first + 500])
+    store.close()
+    took["store_append_ahead"] = cpu() - start
 took["walk"] *= len(order) / len(scan.ids)  # the walk is of the whole vault
 print(json.dumps({k: round(v / len(order) * 1e6, 1) for k, v in took.items()}
                  | {"first_pass_extra_s": {k: round(v - took[k], 2) for k, v in once.items()},
@@ -114,10 +155,11 @@ def _checked(checkout: Path, result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def run(checkout: Path, vault: Path, provider: str) -> dict[str, Any]:
+def run(checkout: Path, vault: Path, provider: str, min_cores: int | None) -> dict[str, Any]:
     """One import by ``checkout``'s code into a fresh store."""
     with tempfile.TemporaryDirectory(prefix="kbgraph-vault-") as work:
-        command = [checkout_python(checkout), "-c", CHILD, str(vault), work, provider]
+        cores = "" if min_cores is None else str(min_cores)
+        command = [checkout_python(checkout), "-c", CHILD, str(vault), work, provider, cores]
         return _checked(checkout, child_json(command, checkout))
 
 
@@ -147,6 +189,13 @@ def main() -> None:
         help="the store's provider: local makes each note's vector (as the default config)",
     )
     parser.add_argument(
+        "--ahead-min-cores",
+        type=int,
+        metavar="N",
+        help="the cores from which the parse workers make the store's analyses"
+        " (kbgraph.sources.vault.ahead; default: the code's): 2 shows it on a 2-core machine",
+    )
+    parser.add_argument(
         "--stages", type=int, default=0, metavar="N", help="CPU per stage on N notes (0: none)"
     )
     args = parser.parse_args()
@@ -160,7 +209,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, checkout in (("peer", args.peer), ("this", ROOT)):
                 start = time.perf_counter()
-                runs[name].append(run(checkout, vault, args.embeddings))
+                runs[name].append(run(checkout, vault, args.embeddings, args.ahead_min_cores))
                 print(name, json.dumps(runs[name][-1]), f"({time.perf_counter() - start:.1f} s)")
         per_stage = {
             name: stages(checkout, vault, args.stages)
@@ -170,6 +219,7 @@ def main() -> None:
     for name, figures in per_stage.items():
         print(f"{name} µs of CPU per note:", json.dumps(figures))
     same = {r["state_sha256"] for rs in runs.values() for r in rs}
+    same_store = len({r["store_sha256"] for rs in runs.values() for r in rs}) == 1
     med = {
         name: {
             k: round(statistics.median(r[k] for r in rs), 2)
@@ -188,12 +238,22 @@ def main() -> None:
                 "peer": med["peer"],
                 "this": med["this"],
                 "this_over_peer": round(med["this"]["import_s"] / med["peer"]["import_s"], 3),
+                "cpu_this_over_peer": round(med["this"]["cpu_s"] / med["peer"]["cpu_s"], 3),
+                "main_cpu_this_over_peer": round(
+                    med["this"]["main_cpu_s"] / med["peer"]["main_cpu_s"], 3
+                ),
+                "ahead_min_cores": args.ahead_min_cores,
                 "same_state": len(same) == 1,
+                "same_store": same_store,
                 "rounds": args.rounds,
                 "embeddings": args.embeddings,
                 "stages_us_per_note": per_stage,
                 "aims": {"import_s": aim},
-                "met": {"import_s": med["this"]["import_s"] <= aim, "same_state": len(same) == 1},
+                "met": {
+                    "import_s": med["this"]["import_s"] <= aim,
+                    "same_state": len(same) == 1,
+                    "same_store": same_store,
+                },
             }
         )
     )

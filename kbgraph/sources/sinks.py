@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Protocol
@@ -21,7 +22,7 @@ import msgspec
 from standardwebhooks.webhooks import Webhook
 
 from kbgraph.events import ECHO_CHARS, Event
-from kbgraph.store import DeliveryResult, KBLimitReached, Store
+from kbgraph.store import DeliveryResult, KBLimitReached, MadeAhead, Store
 
 SECRET_ENV: Final = "KBGRAPH_WEBHOOK_SECRET"
 
@@ -51,9 +52,12 @@ class LocalSink:
         self.store = store if isinstance(store, Store) else Store(store)
         self.dest = f"store:{Path(self.store.path).resolve()}"
 
-    def send(self, kb: str, events: list[Event]) -> DeliveryResult:
+    def send(
+        self, kb: str, events: list[Event], ahead: Sequence[MadeAhead | None] = ()
+    ) -> DeliveryResult:
+        """``ahead``: per event, its analysis made by the caller (``Store.append``)."""
         try:
-            return self.store.append(kb, events)
+            return self.store.append(kb, events, ahead=ahead)
         except KBLimitReached as exc:  # as the webhook answers it (403): nothing stored
             raise SyncError(f"{self.dest}: {exc}") from None
 

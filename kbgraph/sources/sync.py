@@ -29,11 +29,18 @@ from typing import Final
 import msgspec
 
 from kbgraph.events import ConceptDeleted, ConceptUpserted, DeleteData, Event
-from kbgraph.sources.logseq.reader import open_scan
+from kbgraph.sources.logseq.reader import LogseqScan, open_scan
 from kbgraph.sources.manifest import Manifest
-from kbgraph.sources.sinks import Sink
-from kbgraph.sources.vault.reader import MAX_NOTE_BYTES, NoteState, VaultRead, is_ignored
-from kbgraph.store import DeliveryResult
+from kbgraph.sources.sinks import LocalSink, Sink
+from kbgraph.sources.vault.ahead import Ahead, Made
+from kbgraph.sources.vault.reader import (
+    MAX_NOTE_BYTES,
+    NoteState,
+    VaultRead,
+    VaultScan,
+    is_ignored,
+)
+from kbgraph.store import DeliveryResult, MadeAhead
 
 SOURCE: Final = "kbgraph-vault"
 BATCH_EVENTS: Final = 500
@@ -168,14 +175,17 @@ def _sync_once(
         if progress is not None:
             progress("sent", done, todo)
 
-    with _Sender(kb, sink, manifest, report, sent_so_far) as sender:
+    ahead = _ahead(sink, scan, sent)
+    made = scan.made if ahead is not None and isinstance(scan, VaultScan) else {}
+    key = None if ahead is None else ahead.key
+    with _Sender(kb, sink, manifest, report, sent_so_far, key, made) as sender:
         send = sender.send
         # gone from the folder: deleted
         for cid in sorted(cid for cid in sent if cid not in scan.ids):
             for batch in batches.add(cid):
                 send(batch)
         on_read = None if progress is None else partial(progress, "read")
-        for note in scan.reads(cache, on_read, workers):
+        for note in scan.reads(cache, on_read, workers, ahead):
             if sent.get(note.id, ("",))[0] == note.digest:
                 report.unchanged += 1
                 todo -= 1
@@ -199,6 +209,20 @@ def _sync_once(
     return report
 
 
+def _ahead(
+    sink: Sink, scan: VaultScan | LogseqScan, sent: dict[str, tuple[str, int]]
+) -> Ahead | None:
+    """What the parse workers need to make a local store's analyses of the notes
+    (``kbgraph.sources.vault.ahead``), or None: another destination, or a Logseq graph (read
+    in this process)."""
+    if not isinstance(sink, LocalSink) or not isinstance(scan, VaultScan):
+        return None
+    carrier = sink.store.carrier
+    key, cut = ("", 0) if carrier is None else (carrier.key, carrier.max_chars)
+    new_notes = sum(nid not in sent for nid in scan.ids)
+    return Ahead(key, cut, [digest for digest, _ in sent.values()], new_notes)
+
+
 _InFlight = tuple[Future[DeliveryResult], list[tuple[str, str, int]], list[str]]
 
 
@@ -210,7 +234,9 @@ class _Sender:
     store's commit and fsync, a webhook's round trip) runs beside the reading, and at most one
     delivery is in flight: the next is sent only after the last was acknowledged and recorded,
     and after a refusal none is. A run that fails with a delivery in flight waits for it
-    and does not record it: the next run sends those notes again (see ``manifest``).
+    and does not record it: the next run sends those notes again (see ``manifest``). A local
+    store is handed the analyses the parse workers made under its ``key`` (``made``, by id,
+    taken out as they are sent: ``kbgraph.sources.vault.ahead``).
     """
 
     def __init__(
@@ -220,9 +246,12 @@ class _Sender:
         manifest: Manifest,
         report: SyncReport,
         on_sent: Callable[[int], None],
+        key: str | None = None,
+        made: dict[str, Made] | None = None,
     ) -> None:
         self.kb, self.sink, self.manifest, self.report = kb, sink, manifest, report
         self.on_sent = on_sent
+        self.key, self.made = key, {} if made is None else made  # the analyses made ahead
         self.done = 0
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="kbgraph-sync-send")
         self._in_flight: _InFlight | None = None
@@ -234,16 +263,26 @@ class _Sender:
         events: list[Event] = []
         upserted: list[tuple[str, str, int]] = []
         deleted: list[str] = []
+        ahead: list[MadeAhead | None] = []
         for offset, item in enumerate(batch):
             version = first + offset
             if isinstance(item, str):
                 events.append(delete_event(kb, item, version))
                 deleted.append(item)
+                ahead.append(None)
             else:
                 events.append(upsert_event(kb, item, version))
                 upserted.append((item.id, item.digest, version))
+                made = self.made.pop(item.id, None)
+                key = self.key
+                ahead.append(None if made is None or key is None else MadeAhead(key, *made))
         self.wait()
-        self._in_flight = (self._thread.submit(self.sink.send, kb, events), upserted, deleted)
+        sink = self.sink
+        if isinstance(sink, LocalSink) and any(ahead):
+            future = self._thread.submit(sink.send, kb, events, ahead)
+        else:
+            future = self._thread.submit(sink.send, kb, events)
+        self._in_flight = (future, upserted, deleted)
 
     def wait(self) -> None:
         """Wait for the delivery in flight, if any, and record it (raises its refusal)."""

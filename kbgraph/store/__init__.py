@@ -6,6 +6,7 @@ version, migrations), ``statements`` (the SQL a group runs), ``model`` (what it 
 """
 
 from kbgraph.store.eventlog import LogRecord
+from kbgraph.store.group import MadeAhead
 from kbgraph.store.model import (
     ConceptState,
     DeliveryResult,
@@ -27,6 +28,7 @@ __all__ = [
     "KBState",
     "LogCut",
     "LogRecord",
+    "MadeAhead",
     "ReplayRefused",
     "Store",
     "StoreBusy",

@@ -12,9 +12,11 @@ from __future__ import annotations
 import queue
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final, NamedTuple, Protocol
+
+import numpy as np
 
 from kbgraph.embeddings import shipped
 from kbgraph.embeddings.carried import Carrier
@@ -69,6 +71,19 @@ class LoggedVectors:
     rows: list[VectorRow]
 
 
+class MadeAhead(NamedTuple):
+    """One upsert's log analysis made before its delivery reached the store, where there were
+    cores to spare (``kbgraph.sources.vault.ahead``: a vault's parse workers): its
+    ``document.encode`` bytes and, under a model, the vector ``Carrier.vectors`` made (text
+    hash, float32 row), the same calls as the analyser's. Taken where ``key`` is the store's
+    (``Carrier.key``; "" for a store without a model), else made again here."""
+
+    key: str
+    analysis: bytes
+    text_hash: bytes = b""
+    vector: bytes = b""  # float32, little-endian
+
+
 @dataclass(slots=True)
 class Pending:
     kb: str
@@ -90,6 +105,7 @@ class Pending:
     # the local model's vectors its message shipped (kbgraph.embeddings.shipped): those of
     # the store's model's key are taken in place of running the model
     shipped: Shipped | None = None
+    ahead: Sequence[MadeAhead | None] = ()  # per event: its analysis made by the caller
 
 
 ANALYSE_EVENTS: Final = 2_000  # deliveries analysed together, until they hold this many events
@@ -133,16 +149,19 @@ def analyse(group: list[Pending], carrier: Carrier | None = None) -> None:
     ``carrier`` (the local model), its vector (the one its stream message shipped, if any:
     ``kbgraph.embeddings.shipped``), the group's other texts embedded in one call; by the
     store's analyser thread before the writer takes the deliveries: never inside a transaction
-    other processes' writers wait for, nor on the writer's serial path. Never a refusal: a
+    other processes' writers wait for, nor on the writer's serial path. An analysis its caller
+    made ahead under the store's key (``MadeAhead``) is taken as it is. Never a refusal: a
     delivery whose analysis raises is decided by its writes alone, its rows carrying none (a
     vector that fails leaves the rows without one: the followers embed them as before)."""
-    upserts = [
-        (pending, i, e)
-        for pending in group
-        if pending.note is None
-        for i, e in enumerate(pending.events)
-        if isinstance(e, ConceptUpserted)
-    ]
+    upserts: list[tuple[Pending, int, ConceptUpserted]] = []
+    for pending in group:
+        if pending.note is None:
+            ahead = _made_ahead(pending, carrier)
+            upserts += [
+                (pending, i, e)
+                for i, e in enumerate(pending.events)
+                if isinstance(e, ConceptUpserted) and id(e) not in ahead
+            ]
     carried: list[tuple[str, bytes] | None] = [None] * len(upserts)
     if carrier is not None and upserts:
         try:
@@ -169,6 +188,25 @@ def analyse(group: list[Pending], carrier: Carrier | None = None) -> None:
             continue
         if analysis is not None:
             pending.analyses[id(event)] = analysis
+
+
+def _made_ahead(pending: Pending, carrier: Carrier | None) -> set[int]:
+    """The upserts of ``pending`` whose analysis its caller made (``MadeAhead``) under this
+    store's key, taken as they are: their ids."""
+    key = "" if carrier is None else carrier.key
+    taken: set[int] = set()
+    for event, made in zip(pending.events, pending.ahead, strict=False):
+        if made is None or made.key != key or not isinstance(event, ConceptUpserted):
+            continue
+        if carrier is not None:
+            if not made.vector:
+                continue
+            vector = np.frombuffer(made.vector, "<f4")
+            pending.carried_model = carrier.model
+            pending.carried_rows[id(event)] = VectorRow(event.subject, made.text_hash, vector, "")
+        pending.analyses[id(event)] = made.analysis
+        taken.add(id(event))
+    return taken
 
 
 class GroupWriter:

@@ -127,9 +127,12 @@ def position(conn: sqlite3.Connection, stream: str) -> int:
     return 0 if row is None else int(row[0])
 
 
-def outcomes(
-    conn: sqlite3.Connection, stream: str, seqs: Sequence[int]
-) -> tuple[int, list[tuple[int, bytes | None, str | None, str | None]], list[tuple[int, str, str]]]:
+Outcomes = tuple[
+    int, list[tuple[int, bytes | None, str | None, str | None]], list[tuple[int, str, str]]
+]
+
+
+def outcomes(conn: sqlite3.Connection, stream: str, seqs: Sequence[int]) -> Outcomes:
     """The stream position, with the results and the notes of those of ``seqs`` up to it."""
     at = position(conn, stream)
     reached = [seq for seq in seqs if seq <= at]

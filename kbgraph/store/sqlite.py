@@ -42,7 +42,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Final, TypeVar
 
@@ -51,7 +51,7 @@ from kbgraph.events import Event
 from kbgraph.store import logcut, positions, schema, vectorrows
 from kbgraph.store import statements as sql
 from kbgraph.store.eventlog import LogRecord, SqliteLog, read_transaction
-from kbgraph.store.group import GroupWriter, LoggedVectors, Pending, analyser
+from kbgraph.store.group import GroupWriter, LoggedVectors, MadeAhead, Pending, analyser
 from kbgraph.store.load import load_columns, load_snapshot
 from kbgraph.store.model import (
     ColumnSnapshot,
@@ -226,13 +226,18 @@ class Store:
     # -- appending ---------------------------------------------------------------------------
 
     def append(
-        self, kb: str, events: list[Event], *, message: WebhookMessage | None = None
+        self,
+        kb: str,
+        events: list[Event],
+        *,
+        message: WebhookMessage | None = None,
+        ahead: Sequence[MadeAhead | None] = (),
     ) -> DeliveryResult:
         """Apply one delivery atomically and durably (blocking; thread-safe).
 
         ``message`` (a signed delivery's) binds the delivery to its KB: the same message for
         another KB within ``BINDING_SECONDS``, or new events under a message accepted before for
-        this KB, raise ``ReplayRefused``, storing nothing."""
+        this KB, raise ``ReplayRefused``, storing nothing. ``ahead``: ``MadeAhead`` per event."""
         if not events:
             return self._empty_result(kb)
         future: concurrent.futures.Future[DeliveryResult] = concurrent.futures.Future()
@@ -243,7 +248,7 @@ class Store:
             else:
                 future.set_result(result)  # type: ignore[arg-type]
 
-        self._submit(Pending(kb, list(events), resolve, message))
+        self._submit(Pending(kb, list(events), resolve, message, ahead=ahead))
         return future.result()
 
     async def append_async(
@@ -325,11 +330,7 @@ class Store:
         with self._reader() as conn:
             return [tuple(row) for row in conn.execute(positions.NOTES, (stream,))]
 
-    def stream_outcomes(
-        self, stream: str, seqs: list[int]
-    ) -> tuple[
-        int, list[tuple[int, bytes | None, str | None, str | None]], list[tuple[int, str, str]]
-    ]:
+    def stream_outcomes(self, stream: str, seqs: list[int]) -> positions.Outcomes:
         """The last sequence of ``stream`` applied here, with what the deliveries at ``seqs``
         (those applied) answered (seq, result JSON or None, refusal, detail) and the notes
         among them (seq, kind, detail), read at one instant (``kbgraph.store.positions``)."""

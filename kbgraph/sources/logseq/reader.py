@@ -481,10 +481,12 @@ class LogseqScan:
         cache: object = None,
         progress: Callable[[int, int], None] | None = None,
         workers: int | None = None,
+        ahead: object = None,
     ) -> Iterator[NoteState]:
         """Every page's state in id order, references resolved against every page's names.
-        ``cache`` and ``workers`` are the vault's (the parse cache, the pool): a graph is
-        read whole in this process, as its names come from every page's content."""
+        ``cache``, ``workers`` and ``ahead`` are the vault's (the parse cache, the pool, the
+        store's analyses made there): a graph is read whole in this process, as its names
+        come from every page's content."""
         names = Names(self.pages)
         counts: Counter[str] = Counter()
         out = self.out

@@ -118,8 +118,8 @@ def _inline_rule(state: StateCore) -> None:
 
 
 def _parser(*, every_inline: bool = False) -> MarkdownIt:
-    """The parser of notes; ``every_inline`` parses every inline run (as markdown-it does,
-    for the tests to compare with)."""
+    """The parser of notes; ``every_inline`` parses every inline run, as markdown-it does
+    (``OUTLINE_PARSER``: Logseq's pages, and what the tests hold the skip to)."""
     md = MarkdownIt("commonmark").enable("table").enable("strikethrough")
     md.use(front_matter_plugin)
     md.inline.ruler.before("link", "wikilink", _wikilink_rule)

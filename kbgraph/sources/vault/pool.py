@@ -12,6 +12,9 @@ The context (every id, file and parse-cache entry: megabytes for a large vault) 
 workers through a private temporary file, msgpack, read by each as it starts; as a pickled
 argument of the pool it went down each worker's start-up pipe, and the caller's write waited
 for that worker's interpreter to start and import its modules, one worker after the other.
+
+On a large import the workers also make each note's analysis for the local store
+(``kbgraph.sources.vault.ahead``), handed back with its note.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Final
 import msgspec
 
 from kbgraph.events import Status, UpsertData
+from kbgraph.sources.vault.ahead import Ahead, Made, Maker
 from kbgraph.sources.vault.notes import NoteFields, NoteRead, NoteState, ReadContext, read_chunk
 from kbgraph.sources.vault.resolve import Resolver
 
@@ -38,6 +42,7 @@ Context = tuple[Path, str, list[str], dict[str, NoteFields], bool, int]
 Job = tuple[int, str, str]  # (index in path order, id, path)
 
 _context: ReadContext | None = None  # a worker's, set once when it starts
+_maker: Maker | None = None  # a worker's, when it makes the store's analyses
 
 
 class _Shipped(msgspec.Struct, array_like=True):
@@ -50,6 +55,7 @@ class _Shipped(msgspec.Struct, array_like=True):
     allow_hardlinks: bool
     max_bytes: int
     ids: list[str]
+    ahead: Ahead | None
 
 
 def _make(context: Context, ids: list[str]) -> ReadContext:
@@ -58,7 +64,7 @@ def _make(context: Context, ids: list[str]) -> ReadContext:
 
 
 def _start(shipped: str) -> None:
-    global _context
+    global _context, _maker
     with open(shipped, "rb") as file:
         got = msgspec.msgpack.decode(file.read(), type=_Shipped)
     context = (
@@ -70,6 +76,7 @@ def _start(shipped: str) -> None:
         got.max_bytes,
     )
     _context = _make(context, got.ids)
+    _maker = None if got.ahead is None else Maker(got.ahead)
 
 
 class _Row(msgspec.Struct, array_like=True):
@@ -88,13 +95,14 @@ class _Row(msgspec.Struct, array_like=True):
     unresolved: int
     warnings: list[str]
     attachments: int
+    made: Made | None  # the store's analysis made ahead (``kbgraph.sources.vault.ahead``)
 
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(list[_Row])
 
 
-def _row(read: NoteRead) -> _Row:
+def _row(read: NoteRead, made: Made | None) -> _Row:
     state = read.state
     data = None if state is None else state.data
     return _Row(
@@ -103,7 +111,7 @@ def _row(read: NoteRead) -> _Row:
         else (data.title, data.aliases, data.type, data.status, data.tags, data.text, data.links),
         "" if state is None else state.digest,
         0 if state is None else state.unresolved,
-        read.warnings, read.attachments,
+        read.warnings, read.attachments, made,
     )  # fmt: skip
 
 
@@ -121,7 +129,14 @@ def _read(row: _Row) -> NoteRead:
 
 def _read_chunk(jobs: list[Job]) -> bytes:
     assert _context is not None
-    return _encoder.encode([_row(read) for read in read_chunk(_context, jobs)])
+    reads = read_chunk(_context, jobs)
+    made: list[Made | None] = [None] * len(reads)
+    if _maker is not None:
+        read = [i for i, r in enumerate(reads) if r.state is not None]
+        states = [state for r in reads if (state := r.state) is not None]
+        for i, one in zip(read, _maker.made(states), strict=True):
+            made[i] = one
+    return _encoder.encode([_row(r, m) for r, m in zip(reads, made, strict=True)])
 
 
 def default_workers() -> int:
@@ -130,20 +145,28 @@ def default_workers() -> int:
 
 
 def read_all(
-    context: Context, ids: list[str], jobs: list[Job], workers: int | None = None
-) -> Iterator[NoteRead]:
+    context: Context,
+    ids: list[str],
+    jobs: list[Job],
+    workers: int | None = None,
+    ahead: Ahead | None = None,
+) -> Iterator[tuple[NoteRead, Made | None]]:
     """``read_chunk`` of every job, in the order of ``jobs``: on ``workers`` processes (default
-    one per core) when there are at least ``PARALLEL_MIN_NOTES`` jobs, else here."""
+    one per core) when there are at least ``PARALLEL_MIN_NOTES`` jobs, else here; each with
+    the store's analysis ``ahead`` asks for, made by the workers when it is worth their model
+    (``Ahead.worth``), else None."""
     if workers is None:
         workers = default_workers()
     chunks = [jobs[i : i + PARALLEL_CHUNK] for i in range(0, len(jobs), PARALLEL_CHUNK)]
     if workers < 2 or len(jobs) < PARALLEL_MIN_NOTES:
         here = _make(context, ids)
         for chunk in chunks:
-            yield from read_chunk(here, chunk)
+            yield from ((read, None) for read in read_chunk(here, chunk))
         return
     root, real_root, files, cache, allow_hardlinks, max_bytes = context
-    shipped = _Shipped(str(root), real_root, files, cache, allow_hardlinks, max_bytes, ids)
+    if ahead is not None and not ahead.worth(workers, default_workers()):
+        ahead = None
+    shipped = _Shipped(str(root), real_root, files, cache, allow_hardlinks, max_bytes, ids, ahead)
     spawn = multiprocessing.get_context("spawn")
     # only this user may read it (mkstemp's 0600): it holds the vault's names and parse cache
     with tempfile.NamedTemporaryFile(prefix="kbgraph-vault-", suffix=".msgpack") as file:
@@ -151,4 +174,4 @@ def read_all(
         file.flush()
         with ProcessPoolExecutor(workers, spawn, _start, (file.name,)) as pool:
             for encoded in pool.map(_read_chunk, chunks):
-                yield from map(_read, _decoder.decode(encoded))
+                yield from ((_read(row), row.made) for row in _decoder.decode(encoded))

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Final
 
 from kbgraph.names import concept_id_problem
+from kbgraph.sources.vault.ahead import Ahead, Made
 
 # one note's reading lives in notes.py (the pool imports it); named here too, for the readers
 # of a vault (sync, the Logseq reader) that import them with the vault's
@@ -142,6 +143,7 @@ class VaultScan:
     out: VaultRead
     allow_hardlinks: bool = False  # read notes with more than one name (see the module)
     max_note_bytes: int = MAX_NOTE_BYTES  # a note's file over it is skipped (see the module)
+    made: dict[str, Made] = field(default_factory=dict)  # id -> its analysis made ahead
 
     @classmethod
     def of(
@@ -169,10 +171,13 @@ class VaultScan:
         cache: dict[str, NoteFields] | None = None,
         progress: Callable[[int, int], None] | None = None,
         workers: int | None = None,
+        ahead: Ahead | None = None,
     ) -> Iterator[NoteState]:
         """Read every note (``read_chunk``) in id order, on ``workers`` processes when there
         are many (``kbgraph.sources.vault.pool``), yielding each note's state as it comes; once all
-        are read, ``out`` holds the notes, skips and warnings in path order.
+        are read, ``out`` holds the notes, skips and warnings in path order. The store's
+        analyses the workers made (``ahead``: ``kbgraph.sources.vault.ahead``) wait in ``made``
+        for the caller to take.
 
         ``cache`` maps a file content's sha256 to its parsed fields: hits skip parsing; the
         misses' fields are in ``out.parsed``, encoded as the manifest keeps them (the caller
@@ -188,8 +193,11 @@ class VaultScan:
             self.max_note_bytes,
         )  # fmt: skip
         results: list[NoteRead | None] = [None] * len(jobs)
-        for done, result in enumerate(read_all(context, list(self.ids), jobs, workers), 1):
+        reads = read_all(context, list(self.ids), jobs, workers, ahead)
+        for done, (result, made) in enumerate(reads, 1):
             results[result.index] = result
+            if made is not None:
+                self.made[result.id] = made
             if progress is not None and (done % PROGRESS_EVERY == 0 or done == len(jobs)):
                 progress(done, len(jobs))
             if result.key:
