@@ -30,6 +30,7 @@ STREAM = "t-fetch"
 RULES = "rules-of-this-cluster"
 CHUNK = 1024
 DEADLINE_SECONDS = 30.0
+SIGNER = wire.Signer(b"s" * wire.MIN_SECRET_BYTES)
 
 
 class Bucket:
@@ -114,6 +115,15 @@ def packs(folder: Path, positions: list[int]) -> list[Packed]:
     return made
 
 
+async def restored_fresh(js: Any, folder: Path) -> tuple[int | None, Path]:
+    """A fresh node's restore into ``folder`` (no store there yet), within the test's deadline:
+    the position restored, and the store's path."""
+    folder.mkdir()
+    store = folder / "kb.db"
+    with anyio.fail_after(DEADLINE_SECONDS):
+        return await snapshots.restore(js, STREAM, SIGNER, RULES, store, None), store
+
+
 async def test_a_snapshot_deleted_while_it_is_fetched_is_given_up_and_the_newer_restored(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -124,18 +134,15 @@ async def test_a_snapshot_deleted_while_it_is_fetched_is_given_up_and_the_newer_
     monkeypatch.setattr(snapshots, "FETCH_STALL_SECONDS", 0.2)
     older, newer = packs(tmp_path / "origin", [1, 2])
     assert len(older.data) > 2 * CHUNK  # more than one chunk, so there is a "mid-fetch"
-    bucket, signer = Bucket(), wire.Signer(b"s" * wire.MIN_SECRET_BYTES)
+    bucket = Bucket()
     js = jetstream(bucket, first_seq=5)  # a fresh store (position 0) needs a snapshot
-    first = await snapshots.publish(js, STREAM, signer, RULES, older, keep=1)
+    first = await snapshots.publish(js, STREAM, SIGNER, RULES, older, keep=1)
 
     async def replace() -> None:
-        await snapshots.publish(js, STREAM, signer, RULES, newer, keep=1)
+        await snapshots.publish(js, STREAM, SIGNER, RULES, newer, keep=1)
 
     bucket.interrupt = replace
-    fresh = tmp_path / "fresh" / "kb.db"
-    fresh.parent.mkdir()
-    with anyio.fail_after(DEADLINE_SECONDS):
-        restored = await snapshots.restore(js, STREAM, signer, RULES, fresh, None)
+    restored, fresh = await restored_fresh(js, tmp_path / "fresh")
     assert restored == 2 and snapshots.store_position(fresh, STREAM) == 2
     second = snapshots.PREFIX + f"{2:020d}"
     assert bucket.fetches == [(first, CHUNK), (second, len(newer.data))]
@@ -150,17 +157,14 @@ async def test_a_slow_fetch_of_a_snapshot_still_there_is_not_given_up(
     bucket (a slow link): the lookup finds it, and the same fetch goes on to the end."""
     monkeypatch.setattr(snapshots, "FETCH_STALL_SECONDS", 0.1)
     (only,) = packs(tmp_path / "origin", [1])
-    bucket, signer = Bucket(), wire.Signer(b"s" * wire.MIN_SECRET_BYTES)
+    bucket = Bucket()
     js = jetstream(bucket, first_seq=5)
-    name = await snapshots.publish(js, STREAM, signer, RULES, only, keep=1)
+    name = await snapshots.publish(js, STREAM, SIGNER, RULES, only, keep=1)
 
     async def stall() -> None:
         await anyio.sleep(0.5)  # five stall periods with no chunk
 
     bucket.interrupt = stall
-    fresh = tmp_path / "fresh" / "kb.db"
-    fresh.parent.mkdir()
-    with anyio.fail_after(DEADLINE_SECONDS):
-        restored = await snapshots.restore(js, STREAM, signer, RULES, fresh, None)
+    restored, fresh = await restored_fresh(js, tmp_path / "fresh")
     assert restored == 1 and snapshots.store_position(fresh, STREAM) == 1
     assert bucket.fetches == [(name, len(only.data))]
