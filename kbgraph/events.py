@@ -20,6 +20,9 @@ from standardwebhooks.webhooks import Webhook
 from kbgraph.names import all_plain_ids, concept_id_problem
 
 MAX_TEXT_BYTES: Final = 1 << 20
+# a text of at most this many characters is under MAX_TEXT_BYTES in UTF-8 (4 bytes a character
+# at most): only a longer one is encoded to be measured
+SURELY_SHORT_CHARS: Final = MAX_TEXT_BYTES // 4
 MAX_VERSION: Final = (1 << 63) - 1
 MAX_ALIASES: Final = 64
 MAX_ALIAS_CHARS: Final = 1024
@@ -244,7 +247,7 @@ def check_event(event: Event, where: str) -> Event:
             problem = concept_id_problem(link)
             if problem:
                 raise DeliveryError(422, f"{where}.data.links[{index}]: {problem}")
-        if len(data.text) > MAX_TEXT_BYTES // 4 and len(data.text.encode()) > MAX_TEXT_BYTES:
+        if len(data.text) > SURELY_SHORT_CHARS and len(data.text.encode()) > MAX_TEXT_BYTES:
             raise DeliveryError(422, f"{where}.data.text: longer than 1 MiB")
         if not all(link.isascii() for link in data.links):
             data = msgspec.structs.replace(data, links=[_nfc(link) for link in data.links])
@@ -272,7 +275,7 @@ def check_events(events: list[Event]) -> list[Event]:
     plain = True
     if UpsertData in kinds:
         upserts = datas if len(kinds) == 1 else [d for d in datas if type(d) is UpsertData]
-        plain = max(map(len, map(_TEXT, upserts))) <= MAX_TEXT_BYTES // 4
+        plain = max(map(len, map(_TEXT, upserts))) <= SURELY_SHORT_CHARS
         ids.extend(itertools.chain.from_iterable(map(_LINKS, upserts)))
     if LinkData in kinds:
         ids.extend(map(_TARGET, datas if len(kinds) == 1 else filter(_is_link_data, datas)))
