@@ -16,7 +16,7 @@ The last line is one JSON object with the figures and the aim of issue 25 (a bac
 100k-concept store under writes in <= 10 s; the served copy gives the same bytes), met
 true/false.
 
-    .venv/bin/python loadtest/bench_backup.py [--concepts 100000] [--writers 2]
+    .venv/bin/python -m loadtest.bench_backup [--concepts 100000] [--writers 2]
 """
 
 from __future__ import annotations
@@ -33,18 +33,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import httpx
+import msgspec
 
-import httpx  # noqa: E402
-import msgspec  # noqa: E402
-
-from kbgraph.store import Store  # noqa: E402
-from loadtest.bench_ingest import ADMIN, SECRET, free_port, start_server, stop_server  # noqa: E402
-from loadtest.bench_projection import cid  # noqa: E402
-from loadtest.bench_restart import KB, fill  # noqa: E402
-from tests import webhook_client as wc  # noqa: E402
+from kbgraph.store import Store
+from loadtest import ROOT
+from loadtest.bench_ingest import ADMIN, SECRET, free_port, start_server, stop_server
+from loadtest.bench_projection import cid
+from loadtest.bench_restart import KB, fill
+from tests import webhook_client as wc
 
 LIVE = "live"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}

@@ -37,15 +37,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import httpx
 
-import httpx  # noqa: E402
-
-from loadtest.bench_ingest import SECRET, Concepts, free_port, start_server, stop_server  # noqa: E402
-from tests import webhook_client as wc  # noqa: E402
-from tests.nats_cluster import STREAM, NatsCluster  # noqa: E402
+from loadtest import ROOT
+from loadtest.bench_ingest import SECRET, Concepts, free_port, start_server, stop_server
+from tests import webhook_client as wc
+from tests.nats_cluster import STREAM, NatsCluster
 
 BATCH = 500
 

@@ -15,17 +15,16 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any, Final
 
 from kbgraph.embeddings import concept_text
 from kbgraph.embeddings.local import LocalEmbedder
 from kbgraph.graphalgo.nearest import quantize
+from kbgraph.sources.demokb import example_vault
 from kbgraph.sources.vault.reader import read_vault
 from loadtest import kbgen
 
 AIM: Final = 5000.0
-VAULT: Final = Path(__file__).resolve().parent.parent / "examples" / "vault"
 
 
 def rate(texts: list[str], batch: int) -> dict[str, float]:
@@ -59,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in kbgen.make_kb("seed", args.n, 42)
     ]
     notes = [concept_text(n.data.title, n.data.aliases, n.data.tags, n.data.text)
-             for n in read_vault(VAULT).notes.values()]  # fmt: skip
+             for n in read_vault(example_vault()).notes.values()]  # fmt: skip
     vault = (notes * (args.n // len(notes) + 1))[: args.n]
     figures: dict[str, Any] = {"generated_kb": rate(generated, args.batch)}
     figures["example_vault"] = rate(vault, args.batch)

@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from loadtest import ROOT
 from loadtest.report import child_json
 
-ROOT = Path(__file__).resolve().parent.parent
 AIMS = {"ready_s": 15.0, "peak_rss_mb": 1200.0}
 
 CHILD = """

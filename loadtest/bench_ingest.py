@@ -41,12 +41,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+import httpx
 
-import httpx  # noqa: E402
-
-from loadtest.report import checkout_python  # noqa: E402
-from tests import webhook_client as wc  # noqa: E402
+from loadtest import ROOT
+from loadtest.report import checkout_python
+from tests import webhook_client as wc
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 ADMIN = "bench-admin-token-local"

@@ -93,7 +93,6 @@ QUESTIONS: Final = 50
 CHUNK: Final = 100  # deliveries applied to one KB before the other's turn
 STREAMS: Final = {"synthetic": "", "2wiki": "real_"}  # a stream's prefix in the figures' names
 FEEDS: Final = {"turns": "", "alone": "alone_"}
-ROOT: Final = Path(__file__).resolve().parent.parent
 # This file run in another checkout, with that checkout's code first on the path.
 RUNNER: Final = (
     "import runpy, sys; sys.argv[:2] = sys.argv[1:2]; "
@@ -339,6 +338,10 @@ def main() -> None:
         feed, name = args.child
         print(json.dumps(child(feed, name, n, args.events)))
         return
+    # Imported here, past the child's return: this file also runs in a peer's child
+    # (``RUNNER``), where ``loadtest`` is the peer's package, which may not have it.
+    from loadtest import ROOT
+
     feeds = ["alone", "turns"][: 1 + args.turns] if args.alone else ["turns"]
     load = [round(os.getloadavg()[0], 2)]
     head = {"fed": feeds, "rounds": args.rounds, "load_1min": load}

@@ -58,6 +58,8 @@ from typing import Any
 import numpy as np
 import psutil
 
+# loadtest.ROOT, kept here: this file also runs in a peer's child (``SIZE_CHILD``), where
+# ``loadtest`` is the peer's package.
 ROOT = Path(__file__).resolve().parent.parent
 
 from kbgraph.access import Rule, canonical  # noqa: E402

@@ -41,14 +41,12 @@ from typing import Any
 import msgspec
 import psutil
 
+from kbgraph.events import ConceptUpserted, Event, UpsertData
+from kbgraph.projection import Projections, warm_up
+from kbgraph.store import Store
+from loadtest import ROOT
+from loadtest.bench_projection import LINKS, TYPES, WORDS, cid, synthetic_links
 from loadtest.report import checkout_python, child_json
-
-ROOT = Path(__file__).resolve().parent.parent
-
-from kbgraph.events import ConceptUpserted, Event, UpsertData  # noqa: E402
-from kbgraph.projection import Projections, warm_up  # noqa: E402
-from kbgraph.store import Store  # noqa: E402
-from loadtest.bench_projection import LINKS, TYPES, WORDS, cid, synthetic_links  # noqa: E402
 
 KB = "bench"
 DELIVERY = 1_000

@@ -49,26 +49,22 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import httpx
+import psutil
 
-import httpx  # noqa: E402
-import psutil  # noqa: E402
-
-from kbgraph.config import parse_config  # noqa: E402
-from kbgraph.embeddings.providers import make_embedder  # noqa: E402
-from kbgraph.events import decode_delivery  # noqa: E402
-from kbgraph.projection import Projections  # noqa: E402
-from kbgraph.store.opening import open_store  # noqa: E402
-from loadtest.bench_ingest import (  # noqa: E402
+from kbgraph.config import parse_config
+from kbgraph.embeddings.providers import make_embedder
+from kbgraph.events import decode_delivery
+from kbgraph.projection import Projections
+from kbgraph.store.opening import open_store
+from loadtest import ROOT
+from loadtest.bench_ingest import (
     ADMIN,
     SECRET,
     Concepts,
@@ -76,9 +72,9 @@ from loadtest.bench_ingest import (  # noqa: E402
     start_server,
     stop_server,
 )
-from loadtest.report import checkout_python  # noqa: E402
-from tests import webhook_client as wc  # noqa: E402
-from tests.nats_cluster import STREAM, NatsCluster  # noqa: E402
+from loadtest.report import checkout_python
+from tests import webhook_client as wc
+from tests.nats_cluster import STREAM, NatsCluster
 
 KB = "bench"
 DELIVERY = 1_000

@@ -50,7 +50,7 @@ from typing import Any
 
 import httpx
 
-from loadtest import kbgen
+from loadtest import ROOT, kbgen
 from loadtest.attacks import delivery, upsert
 from loadtest.embed_provider import CountingProvider
 from loadtest.service import HOST, Credentials, ServiceProcess, write_config
@@ -250,7 +250,7 @@ def cluster_local(folder: Path, concepts: int, changes: int, root: Path | None) 
         nats.start()
         (folder / "log.toml").write_text(nats.log_toml(STREAM))
         script = folder / "cluster_model.py"
-        shutil.copy(Path(__file__).with_name("cluster_model.py"), script)
+        shutil.copy(ROOT / "loadtest" / "cluster_model.py", script)
         python = str(root / ".venv" / "bin" / "python") if root else sys.executable
         command = [python, str(script), "--folder", str(folder), "--log", str(folder / "log.toml")]
         command += ["--concepts", str(concepts), "--changes", str(changes)]

@@ -29,16 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from kbgraph.events import Event
+from kbgraph.sources.demokb import example_vault
+from kbgraph.sources.manifest import Manifest
+from kbgraph.sources.sinks import LocalSink
+from kbgraph.sources.sync import SOURCE, sync_once, upsert_event, watch
+from kbgraph.sources.vault.reader import read_vault
+from kbgraph.store import Store
 
-from kbgraph.events import Event  # noqa: E402
-from kbgraph.sources.manifest import Manifest  # noqa: E402
-from kbgraph.sources.sinks import LocalSink  # noqa: E402
-from kbgraph.sources.sync import SOURCE, sync_once, upsert_event, watch  # noqa: E402
-from kbgraph.sources.vault.reader import read_vault  # noqa: E402
-from kbgraph.store import Store  # noqa: E402
-
-EXAMPLE = ROOT / "examples" / "vault"
 WORDS = ["dns", "backup", "router", "vpn", "disk", "proxy", "mail", "firewall", "cluster",
          "restore", "snapshot", "pool", "vlan", "switch", "cert", "update", "power", "battery",
          "photo", "sync"]  # fmt: skip
@@ -178,7 +176,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        example = measure(EXAMPLE, work, "example")
+        example = measure(example_vault(), work, "example")
         generated_root = work / "generated"
         generate(generated_root, args.notes)
         generated = measure(generated_root, work, "generated")

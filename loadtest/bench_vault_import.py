@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from loadtest import ROOT
 from loadtest.report import checkout_python, child_json
 
-ROOT = Path(__file__).resolve().parent.parent
 AIM_S_PER_100K = 20.0
 
 CHILD = """

@@ -41,9 +41,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from loadtest import ROOT
 from loadtest.report import checkout_python, child_json
-
-ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
 import asyncio, json, sys, tempfile, time

@@ -46,9 +46,10 @@ from typing import Final
 
 from kbgraph.config import ConfigError, load_config
 from kbgraph.names import MAX_ID_LENGTH, concept_id_problem
+from loadtest import ROOT
 from loadtest.eval_retrieval import Asker, imported_app
 
-HERE: Final = Path(__file__).resolve().parent / "questions" / "2wiki"
+HERE: Final = ROOT / "loadtest" / "questions" / "2wiki"
 CORPUS: Final = HERE / "corpus.json.gz"
 QUESTIONS: Final = HERE / "questions.jsonl"
 KB: Final = "twowiki"

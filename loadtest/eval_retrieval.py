@@ -61,12 +61,12 @@ from kbgraph.api import context_of, create_app
 from kbgraph.cli import main as kbgraph_main
 from kbgraph.config import load_config
 from kbgraph.events import ConceptUpserted, Event, UpsertData
+from kbgraph.sources.demokb import example_vault
 from kbgraph.sources.vault.markdown import LinkRef
 from kbgraph.sources.vault.reader import read_vault, walk
 from kbgraph.sources.vault.resolve import Resolver
+from loadtest import ROOT
 
-ROOT: Final = Path(__file__).resolve().parent.parent
-VAULT: Final = ROOT / "examples" / "vault"
 QUESTIONS: Final = ROOT / "examples" / "questions.toml"
 KB: Final = "homelab"  # the example vault's KB name; --kb names another
 TOKEN: Final = "eval-admin-token-local"
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m loadtest.eval_retrieval", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--vault", type=Path, default=VAULT)
+    parser.add_argument("--vault", type=Path, default=example_vault())
     parser.add_argument("--questions", type=Path, default=QUESTIONS)
     parser.add_argument("--details", action="store_true", help="rankings of the tune questions")
     parser.add_argument("--no-links", action="store_true", help="questions only (faster)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from loadtest.service import ROOT
+from loadtest import ROOT
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-THIS_CHECKOUT = Path(__file__).resolve().parent.parent
+from loadtest import ROOT
 
 
 def checkout_python(checkout: Path) -> str:
@@ -23,7 +23,7 @@ def checkout_python(checkout: Path) -> str:
     interpreter run in the checkout (``-c`` and ``-m`` put the working folder first on
     ``sys.path``)."""
     venv = checkout / ".venv/bin/python"
-    mine = checkout.resolve() == THIS_CHECKOUT
+    mine = checkout.resolve() == ROOT
     return str(venv) if not mine and venv.exists() else sys.executable
 
 

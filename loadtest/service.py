@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from loadtest import ROOT
 from loadtest.httpload import HTTPLoadError, Pool
 
 KB: Final = "loadtest"
 HOST: Final = "127.0.0.1"
-ROOT: Final = Path(__file__).resolve().parent.parent
 NARROW_COLLECTIONS: Final = ("infra", "network", "ops")
 NARROW_TYPES: Final = ("Runbook",)
 

@@ -18,9 +18,9 @@ from kbgraph.log.jetstream import snapshots
 from kbgraph.store import Store
 from tests import webhook_client as wc
 from tests.nats_cluster import STREAM, NatsCluster
-from tests.support import ADMIN, SECRET, ServerProcess, start_server, stop
+from tests.support import ADMIN, SECRET, ServerProcess, bearer, start_server, stop
 
-AUTH = {"Authorization": f"Bearer {ADMIN}"}
+AUTH = bearer(ADMIN)
 KB = "shared"
 READY_SECONDS = 120.0
 FILL_SECONDS = 120.0  # the vector tests: until a cluster's vectors are filled

@@ -44,6 +44,11 @@ RUNBOOKS = "runbooks-token-of-the-tests"  # homelab: type Runbook only
 OTHER = "other-token-of-the-tests"  # a rule for another KB only
 
 
+def bearer(token: str) -> dict[str, str]:
+    """The ``Authorization`` header of a request made with ``token``."""
+    return {"Authorization": f"Bearer {token}"}
+
+
 def write_config(
     folder: Path, extra: str = "", min_seq_wait: float | None = 1.0, store: str = "kbgraph.db"
 ) -> Path:
@@ -117,7 +122,7 @@ class Service:
     def call(self, token: str | None, method: str, path: str, min_seq: int = 0, **kwargs):
         headers = kwargs.pop("headers", {})
         if token is not None:
-            headers["Authorization"] = f"Bearer {token}"
+            headers.update(bearer(token))
         if min_seq:
             headers["X-Min-Seq"] = str(min_seq)
         return self.client.request(method, path, headers=headers, **kwargs)

@@ -20,7 +20,7 @@ from kbgraph.agent.tools import SEED_VECTOR_WEIGHT
 from kbgraph.api import context_of, create_app
 from kbgraph.config import load_config, parse_config
 from tests.kb_events import delete, upsert
-from tests.support import ADMIN, INFRA, OTHER, RUNBOOKS, Service, write_config
+from tests.support import ADMIN, INFRA, OTHER, RUNBOOKS, Service, bearer, write_config
 
 KB = "homelab"
 
@@ -549,7 +549,7 @@ def test_an_unexpected_failure_is_a_json_500_that_reveals_nothing(
 
     monkeypatch.setattr("kbgraph.agent.tools.status", broken)
     quiet = TestClient(service.app, raise_server_exceptions=False)  # same running app
-    headers = {"Authorization": f"Bearer {ADMIN}", "X-Min-Seq": str(seq)}
+    headers = {**bearer(ADMIN), "X-Min-Seq": str(seq)}
     response = quiet.get(f"/v1/kbs/{KB}/status", headers=headers)
     assert (response.status_code, response.json()) == (500, {"error": "internal error"})
 

@@ -13,7 +13,7 @@ from kbgraph.api import create_app
 from kbgraph.config import load_config
 from kbgraph.http.health import write_problem
 from tests.kb_events import upsert
-from tests.support import ADMIN, Service, write_config
+from tests.support import ADMIN, Service, bearer, write_config
 
 KB = "homelab"
 LIMIT = 2000
@@ -29,7 +29,7 @@ def small(tmp_path: Path) -> Iterator[Service]:
 
 
 def post(service: Service, body: bytes, **headers: str):
-    headers = {"Authorization": f"Bearer {ADMIN}", "X-Min-Seq": "1", **headers}
+    headers = {**bearer(ADMIN), "X-Min-Seq": "1", **headers}
     return service.client.post(f"/v1/kbs/{KB}/tools/graph_context", content=body, headers=headers)
 
 
@@ -80,7 +80,7 @@ def test_write_problem_names_a_missing_store_and_an_unusable_folder(tmp_path: Pa
 
 def test_an_mcp_body_past_the_limit_is_413_before_the_sdk_reads_it(small: Service) -> None:
     headers = {
-        "Authorization": f"Bearer {ADMIN}",
+        **bearer(ADMIN),
         "X-Min-Seq": "1",
         "Content-Type": "application/json",
         "Accept": "application/json, text/event-stream",

@@ -20,10 +20,10 @@ from kbgraph.store import Store
 from kbgraph.store.backup import BackupError, backup
 from tests import webhook_client as wc
 from tests.kb_events import upsert
-from tests.support import ADMIN, SECRET, running, served_config
+from tests.support import ADMIN, SECRET, bearer, running, served_config
 
 KB = "kb"
-AUTH = {"Authorization": f"Bearer {ADMIN}"}
+AUTH = bearer(ADMIN)
 EVENTS_PER_DELIVERY = 3
 
 

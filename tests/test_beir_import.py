@@ -27,7 +27,7 @@ from kbgraph.sources.deliver import SourceConcept
 from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sinks import SECRET_ENV, LocalSink
 from kbgraph.store import DeliveryResult, Store
-from tests.support import ADMIN, SECRET, running, served_config
+from tests.support import ADMIN, SECRET, bearer, running, served_config
 
 ROWS = [
     {"_id": "doc1", "title": "Teutberga", "text": "A queen of Lotharingia.", "metadata": {}},
@@ -284,7 +284,7 @@ def test_import_over_the_signed_webhook(tmp_path: Path) -> None:
             assert done.returncode == 0 and expected in done.stdout, done.stderr
         answer = httpx.get(
             f"{url}/v1/kbs/remote/concepts/wiki/Lothair II",
-            headers={"Authorization": f"Bearer {ADMIN}"},
+            headers=bearer(ADMIN),
             timeout=10,
         )
         assert (answer.json()["title"], answer.json()["links"]) == ("Lothair II", [])

@@ -16,7 +16,7 @@ from standardwebhooks.webhooks import Webhook
 
 from kbgraph.http.binding import decode_events
 from tests import webhook_client as wc
-from tests.support import ADMIN, SECRET, running, served_config
+from tests.support import ADMIN, SECRET, bearer, running, served_config
 
 SOURCE = "https://wiki.example/sdk"
 
@@ -53,7 +53,7 @@ def send_own(base: str, kb: str, event: dict) -> httpx.Response:
 
 
 def concept(base: str, kb: str, concept_id: str, seq: int) -> dict:
-    headers = {"authorization": f"Bearer {ADMIN}", "x-min-seq": str(seq)}
+    headers = {**bearer(ADMIN), "x-min-seq": str(seq)}
     return httpx.get(f"{base}/v1/kbs/{kb}/concepts/{concept_id}", headers=headers).json()
 
 
@@ -122,5 +122,5 @@ def test_sdk_events_are_refused_as_our_own(server: str, mode: str) -> None:
     response = httpx.post(f"{server}/v1/kbs/refusals/events", content=unsigned.body,
                           headers=dict(unsigned.headers))  # fmt: skip
     assert response.status_code == 401
-    status = httpx.get(f"{server}/v1/kbs", headers={"authorization": f"Bearer {ADMIN}"}).json()
+    status = httpx.get(f"{server}/v1/kbs", headers=bearer(ADMIN)).json()
     assert "refusals" not in json.dumps(status)  # nothing was stored, no KB was made

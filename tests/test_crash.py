@@ -20,7 +20,7 @@ import pytest
 
 from kbgraph.store import Store
 from tests import webhook_client as wc
-from tests.support import ADMIN, SECRET, served_config, start_server, stop
+from tests.support import ADMIN, SECRET, bearer, served_config, start_server, stop
 
 pytestmark = pytest.mark.slow
 
@@ -199,7 +199,7 @@ def test_checkpoints_and_log_cuts_under_load_lose_nothing(tmp_path: Path) -> Non
         present = {c.id for c in store.load().kbs["cut"].concepts}
         assert set(acked) <= present
         count = len(present)
-    headers = {"Authorization": f"Bearer {ADMIN}"}
+    headers = bearer(ADMIN)
     answers = []
     logs = []  # each restarted server's log, for the message when the answers differ
     for _ in range(2):  # from the newest checkpoint, then with the checkpoints gone

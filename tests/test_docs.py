@@ -21,7 +21,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -258,6 +258,173 @@ def test_architecture_names_every_module() -> None:
         if not named:
             missing.append(str(path.relative_to(ROOT)))
     assert not missing, f"modules not named in docs/architecture.md: {missing}"
+
+
+def test_architecture_names_every_loadtest_module() -> None:
+    """The ``loadtest/`` row names what is there (a module, ``bench_*`` for many, a folder
+    with its ``/``), and every module of ``loadtest/`` is named in it."""
+    rows = {row[0]: row[1] for row in table_rows(ROOT / "docs" / "architecture.md")}
+    named = set(re.findall(r"`([\w*]+/?)`", rows["`loadtest/`"]))
+    there = {
+        name: list(
+            (ROOT / "loadtest").glob(name.rstrip("/") if name.endswith("/") else f"{name}.py")
+        )
+        for name in named
+    }
+    gone = sorted(name for name, found in there.items() if not found)
+    assert not gone, f"docs/architecture.md's loadtest/ row names what is not there: {gone}"
+    unnamed = [
+        path.name
+        for path in sorted((ROOT / "loadtest").glob("*.py"))
+        if path.stem not in ("__init__", "__main__")
+        if not any(path in found for found in there.values())
+    ]
+    assert not unnamed, f"loadtest modules not in docs/architecture.md's loadtest/ row: {unnamed}"
+
+
+# --- what the docs show of the command lines and the config -----------------------------------
+
+COMMAND = re.compile(r"python -m loadtest(?:\.(\w+))?\b|(?<![\w.-])kbgraph(?= )")
+OPTION = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*")
+SEPARATORS = "|;&>)`\n"  # where a shell command ends (outside square brackets)
+
+
+def shown_code(path: Path) -> Iterator[str]:
+    """The code a page shows: each fenced block's lines (``\\`` continuations joined) and
+    each inline code span, tables' cells among them."""
+    for token in MarkdownIt("commonmark").enable("table").parse(path.read_text()):
+        if token.type == "fence":
+            yield from token.content.replace("\\\n", " ").splitlines()
+        yield from (c.content for c in token.children or [] if c.type == "code_inline")
+
+
+def command_tail(text: str) -> str:
+    """``text`` up to where its first shell command ends (a ``|`` between ``[...]`` is the
+    usage's either-or, not a pipe)."""
+    depth = 0
+    for at, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth <= 0 and char in SEPARATORS:
+            return text[:at]
+    return text
+
+
+def help_of(run: Callable[[], object], argv: list[str]) -> str | None:
+    """What ``run()`` prints with ``sys.argv`` set to ``argv``, in this process, when it exits
+    with 0 (``--help``), else None."""
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    saved = sys.argv
+    sys.argv = argv
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
+            run()
+    except SystemExit as exit:
+        return printed.getvalue() if exit.code in (0, None) else None
+    finally:
+        sys.argv = saved
+    raise AssertionError(f"{argv} did not exit")
+
+
+def accepted_options(match: re.Match[str], tail: str) -> tuple[str, set[str]] | None:
+    """The command a docs line shows and the options its parser accepts (from its ``--help``,
+    built in this process), or None when ``kbgraph`` there is a word, not a command."""
+    import importlib
+
+    from kbgraph.cli import build_parser
+
+    if match[0].startswith("python"):
+        name = match[1] or "driver"  # python -m loadtest: loadtest/__main__.py runs the driver
+        module = importlib.import_module(f"loadtest.{name}")
+        shown = help_of(module.main, [name, "--help"])
+        command = match[0]
+    else:
+        words = []
+        for word in tail.split():
+            if word.startswith(("-", "[")):
+                break
+            words.append(word)
+        shown = None
+        while words and shown is None:
+            shown = help_of(lambda: build_parser().parse_args([*words, "--help"]), ["kbgraph"])
+            command = " ".join(["kbgraph", *words])
+            words.pop()
+        if shown is None:
+            return None
+    assert shown is not None, f"{command} --help failed"
+    return command, set(OPTION.findall(shown))
+
+
+def test_the_options_the_docs_show_are_accepted() -> None:
+    """Every ``--option`` a docs line shows for ``python -m loadtest[.<name>]`` or
+    ``kbgraph <command>`` (run or not) is one its parser accepts."""
+    wrong = []
+    checked = 0
+    for path in DOCS:
+        for code in shown_code(path):
+            for match in COMMAND.finditer(code):
+                tail = command_tail(code[match.end() :])
+                found = accepted_options(match, tail)
+                if found is None:
+                    continue
+                command, accepted = found
+                checked += 1
+                wrong += [
+                    f"{path.relative_to(ROOT)}: {command} {option}"
+                    for option in OPTION.findall(tail)
+                    if option not in accepted
+                ]
+    assert checked >= 50, checked
+    assert not wrong, f"options the docs show that their command does not accept: {wrong}"
+
+
+SECTION_KEY = re.compile(r"\[([a-z][\w.]*)\] ([a-z][\w*]*)(?: = .*)?")
+
+
+def toml_keys(table: dict[str, object], prefix: str, keys: set[str]) -> Iterator[str]:
+    """The keys of a parsed TOML table as ``config_keys`` names them (``tokens[].name``,
+    ``webhooks.kbs.<kb>.secrets``), tables walked while the config has keys below them."""
+    for name, value in table.items():
+        key = "webhooks.kbs.<kb>" if prefix == "webhooks.kbs." else f"{prefix}{name}"
+        if isinstance(value, dict) and any(k.startswith(f"{key}.") for k in keys):
+            yield from toml_keys(value, f"{key}.", keys)
+        elif isinstance(value, list) and any(k.startswith(f"{key}[].") for k in keys):
+            for item in value:
+                yield from toml_keys(item, f"{key}[].", keys)
+        else:
+            yield key
+
+
+def test_the_config_keys_the_docs_name_are_keys() -> None:
+    """Every key a docs page sets in a ``toml`` block, or names as ``[section] key``, is a key
+    of ``kbgraph/config.py`` (or a section of them; ``*`` matching any part of a name)."""
+    import tomllib
+
+    keys = set(config_keys())
+    known = keys | {key.rsplit(".", n)[0] for key in keys for n in range(1, key.count(".") + 1)}
+    wrong = []
+    named = 0
+    for path in DOCS:
+        where = path.relative_to(ROOT)
+        shown = [
+            key
+            for block in blocks(path)
+            if block.lang == "toml"
+            for key in toml_keys(tomllib.loads(block.code), "", keys)
+        ]
+        for code in shown_code(path):
+            if match := SECTION_KEY.fullmatch(code):
+                section = re.sub(r"^webhooks\.kbs\.[^.]+", "webhooks.kbs.<kb>", match[1])
+                shown.append(f"{section}.{match[2]}")
+        named += len(shown)
+        for key in shown:
+            pattern = re.compile(".*".join(re.escape(part) for part in key.split("*")))
+            if not any(pattern.fullmatch(k) for k in known):
+                wrong.append(f"{where}: {key}")
+    assert named >= 50, named
+    assert not wrong, f"config keys the docs name that kbgraph/config.py has not: {wrong}"
 
 
 def slug(heading: str) -> str:

@@ -24,7 +24,7 @@ import pytest
 from kbgraph.names import collection_of
 from kbgraph.store import Store
 from tests import webhook_client as wc
-from tests.support import SECRET, start_server, stop
+from tests.support import SECRET, bearer, start_server, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -141,7 +141,7 @@ def shown_in_full(driver: webdriver.Chrome, concept_id: str) -> None:
 
 
 def api(base: str, token: str, method: str, path: str, body: dict | None = None) -> dict:
-    headers = {"authorization": f"Bearer {token}"}
+    headers = bearer(token)
     return httpx.request(method, f"{base}{path}", headers=headers, json=body).json()
 
 

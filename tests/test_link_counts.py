@@ -16,7 +16,7 @@ from kbgraph.api import context_of, create_app
 from kbgraph.config import load_config
 from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sync import sync_once
-from tests.support import ADMIN, write_config
+from tests.support import ADMIN, bearer, write_config
 from tests.vault_files import VAULT, AppSink
 
 # note i -> the notes it links to; an index past the last note is a link to no note
@@ -32,7 +32,7 @@ def counts_seen(root: Path, folder: Path) -> tuple[int, int, int, str]:
     with TestClient(app, base_url="http://127.0.0.1") as client:
         with Manifest(folder / "manifest.sqlite") as manifest:
             report = sync_once(root, "kb", AppSink(context_of(app).service.store), manifest)
-        headers = {"Authorization": f"Bearer {ADMIN}", "X-Min-Seq": "1"}
+        headers = {**bearer(ADMIN), "X-Min-Seq": "1"}
         status = client.get("/v1/kbs/kb/status", headers=headers).json()
         listed = client.get("/v1/kbs", headers=headers).json()["kbs"]
     summary = report.summary()

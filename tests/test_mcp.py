@@ -26,7 +26,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from kbgraph.store import Store
 from tests.kb_events import upsert
-from tests.support import ADMIN, INFRA, OTHER, start_server, stop, write_config
+from tests.support import ADMIN, INFRA, OTHER, bearer, start_server, stop, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ class Served:
         self.base = ""  # the server's URL, once it runs
 
     def http(self, token: str | None, method: str, path: str, body: Any = None) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = bearer(token) if token else {}
         return httpx.request(method, self.base + path, headers=headers, json=body, timeout=30)
 
 
@@ -86,7 +86,7 @@ def run(main: Callable[[], Awaitable[Any]]) -> Any:
 
 @asynccontextmanager
 async def http_session(served: Served, token: str | None, kb: str = KB):
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = bearer(token) if token else {}
     async with (
         httpx2.AsyncClient(headers=headers, timeout=30) as client,
         streamable_http_client(f"{served.base}/v1/kbs/{kb}/mcp", http_client=client) as streams,
@@ -311,7 +311,7 @@ def test_http_offers_no_stream_and_refuses_in_json(served: Served) -> None:
     """Stateless: GET (with or without Last-Event-ID) and DELETE answer 405 at once, so no
     token can hold event streams open; a POST that is not JSON is refused in JSON too."""
     url = f"{served.base}/v1/kbs/{KB}/mcp"
-    auth = {"Authorization": f"Bearer {INFRA}", "Accept": "text/event-stream"}
+    auth = {**bearer(INFRA), "Accept": "text/event-stream"}
     for method, extra in (("GET", {}), ("GET", {"Last-Event-ID": "0"}), ("DELETE", {})):
         response = httpx.request(method, url, headers={**auth, **extra}, timeout=10)
         assert response.status_code == 405, (method, extra, response.text)
@@ -319,7 +319,7 @@ def test_http_offers_no_stream_and_refuses_in_json(served: Served) -> None:
         assert response.json()["error"].startswith(f"{method} not allowed")
     listing = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}'
     for content_type in (None, "text/plain"):
-        headers = {"Authorization": f"Bearer {INFRA}", "Accept": "application/json"}
+        headers = {**bearer(INFRA), "Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
         response = httpx.post(url, content=listing, headers=headers, timeout=10)
@@ -334,7 +334,7 @@ def test_http_checks_the_origin(served: Served) -> None:
     than the service's own is refused; none, or its own, passes."""
     url = f"{served.base}/v1/kbs/{KB}/mcp"
     listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
-    headers = {"Authorization": f"Bearer {INFRA}", "Accept": "application/json, text/event-stream"}
+    headers = {**bearer(INFRA), "Accept": "application/json, text/event-stream"}
     evil = httpx.post(url, json=listing, headers={**headers, "Origin": "http://evil.example"})
     assert evil.status_code == 403
     assert evil.json() == {

@@ -29,7 +29,7 @@ from kbgraph.sources.mediawiki.follow import OVERLAP_SECONDS, FollowState, WikiF
 from kbgraph.sources.sinks import SECRET_ENV, LocalSink
 from kbgraph.store import DeliveryResult, Store
 from tests.mediawiki_server import Wiki, require, running_wiki
-from tests.support import ADMIN, SECRET, running, served_config
+from tests.support import ADMIN, SECRET, bearer, running, served_config
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -262,7 +262,7 @@ def test_the_cli_follows_with_signed_deliveries(wiki: Wiki, tmp_path: Path) -> N
         assert "read the whole wiki" in done.stdout
         got = httpx.get(
             f"{url}/v1/kbs/{KB}/concepts/Main/Signed page",
-            headers={"Authorization": f"Bearer {ADMIN}"},
+            headers=bearer(ADMIN),
             timeout=10,
         )
         assert got.status_code == 200, got.text

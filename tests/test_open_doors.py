@@ -22,12 +22,12 @@ from kbgraph import cli
 from kbgraph.api import context_of, create_app
 from kbgraph.config import MIN_TOKEN_CHARS, ConfigError, load_config, parse_config
 from tests import webhook_client as wc
-from tests.support import ADMIN, SECRET
+from tests.support import ADMIN, SECRET, bearer
 
 BASE = "http://127.0.0.1:8000"
 TOKENS = f'[[tokens]]\nname = "admin"\ntoken = "{ADMIN}"\nadmin = true\n'
 BATCH = {"content-type": "application/cloudevents-batch+json"}
-AUTH = {"authorization": f"Bearer {ADMIN}"}
+AUTH = bearer(ADMIN)
 
 
 def _client(tmp_path: Path, text: str) -> TestClient:

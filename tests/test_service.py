@@ -27,14 +27,14 @@ from kbgraph.api import create_app
 from kbgraph.cli import build_parser
 from kbgraph.config import load_config
 from tests import webhook_client as wc
-from tests.support import ADMIN, SECRET
+from tests.support import ADMIN, SECRET, bearer
 
 build_parser()
 config = load_config(sys.argv[1])
 with TestClient(create_app(config)) as client:
     body, headers = wc.delivery(SECRET, [wc.upsert("infra/a", 1, title="A")])
     posted = client.post("/v1/kbs/homelab/events", content=body, headers=headers)
-    auth = {"Authorization": f"Bearer {ADMIN}", "X-Min-Seq": "1"}
+    auth = {**bearer(ADMIN), "X-Min-Seq": "1"}
     read = client.get("/v1/kbs/homelab/concepts/infra/a", headers=auth)
     ready = client.get("/readyz")
 print(json.dumps({

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from kbgraph.store import Store
-from tests.support import ADMIN, running, served_config
+from tests.support import ADMIN, bearer, running, served_config
 
 EXPECTED = os.environ.get("KBGRAPH_TEST_SQLITE_VERSION")  # unset: the machine's own SQLite
 
@@ -39,7 +39,7 @@ def test_the_store_connection_reports_it(tmp_path: Path) -> None:
 
 def test_a_server_subprocess_runs_on_it(tmp_path: Path) -> None:
     with running(served_config(tmp_path)) as url:
-        auth = {"Authorization": f"Bearer {ADMIN}"}  # /metrics spans every KB: admin only
+        auth = bearer(ADMIN)  # /metrics spans every KB: admin only
         metrics = httpx.get(f"{url}/metrics", headers=auth, timeout=10).text
     found = re.search(r'^kbgraph_sqlite_info\{version="([^"]+)"\} 1\.0$', metrics, re.M)
     assert found is not None, "no kbgraph_sqlite_info in /metrics"

@@ -24,7 +24,7 @@ from kbgraph.sources.sinks import WebhookSink
 from kbgraph.store import Store
 from kbgraph.store.schema import SCHEMA_VERSION
 from kbgraph.store.vectorrows import VectorRow
-from tests.support import ADMIN, SECRET, running, served_config
+from tests.support import ADMIN, SECRET, bearer, running, served_config
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +53,7 @@ def test_the_fixture_is_schema_6_with_link_rows(tmp_path: Path) -> None:
 
 def test_serve_migrates_the_previous_schema_and_answers(tmp_path: Path) -> None:
     config = old_store(tmp_path)
-    auth = {"Authorization": f"Bearer {ADMIN}"}
+    auth = bearer(ADMIN)
     with running(config) as url:
         kbs = httpx.get(f"{url}/v1/kbs", headers=auth, timeout=30).json()["kbs"]
         (homelab,) = (kb for kb in kbs if kb["kb"] == KB)

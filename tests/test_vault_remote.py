@@ -18,7 +18,7 @@ from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sinks import SECRET_ENV, SyncError, WebhookSink
 from kbgraph.sources.sync import sync_once, upsert_event
 from kbgraph.sources.vault.reader import read_vault
-from tests.support import ADMIN, SECRET, running, served_config
+from tests.support import ADMIN, SECRET, bearer, running, served_config
 from tests.vault_files import write_vault
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ def cli(*args: str, secret: str | None = SECRET) -> subprocess.CompletedProcess[
 
 
 def get(url: str, path: str) -> httpx.Response:
-    return httpx.get(url + path, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
+    return httpx.get(url + path, headers=bearer(ADMIN), timeout=10)
 
 
 def test_import_and_sync_over_the_webhook(server: str, tmp_path: Path) -> None:
@@ -111,7 +111,7 @@ def test_watch_over_the_webhook_reaches_graph_context(server: str, tmp_path: Pat
         def context(query: str) -> list[str]:
             response = httpx.post(
                 f"{server}/v1/kbs/watched/tools/graph_context",
-                headers={"Authorization": f"Bearer {ADMIN}"},
+                headers=bearer(ADMIN),
                 json={"query": query},
                 timeout=10,
             )

@@ -13,7 +13,7 @@ import pytest
 from kbgraph.search import analysis
 from tests import webhook_client as wc
 from tests.kb_events import upsert
-from tests.support import ADMIN, INFRA, SECRET, Service, start_server, stop, write_config
+from tests.support import ADMIN, INFRA, SECRET, Service, bearer, start_server, stop, write_config
 
 KB = "homelab"
 LEAD = "Filler words come first here. " * 20  # the match sits 600 characters in
@@ -42,7 +42,7 @@ def test_a_word_flood_grows_no_cache_and_later_snippets_find_the_match(
 
 
 def answers(base: str, seq: int) -> list[bytes]:
-    headers = {"Authorization": f"Bearer {ADMIN}", "X-Min-Seq": str(seq)}
+    headers = {**bearer(ADMIN), "X-Min-Seq": str(seq)}
     out = []
     for query in ("zeugmatron", "filler zeugmatrons", "words"):
         search = httpx.get(f"{base}/v1/kbs/{KB}/search", params={"q": query}, headers=headers)
