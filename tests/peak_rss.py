@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent  # not tests.support's: loadtest imports this module
 
 
 # A small parent runs the command and reports its child's peak RSS: a child forked from the

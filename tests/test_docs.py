@@ -29,11 +29,10 @@ import httpx
 import pytest
 from markdown_it import MarkdownIt
 
-from tests.support import STARTUP_SECONDS, ServerProcess, scripts, stop
+from tests.support import ROOT, STARTUP_SECONDS, ServerProcess, scripts, stop
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 HISTORY = sorted((ROOT / "docs" / "history").rglob("*.md"))  # dated records: links checked only
 SHELLS = {"sh", "bash", "shell", "console", "zsh"}

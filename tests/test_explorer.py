@@ -24,9 +24,8 @@ import pytest
 from kbgraph.names import collection_of
 from kbgraph.store import Store
 from tests import webhook_client as wc
-from tests.support import SECRET, bearer, start_server, stop
+from tests.support import ROOT, SECRET, bearer, start_server, stop
 
-ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 ADMIN, NARROW = "explorer-admin-token", "explorer-network-token"
 QUESTION = "how do I back up the photos from my phone"

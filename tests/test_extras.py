@@ -13,9 +13,8 @@ import pytest
 
 from kbgraph.extras import EXTRAS
 from kbgraph.sources import demokb
-from tests.support import cli_without, python_without
+from tests.support import ROOT, cli_without, python_without
 
-ROOT = Path(__file__).resolve().parent.parent
 EVERY_EXTRA = sorted({module for pairs in EXTRAS.values() for module, _ in pairs})
 
 

@@ -28,10 +28,9 @@ import pytest
 
 from kbgraph.sources.progress import Progress
 from kbgraph.sources.sinks import SECRET_ENV
-from tests.support import served_config
+from tests.support import ROOT, served_config
 from tests.vault_files import write_vault
 
-ROOT = Path(__file__).resolve().parent.parent
 DEADLINE = 180.0
 NOTES = 300  # above the progress helper's MIN_TOTAL
 

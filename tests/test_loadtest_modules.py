@@ -12,11 +12,8 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from pathlib import Path
 
-from tests.support import scripts
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT, scripts
 
 
 def test_the_scripts_are_found() -> None:

@@ -26,13 +26,12 @@ from mcp.client.streamable_http import streamable_http_client
 
 from kbgraph.store import Store
 from tests.kb_events import upsert
-from tests.support import ADMIN, INFRA, OTHER, bearer, start_server, stop, write_config
+from tests.support import ADMIN, INFRA, OTHER, ROOT, bearer, start_server, stop, write_config
 
 pytestmark = pytest.mark.slow
 
 KB = "homelab"
 INFRA_ONLY = "infraonly"  # homelab's infra concepts only: what INFRA must see on homelab
-ROOT = Path(__file__).resolve().parent.parent
 HIDDEN_TITLES = ("VLAN plan", "Restart DNS", "January")
 
 

@@ -18,7 +18,6 @@ from tests.hostile_wiki import HEAD, FakeWiki, bomb, concepts, page, sync
 from tests.peak_rss import peak_rss_of
 from tests.support import HANG_GUARD
 
-ROOT = Path(__file__).resolve().parent.parent
 SPACES = Namespaces([Namespace(0, ""), Namespace(14, "Category")])
 # growth of the peak RSS over a benign run: a page read whole before it is skipped (20 MB) or
 # a 2 MB page parsed in parts fit in it; mwparserfromhell's tree of either would not (2.9 GB

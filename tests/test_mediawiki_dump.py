@@ -18,7 +18,6 @@ from kbgraph.store import Store
 from loadtest.bench_mediawiki_dump import generate
 from tests.support import cli_without
 
-ROOT = Path(__file__).resolve().parent.parent
 SPACES = Namespaces(
     Namespace(key, name)
     for key, name in [(0, ""), (4, "Wiki"), (6, "File"), (10, "Template"), (12, "Help"),

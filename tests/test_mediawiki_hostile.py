@@ -33,9 +33,8 @@ from tests.hostile_wiki import (
     wrong_shape,
 )
 from tests.peak_rss import peak_rss_of
-from tests.support import HANG_GUARD
+from tests.support import HANG_GUARD, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PAGES = {"Main Page": "Hello [[World]].", "World": "Round. [[Main Page]]"}
 # growth of the command's peak RSS over an honest wiki's pass: the 32 MiB answer cap and the
 # 1,000 continuation parts' 500,000 titles fit in it; a 400 MB answer taken whole does not

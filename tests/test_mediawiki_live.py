@@ -29,10 +29,9 @@ from kbgraph.sources.mediawiki.follow import OVERLAP_SECONDS, FollowState, WikiF
 from kbgraph.sources.sinks import SECRET_ENV, LocalSink
 from kbgraph.store import DeliveryResult, Store
 from tests.mediawiki_server import Wiki, require, running_wiki
-from tests.support import ADMIN, SECRET, bearer, running, served_config
+from tests.support import ADMIN, ROOT, SECRET, bearer, running, served_config
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
 KB = "wiki"
 
 

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
+
 PACKAGE = ROOT / "kbgraph"
 CHECKED = (PACKAGE, ROOT / "loadtest")  # the module rules' scope
 TESTS = ROOT / "tests"

@@ -8,14 +8,13 @@ import subprocess
 import sys
 import tomllib
 from importlib.metadata import version
-from pathlib import Path
 
 import pytest
 
 import kbgraph
 from kbgraph import cli
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 

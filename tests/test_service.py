@@ -14,9 +14,7 @@ import pytest
 from kbgraph.config import load_config
 from kbgraph.log import DeliveryLog
 from kbgraph.log.sqlite import StoreLog
-from tests.support import write_config
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT, write_config
 
 # Serve a SQLite config end to end in a fresh interpreter: the CLI's parser (every command),
 # the app, its lifespan, a signed delivery, a read that sees it, /readyz, then the modules.

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -18,8 +17,8 @@ from kbgraph.projection import KBProjection
 from kbgraph.store import Store
 from kbgraph.threads import ToolThreads
 from tests.kb_events import upsert
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 # one request per tool, on the KB below (a new tool adds its own: the test fails without it)
 REQUESTS: dict[str, dict[str, Any]] = {
     "graph_context": {"query": "resolver"},

@@ -24,10 +24,9 @@ from kbgraph.sources.sinks import WebhookSink
 from kbgraph.store import Store
 from kbgraph.store.schema import SCHEMA_VERSION
 from kbgraph.store.vectorrows import VectorRow
-from tests.support import ADMIN, SECRET, bearer, running, served_config
+from tests.support import ADMIN, ROOT, SECRET, bearer, running, served_config
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "store-schema6.sql"
 KB = "homelab"
 # the id of the first event the previous version's import sent (its log's gid 1)

@@ -27,7 +27,6 @@ from tests.support import HANG_GUARD
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
 SECRET = "SECRET-FROM-OUTSIDE-THE-VAULT"
 # The import's peak RSS may grow over a benign vault's import by at most this much. A bound on
 # the growth, not on the peak: the peak of the command itself differs by platform and release

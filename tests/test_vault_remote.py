@@ -18,11 +18,10 @@ from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sinks import SECRET_ENV, SyncError, WebhookSink
 from kbgraph.sources.sync import sync_once, upsert_event
 from kbgraph.sources.vault.reader import read_vault
-from tests.support import ADMIN, SECRET, bearer, running, served_config
+from tests.support import ADMIN, ROOT, SECRET, bearer, running, served_config
 from tests.vault_files import write_vault
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
