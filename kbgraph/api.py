@@ -26,14 +26,14 @@ from kbgraph.http.context import AppContext
 from kbgraph.http.openapi import document as openapi_document
 from kbgraph.http.origins import HostOriginCheck
 from kbgraph.http.routes import encode_json, internal_error, log, starlette_error
-from kbgraph.service import Service, settle_heap
+from kbgraph.service import Service
 
 
 def create_app(config: Config, *, serving: bool = False) -> Starlette:
     """The whole service: agent API, webhook ingest, health and metrics. ``serving``: the
-    process is a ``kbgraph serve`` worker, its heap settled once it is ready
-    (``kbgraph.service.settle_heap``; never in a process that builds apps over and over, such
-    as the tests')."""
+    process is a ``kbgraph serve`` worker, its heap settled once it is ready and after each
+    reload of its projections (``kbgraph.service.Service.settle``; never in a process that
+    builds apps over and over, such as the tests')."""
     openapi = encode_json(openapi_document(explorer.OPENAPI_PATHS))
     listing = encode_json(toolspecs.http_listing())
     service = Service(config)
@@ -48,7 +48,7 @@ def create_app(config: Config, *, serving: bool = False) -> Starlette:
         await service.follow()
         running.mcp = mcp_out.http_session_manager(lambda: service.tool_threads)
         if serving:
-            settle_heap()
+            service.settle()
         running.ready = True
         try:
             async with running.mcp.run():  # the SDK's task group lives as long as the app

@@ -89,6 +89,15 @@ class Service:
             if share is not None:
                 filler.share_with(share)
 
+    def settle(self) -> None:
+        """Once a serving process is ready: its heap settled (``settle_heap``) now, and again
+        after each reload of the projections, whose new KBs every full collection would
+        otherwise walk. The collection runs in the follower thread, after the reload; it
+        pauses every thread as any full collection does, once a reload instead of every time
+        the collector's oldest generation grows by a quarter."""
+        self.projections.add_reload_listener(settle_heap)  # first: a reload meanwhile is settled
+        settle_heap()
+
     async def follow(self) -> None:
         await self.log.follow()
 

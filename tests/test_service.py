@@ -129,3 +129,75 @@ def test_only_a_serving_process_settles_its_heap(tmp_path: Path) -> None:
     posted, frozen = out["served"]
     assert posted == 200
     assert frozen > 10_000  # the modules, the kernels, the first build
+
+
+# A serving process whose follower finds its next records cut (another worker wrote a
+# checkpoint and cut the log past it) reloads; the reloaded KB is settled too. The cut is made
+# by a second handle on the store, as another worker's, from a listener the follower runs after
+# it applied the first delivery: it cannot read the cut records before they are gone.
+RELOAD_SETTLED = r"""
+import gc, json, os, sys, time, weakref
+from starlette.testclient import TestClient
+from kbgraph.api import app_from_env, context_of
+from kbgraph.config import CONFIG_ENV, load_config
+from kbgraph.store.opening import open_store
+from tests import webhook_client as wc
+from tests.kb_events import upsert
+from tests.support import SECRET
+
+KB = "homelab"
+os.environ[CONFIG_ENV] = sys.argv[1]
+other = open_store(load_config(sys.argv[1]))  # another worker's handle on the store
+app = app_from_env()
+seen = {}
+
+def cut_past_the_follower(kb, seq):
+    if seen:
+        return
+    seen["old"] = weakref.ref(projections.get(KB))
+    for i in range(3):
+        other.append(KB, [upsert(f"infra/cut{i}", title=f"cut {i}", text="past the follower")])
+    other.cut_log(other.read_log(0)[-1].gid)  # keeps only the newest record
+
+def wait(done, seconds):
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return done()
+
+with TestClient(app) as client:
+    projections = context_of(app).service.projections
+    frozen = gc.get_freeze_count()
+    projections.add_listener(cut_past_the_follower)
+    body, headers = wc.delivery(SECRET, [wc.upsert("infra/a", 1, title="A", text="first")])
+    posted = client.post("/v1/kbs/homelab/events", content=body, headers=headers).status_code
+    replaced = wait(lambda: seen and projections.get(KB) is not seen["old"](), 60)
+    settled = wait(lambda: gc.get_freeze_count() > frozen, 10)
+    old_freed = wait(lambda: seen["old"]() is None, 10)
+    parts, level = {}, [projections.get(KB)]  # the KB and what it holds, 3 levels down
+    for _ in range(3):
+        parts.update((id(o), o) for o in level)
+        level = [
+            o for o in gc.get_referents(*level)
+            if gc.is_tracked(o) and id(o) not in parts
+            and not isinstance(o, (type, type(sys)))  # shared with the whole process
+        ]
+    young = {id(o) for o in gc.get_objects()}
+    print(json.dumps({
+        "posted": posted, "replaced": bool(replaced), "settled": settled,
+        "old_freed": old_freed, "seq": projections.seq(KB),
+        "parts": len(parts), "young_parts": sum(i in young for i in parts),
+    }))
+other.close()
+"""
+
+
+def test_a_serving_process_settles_its_heap_again_after_a_reload(tmp_path: Path) -> None:
+    """The KB a reload built leaves the collector's walks (it is frozen as the start-up heap
+    was), and the KB it replaced is freed all the same."""
+    config = write_config(tmp_path, '[embeddings]\nprovider = "none"\n')
+    out = child_json(RELOAD_SETTLED, config)
+    assert out["posted"] == 200 and out["replaced"], out
+    assert out["seq"] == 4, out  # the delivery and the three written past the follower
+    assert out["settled"] and out["old_freed"], out
+    assert out["parts"] >= 20 and out["young_parts"] == 0, out

@@ -6,7 +6,9 @@ first import and in a re-sync; an analysis of another key is never taken."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -23,7 +25,7 @@ from kbgraph.sources.sync import SyncReport, sync_once
 from kbgraph.sources.vault import ahead
 from kbgraph.sources.vault.ahead import Ahead, Maker
 from kbgraph.sources.vault.pool import PARALLEL_MIN_NOTES
-from kbgraph.sources.vault.reader import NoteState
+from kbgraph.sources.vault.reader import NoteState, VaultScan
 from kbgraph.store import MadeAhead, Store
 from kbgraph.store.opening import open_store
 from tests.kb_events import upsert
@@ -81,13 +83,23 @@ def stored(path: Path) -> tuple[list[tuple[object, ...]], list[tuple[object, ...
     return log, vectors
 
 
+READS = VaultScan.reads  # the method itself, before a test wraps it
+
+
 def run(
     vault: Path, work: Path, provider: str, per_worker: int, mp: pytest.MonkeyPatch
-) -> tuple[list[SyncReport], list[int]]:
-    """A first import and a re-sync after edits, into a fresh store; the reports and the
-    texts the store's model embedded in each."""
+) -> tuple[list[SyncReport], list[int], list[Ahead | None]]:
+    """A first import and a re-sync after edits, into a fresh store; the reports, the texts
+    the store's model embedded in each, and what each told the parse workers to make."""
     mp.setattr(ahead, "AHEAD_NOTES_PER_WORKER", per_worker)
     mp.setattr(ahead, "AHEAD_MIN_CORES", 1)  # whatever cores the machine running the test has
+    told: list[Ahead | None] = []
+
+    def reads_told(scan: VaultScan, *args: Any) -> Iterator[NoteState]:
+        told.append(args[3])  # cache, progress, workers, ahead
+        return READS(scan, *args)
+
+    mp.setattr(VaultScan, "reads", reads_told)
     embedder = Counting() if provider == "local" else None
     config = Config(StoreConfig(str(work / "kb.db")), EmbeddingsConfig(provider))
     sink = LocalSink(open_store(config, embedder=embedder))
@@ -107,7 +119,7 @@ def run(
                 texts.append(0 if embedder is None else embedder.texts - before)
     finally:
         sink.close()
-    return reports, texts
+    return reports, texts, told
 
 
 @pytest.mark.parametrize("provider", ["local", "none"])
@@ -120,9 +132,19 @@ def test_analyses_made_ahead_equal_the_stores_own(
         vault = tmp_path / name / "vault"
         write_vault(vault, n)
         (tmp_path / name / "work").mkdir()
-        reports, texts = run(vault, tmp_path / name / "work", provider, per_worker, monkeypatch)
-        results[name] = (stored(tmp_path / name / "work" / "kb.db"), reports, texts)
-    (made, made_reports, made_texts), (own, own_reports, own_texts) = results.values()
+        reports, texts, told = run(
+            vault, tmp_path / name / "work", provider, per_worker, monkeypatch
+        )
+        results[name] = (stored(tmp_path / name / "work" / "kb.db"), reports, texts, told)
+    (made, made_reports, made_texts, made_told), (own, own_reports, own_texts, own_told) = (
+        results.values()
+    )
+    # the workers told to make analyses only when they will, with the digests sent before
+    assert own_told == [None, None]
+    first, again = made_told
+    assert first is not None and (first.sent, first.new_notes) == ([], n + 1)  # bad.md too
+    assert again is not None and again.new_notes == 3 + 1  # the three new notes, bad.md
+    assert len(again.sent) == made_reports[0].upserted  # every note the first import sent
     assert made == own
     log, vectors = made
     assert len(log) == n + 1 + 10 + 3  # the notes; one deleted, ten edited, three new

@@ -155,6 +155,7 @@ class Projections:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._listeners: list[Callable[[str, int], None]] = []
+        self._reload_listeners: list[Callable[[], None]] = []
         self._waiters_lock = threading.Lock()
         # per KB, the seq announced to X-Min-Seq waiters: a batch's, once it is applied and
         # (with an in-process model) its vectors settled
@@ -271,6 +272,11 @@ class Projections:
         self.gid = gid
         if self.filler is not None:
             self.filler.kick()
+        for fn in self._reload_listeners:
+            try:
+                fn()
+            except Exception:
+                log.exception("projection reload listener failed")
 
     def write_checkpoint(self, min_progress: int = 1) -> Path | None:
         """Write a checkpoint at ``gid`` and cut the log before it (keeping ``log_retain``
@@ -447,6 +453,11 @@ class Projections:
     def add_listener(self, fn: Callable[[str, int], None]) -> None:
         """``fn(kb, seq)`` runs in the follower thread after each applied batch."""
         self._listeners.append(fn)
+
+    def add_reload_listener(self, fn: Callable[[], None]) -> None:
+        """``fn()`` runs after each ``reload``, once the new KBs are in place and the old ones
+        dropped (by the follower thread, when the log was cut past this process)."""
+        self._reload_listeners.append(fn)
 
     def waiting(self) -> dict[str, int]:
         """Each KB with ``wait_for`` calls waiting at this instant: how many."""

@@ -32,7 +32,8 @@ from kbgraph.events import ConceptDeleted, ConceptUpserted, DeleteData, Event
 from kbgraph.sources.logseq.reader import LogseqScan, open_scan
 from kbgraph.sources.manifest import Manifest
 from kbgraph.sources.sinks import LocalSink, Sink
-from kbgraph.sources.vault.ahead import Ahead, Made
+from kbgraph.sources.vault.ahead import Ahead, Made, worth
+from kbgraph.sources.vault.pool import default_workers, parallel
 from kbgraph.sources.vault.reader import (
     MAX_NOTE_BYTES,
     NoteState,
@@ -175,7 +176,7 @@ def _sync_once(
         if progress is not None:
             progress("sent", done, todo)
 
-    ahead = _ahead(sink, scan, sent)
+    ahead = _ahead(sink, scan, sent, default_workers() if workers is None else workers)
     made = scan.made if ahead is not None and isinstance(scan, VaultScan) else {}
     key = None if ahead is None else ahead.key
     with _Sender(kb, sink, manifest, report, sent_so_far, key, made) as sender:
@@ -210,16 +211,19 @@ def _sync_once(
 
 
 def _ahead(
-    sink: Sink, scan: VaultScan | LogseqScan, sent: dict[str, tuple[str, int]]
+    sink: Sink, scan: VaultScan | LogseqScan, sent: dict[str, tuple[str, int]], workers: int
 ) -> Ahead | None:
     """What the parse workers need to make a local store's analyses of the notes
-    (``kbgraph.sources.vault.ahead``), or None: another destination, or a Logseq graph (read
-    in this process)."""
+    (``kbgraph.sources.vault.ahead``), or None: another destination, a Logseq graph (read in
+    this process), or a sync the ``workers`` would make none for (too few notes never sent, too
+    few cores, or no workers), decided before the digests sent before are listed."""
     if not isinstance(sink, LocalSink) or not isinstance(scan, VaultScan):
+        return None
+    new_notes = sum(nid not in sent for nid in scan.ids)
+    if not (parallel(len(scan.ids), workers) and worth(new_notes, workers, default_workers())):
         return None
     carrier = sink.store.carrier
     key, cut = ("", 0) if carrier is None else (carrier.key, carrier.max_chars)
-    new_notes = sum(nid not in sent for nid in scan.ids)
     return Ahead(key, cut, [digest for digest, _ in sent.values()], new_notes)
 
 

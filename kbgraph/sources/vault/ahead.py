@@ -48,9 +48,14 @@ class Ahead(msgspec.Struct, array_like=True, frozen=True):
     new_notes: int
 
     def worth(self, workers: int, cores: int) -> bool:
-        """Whether ``workers`` workers should make the analyses, on ``cores`` cores (see the
-        module)."""
-        return cores >= AHEAD_MIN_CORES and self.new_notes >= AHEAD_NOTES_PER_WORKER * workers
+        """Whether ``workers`` workers should make the analyses, on ``cores`` cores."""
+        return worth(self.new_notes, workers, cores)
+
+
+def worth(new_notes: int, workers: int, cores: int) -> bool:
+    """Whether ``workers`` workers should make the analyses of a sync with ``new_notes`` notes
+    never sent, on ``cores`` cores (see the module)."""
+    return cores >= AHEAD_MIN_CORES and new_notes >= AHEAD_NOTES_PER_WORKER * workers
 
 
 class Maker:

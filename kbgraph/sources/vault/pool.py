@@ -144,6 +144,11 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
 
+def parallel(notes: int, workers: int) -> bool:
+    """Whether ``notes`` notes are read on ``workers`` processes (else here, in one)."""
+    return workers >= 2 and notes >= PARALLEL_MIN_NOTES
+
+
 def read_all(
     context: Context,
     ids: list[str],
@@ -158,7 +163,7 @@ def read_all(
     if workers is None:
         workers = default_workers()
     chunks = [jobs[i : i + PARALLEL_CHUNK] for i in range(0, len(jobs), PARALLEL_CHUNK)]
-    if workers < 2 or len(jobs) < PARALLEL_MIN_NOTES:
+    if not parallel(len(jobs), workers):
         here = _make(context, ids)
         for chunk in chunks:
             yield from ((read, None) for read in read_chunk(here, chunk))
