@@ -13,10 +13,11 @@ import anyio
 import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kbgraph.agent import toolspecs
 from kbgraph.config import CONFIG_ENV, Config, load_config
@@ -24,7 +25,7 @@ from kbgraph.http import explorer, ingest, routes
 from kbgraph.http import mcp as mcp_out
 from kbgraph.http.context import AppContext
 from kbgraph.http.openapi import document as openapi_document
-from kbgraph.http.origins import HostOriginCheck
+from kbgraph.http.origins import EVENTS_PATH, HostOriginCheck
 from kbgraph.http.routes import encode_json, internal_error, log, starlette_error
 from kbgraph.service import Service
 
@@ -64,9 +65,10 @@ def create_app(config: Config, *, serving: bool = False) -> Starlette:
     async def tools_json(request: Request) -> Response:
         return Response(listing, media_type="application/json")
 
-    app = Starlette(
+    hot = ingest.routes(context)
+    app = App(
         routes=[
-            *ingest.routes(context),  # first: the hot path, matched before any other
+            *hot,  # first: the hot path, matched before any other
             *routes.routes(context),
             Route("/v1/tools", tools_json, methods=["GET"]),
             Route("/openapi.json", openapi_json, methods=["GET"]),
@@ -79,14 +81,41 @@ def create_app(config: Config, *, serving: bool = False) -> Starlette:
         },
     )
     app.router.redirect_slashes = False  # its redirect would echo the Host header: 404 instead
+    reads_open = not config.tokens
+    allowed = frozenset(config.server.allowed_origins)
+
+    def ingest_open(kb: str) -> bool:
+        return not config.webhooks.secrets_for(kb)
+
     app.add_middleware(
-        HostOriginCheck,
-        reads_open=not config.tokens,
-        ingest_open=lambda kb: not config.webhooks.secrets_for(kb),
-        allowed_origins=frozenset(config.server.allowed_origins),
+        HostOriginCheck, reads_open=reads_open, ingest_open=ingest_open, allowed_origins=allowed
+    )
+    app.ingest = ServerErrorMiddleware(
+        HostOriginCheck(hot[0].app, reads_open, ingest_open, allowed), handler=internal_error
     )
     app.state.context = context  # for context_of: the one use of app.state
     return app
+
+
+class App(Starlette):
+    """The service's Starlette app, but a webhook delivery (``POST /v1/kbs/{kb}/events``, the
+    hot path) skips the layers that do nothing for it: ``ServerErrorMiddleware`` and
+    ``HostOriginCheck`` run as in the full stack, then the route's ``PostEvents`` with the
+    path's ``kb``, as the router would call it; the exception middleware (its handlers are for
+    ``HTTPException``, which ``PostEvents`` never raises) and the router's matching are not
+    run. Every other request (another method or path, a ``root_path``) takes the full stack."""
+
+    ingest: ASGIApp | None = None  # the hot path's stack, set by create_app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.ingest is not None and scope["type"] == "http" and scope["method"] == "POST":
+            match = EVENTS_PATH.fullmatch(scope["path"])
+            if match is not None and not scope.get("root_path"):
+                scope["app"] = self
+                scope["path_params"] = {"kb": match[1]}
+                await self.ingest(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 def context_of(app: ASGIApp) -> AppContext:

@@ -19,6 +19,7 @@ from kbgraph.graphalgo import nearest as vector_kernels
 from kbgraph.log import DeliveryLog
 from kbgraph.log.backends import open_log
 from kbgraph.projection import Projections
+from kbgraph.projection.hold import HOLD_SECONDS
 from kbgraph.store import Store
 from kbgraph.store.opening import open_store
 from kbgraph.threads import ToolThreads
@@ -73,6 +74,8 @@ class Service:
             embedder=embedder,
             vector_max_chars=config.embeddings.max_chars,
             mentions=config.mentions.on_for,
+            # over JetStream a delivery's 200 waits for this follower: no hold there
+            hold=HOLD_SECONDS if config.log.kind == "sqlite" else 0.0,
         )
         self.log = open_log(config, self.store, self.projections, read_only=self.read_only)
         self._share_embedder()

@@ -3,7 +3,10 @@
 Starts a real ``kbgraph serve`` (1 worker, loopback, temp dir) and drives it with concurrent
 keep-alive connections on raw asyncio sockets (signed deliveries, built in this process):
 
-1. single-event deliveries: deliveries/s and p50/p99 acknowledgement latency;
+1. single-event deliveries: deliveries/s and p50/p99 acknowledgement latency; beside the
+   connections, one probe writes a delivery to another KB, then reads its concept with
+   ``X-Min-Seq`` (the seq of its 200): p50/p99 of that read (a read after a write, under load;
+   ``--no-read-probe`` leaves it out: its requests keep the follower's hold off);
 2. 500-event deliveries: events/s and p50/p99 acknowledgement latency.
 
 Each phase also reports the CPU a delivery (an event, batched) of the server process, all its
@@ -51,6 +54,7 @@ SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 ADMIN = "bench-admin-token-local"
 AIM_SINGLE = 3_000.0  # issue 15
 AIM_EVENTS = 50_000.0
+PROBE_KB = "probe"  # the read-after-write probe's KB (the bench's own holds what was sent)
 BATCH = 500
 WORDS = ("dns", "backup", "router", "cluster", "vpn", "certificate", "disk", "ingress",
          "monitoring", "firewall", "database", "mail", "proxy", "storage", "upgrade",
@@ -178,6 +182,31 @@ async def one_connection(
         writer.close()
 
 
+async def read_after_write(
+    port: int, stop_at: float, measure_from: float, latencies: list[float]
+) -> None:
+    """The probe: a delivery to the KB ``PROBE_KB``, then its concept read with ``X-Min-Seq``
+    (the seq of the 200), over and over; the reads' seconds in ``latencies``."""
+    probe = Concepts("probe", 7)
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        while time.perf_counter() < stop_at:
+            event = probe.next()
+            body, headers = wc.delivery(SECRET, event)
+            posted = await client.post(f"/v1/kbs/{PROBE_KB}/events", content=body, headers=headers)
+            if posted.status_code != 200:
+                raise SystemExit(f"probe: unexpected status {posted.status_code}")
+            started = time.perf_counter()
+            got = await client.get(
+                f"/v1/kbs/{PROBE_KB}/concepts/{event['subject']}",
+                headers={**auth, "X-Min-Seq": str(posted.json()["seq"])},
+            )
+            if got.status_code != 200:
+                raise SystemExit(f"probe: the read answered {got.status_code}")
+            if started >= measure_from:
+                latencies.append(time.perf_counter() - started)
+
+
 def process_cpu(pid: int) -> float:
     """Seconds of CPU (user and system, every thread) process ``pid`` has used (Linux)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -191,9 +220,11 @@ async def phase(
     warmup: float,
     seconds: float,
     server_pid: int,
+    probe: list[float] | None = None,
 ) -> tuple[float, float, float, float, float]:
     """(deliveries/s, p50 ms, p99 ms, server CPU µs a delivery, client CPU µs a delivery) over
-    the measured window, after the warm-up."""
+    the measured window, after the warm-up; with ``probe``, the read-after-write probe runs
+    beside the connections, its reads' seconds put there."""
     start = time.perf_counter()
     measure_from = start + warmup
     stop_at = measure_from + seconds
@@ -205,8 +236,10 @@ async def phase(
         await asyncio.sleep(max(0.0, measure_from - time.perf_counter()))
         cpu_from.extend((process_cpu(server_pid), time.process_time()))
 
+    probing = [] if probe is None else [read_after_write(port, stop_at, measure_from, probe)]
     await asyncio.gather(
         cpu_at_start(),
+        *probing,
         *(
             one_connection(port, make, stop_at, measure_from, latencies, counts)
             for _ in range(connections)
@@ -216,14 +249,20 @@ async def phase(
     done = max(1, counts[0])
     server_us = (process_cpu(server_pid) - cpu_from[0]) / done * 1e6
     client_us = (time.process_time() - cpu_from[1]) / done * 1e6
-    latencies.sort()
+    return (
+        counts[0] / elapsed,
+        percentile_ms(latencies, 0.50),
+        percentile_ms(latencies, 0.99),
+        round(server_us, 1),
+        round(client_us, 1),
+    )
 
-    def pct(p: float) -> float:
-        if not latencies:
-            return 0.0
-        return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000, 2)
 
-    return counts[0] / elapsed, pct(0.50), pct(0.99), round(server_us, 1), round(client_us, 1)
+def percentile_ms(seconds: list[float], p: float) -> float:
+    if not seconds:
+        return 0.0
+    ordered = sorted(seconds)
+    return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000, 2)
 
 
 def ingest_phases(
@@ -233,9 +272,11 @@ def ingest_phases(
     seconds: float,
     server_pid: int,
     seed: int = 1,
+    read_probe: bool = False,
 ) -> tuple[dict[str, Any], int]:
-    """Single-event deliveries, then 500-event ones, each phase ``seconds`` long; returns
-    (figures, events sent: what the KB ``bench`` must hold after both)."""
+    """Single-event deliveries (with ``read_probe``, the read-after-write probe beside them),
+    then 500-event ones, each phase ``seconds`` long; returns (figures, events sent: what the
+    KB ``bench`` must hold after both)."""
     single = Concepts(f"single{seed}", seed)
     # pre-build the single deliveries so the client stays light
     prebuilt = [request_bytes(port, single.next()) for _ in range(30_000)]
@@ -252,8 +293,11 @@ def ingest_phases(
     def make_batch() -> bytes:
         return request_bytes(port, [batches.next() for _ in range(BATCH)])
 
+    reads: list[float] = []
     s_rate, s_p50, s_p99, s_cpu, s_client = asyncio.run(
-        phase(port, make_single, connections, 1.0, seconds, server_pid)
+        phase(
+            port, make_single, connections, 1.0, seconds, server_pid, reads if read_probe else None
+        )
     )
     b_rate, b_p50, b_p99, b_cpu, b_client = asyncio.run(
         phase(port, make_batch, batch_connections, 1.0, seconds, server_pid)
@@ -266,6 +310,8 @@ def ingest_phases(
         "single_p99_ms": s_p99,
         "single_server_cpu_us": s_cpu,
         "single_client_cpu_us": s_client,
+        "read_after_write_p50_ms": percentile_ms(reads, 0.50),
+        "read_after_write_p99_ms": percentile_ms(reads, 0.99),
         "batch_events_per_s": round(b_rate * BATCH),
         "batch_p50_ms": b_p50,
         "batch_p99_ms": b_p99,
@@ -282,7 +328,12 @@ def measure(checkout: Path, args: argparse.Namespace) -> dict[str, Any]:
         proc = start_server(Path(folder), port, checkout=checkout)
         try:
             phases, sent = ingest_phases(
-                port, args.connections, args.batch_connections, args.seconds, proc.pid
+                port,
+                args.connections,
+                args.batch_connections,
+                args.seconds,
+                proc.pid,
+                read_probe=args.read_probe,
             )
         finally:
             stop_server(proc)
@@ -302,6 +353,13 @@ def main() -> None:
     parser.add_argument("--batch-connections", type=int, default=8)
     parser.add_argument("--peer", type=Path, help="a checkout to compare with, side by side")
     parser.add_argument("--rounds", type=int, default=1, help="rounds (with --peer)")
+    parser.add_argument(
+        "--read-probe",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the read-after-write probe beside the single deliveries (its X-Min-Seq requests"
+        " keep the follower's hold off: --no-read-probe measures a stream of writes alone)",
+    )
     args = parser.parse_args()
     try:
         import uvloop
@@ -316,11 +374,17 @@ def main() -> None:
         for name, checkout in sides:
             runs[name].append(measure(checkout, args))
             got = runs[name][-1]
+            probe = (
+                f"; a read after a write, X-Min-Seq: p50 {got['read_after_write_p50_ms']} ms"
+                f" p99 {got['read_after_write_p99_ms']} ms"
+                if args.read_probe
+                else ""
+            )
             print(
                 f"{name}: single-event deliveries {got['single_deliveries_per_s']:,}/s"
                 f"  p50 {got['single_p50_ms']} ms  p99 {got['single_p99_ms']} ms"
                 f" ({args.connections} connections; CPU µs a delivery: server"
-                f" {got['single_server_cpu_us']}, client {got['single_client_cpu_us']});"
+                f" {got['single_server_cpu_us']}, client {got['single_client_cpu_us']}{probe});"
                 f" {BATCH}-event deliveries {got['batch_events_per_s']:,} events/s"
                 f"  p50 {got['batch_p50_ms']} ms  p99 {got['batch_p99_ms']} ms"
                 f" ({args.batch_connections} connections; CPU µs an event: server"
@@ -330,6 +394,7 @@ def main() -> None:
             )
     numbers = ("single_deliveries_per_s", "single_p50_ms", "single_p99_ms",
                "single_server_cpu_us", "single_client_cpu_us",
+               "read_after_write_p50_ms", "read_after_write_p99_ms",
                "batch_events_per_s", "batch_p50_ms", "batch_p99_ms",
                "batch_server_cpu_us_per_event", "batch_client_cpu_us_per_event")  # fmt: skip
     med = {

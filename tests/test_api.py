@@ -19,8 +19,18 @@ from kbgraph.agent.tools import PPR_ALPHA as ALPHA
 from kbgraph.agent.tools import SEED_VECTOR_WEIGHT
 from kbgraph.api import context_of, create_app
 from kbgraph.config import load_config, parse_config
+from tests import webhook_client as wc
 from tests.kb_events import delete, upsert
-from tests.support import ADMIN, INFRA, OTHER, RUNBOOKS, Service, bearer, write_config
+from tests.support import (
+    ADMIN,
+    INFRA,
+    OTHER,
+    RUNBOOKS,
+    SECRET,
+    Service,
+    bearer,
+    write_config,
+)
 
 KB = "homelab"
 
@@ -552,6 +562,28 @@ def test_an_unexpected_failure_is_a_json_500_that_reveals_nothing(
     headers = {**bearer(ADMIN), "X-Min-Seq": str(seq)}
     response = quiet.get(f"/v1/kbs/{KB}/status", headers=headers)
     assert (response.status_code, response.json()) == (500, {"error": "internal error"})
+
+
+def test_a_bug_on_the_webhook_path_is_the_same_json_500(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery skips the exception middleware and the router (``kbgraph.api.App``); a bug
+    there still answers as every route does, and a wrong method or path as the router does."""
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("secret internals")
+
+    quiet = TestClient(service.app, raise_server_exceptions=False)  # same running app
+    body, headers = wc.delivery(SECRET, [wc.upsert("x")])
+    assert quiet.post(f"/v1/kbs/{KB}/events", content=body, headers=headers).status_code == 200
+    monkeypatch.setattr("kbgraph.http.ingest.is_kb_name", broken)
+    response = quiet.post(f"/v1/kbs/{KB}/events", content=body, headers=headers)
+    assert (response.status_code, response.json()) == (500, {"error": "internal error"})
+    wrong_method = quiet.get(f"/v1/kbs/{KB}/events", headers=bearer(ADMIN))
+    assert wrong_method.status_code == 405
+    assert wrong_method.json() == {"error": f"Method Not Allowed: /v1/kbs/{KB}/events"}
+    slash = quiet.post(f"/v1/kbs/{KB}/events/", content=body, headers=headers)
+    assert (slash.status_code, slash.json()) == (404, {"error": f"not found: /v1/kbs/{KB}/events/"})
 
 
 def test_readyz_fails_when_the_follower_stopped(service: Service) -> None:

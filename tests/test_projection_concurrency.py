@@ -372,3 +372,96 @@ def test_follower_retries_a_failed_log_read() -> None:
     assert p.error is None and p.seq(KB) == 2
     with p.get(KB).read() as snap:
         assert snap.counts(snap.view(None)) == (2, 1)
+
+
+class CountingStore(Store):
+    """A store that counts the reads of its log."""
+
+    reads = 0
+
+    def read_log(self, after_gid: int, limit: int = 10_000):
+        self.reads += 1
+        return super().read_log(after_gid, limit)
+
+
+def wait_seq(p: Projections, seq: int) -> None:
+    """Until ``p`` announced ``seq`` (polled: a ``wait_for`` would end a hold)."""
+    deadline = time.monotonic() + 10
+    while p.seq(KB) < seq and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert p.seq(KB) == seq
+
+
+def test_the_hold_gathers_commits_until_a_min_seq_waiter_comes(tmp_path: Path) -> None:
+    """After a small batch the follower holds (here far longer than the test): the commits
+    meanwhile are read in one batch once a request waits for one of them, not on their kicks
+    and not after the hold."""
+    with CountingStore(tmp_path / "kb.db") as store:
+        p = Projections(store, poll_interval=60, hold=60)
+        p.start()
+        try:
+            store.append(KB, [upsert("a")])
+            p.kick()
+            wait_seq(p, 1)
+            reads = store.reads
+            for name in "bcd":
+                store.append(KB, [upsert(name)])
+                p.kick()
+            assert asyncio.run(p.wait_for(KB, 4, timeout=10))
+            assert store.reads == reads + 1
+            assert p.waiting() == {}
+        finally:
+            p.stop()
+        assert p.error is None
+
+
+def test_the_hold_is_bounded(tmp_path: Path) -> None:
+    """With nobody waiting, a commit made during a hold is read once the hold ends."""
+    with Store(tmp_path / "kb.db") as store:
+        p = Projections(store, poll_interval=60, hold=0.05)  # no poll: the hold's end reads
+        p.start()
+        try:
+            store.append(KB, [upsert("a")])
+            p.kick()
+            wait_seq(p, 1)
+            store.append(KB, [upsert("b")])
+            p.kick()
+            wait_seq(p, 2)
+        finally:
+            p.stop()
+        assert p.error is None
+
+
+def test_stop_ends_a_hold(tmp_path: Path) -> None:
+    with Store(tmp_path / "kb.db") as store:
+        p = Projections(store, poll_interval=60, hold=60)
+        p.start()
+        store.append(KB, [upsert("a")])
+        p.kick()
+        wait_seq(p, 1)
+        stopping = threading.Thread(target=p.stop)
+        stopping.start()
+        stopping.join(10)
+        assert not stopping.is_alive()
+
+
+def test_no_hold_after_a_min_seq_request(tmp_path: Path) -> None:
+    """A client that reads its writes (X-Min-Seq) turns the hold off for a while: its next
+    write is read at its commit, not after a hold (here of a minute)."""
+    with Store(tmp_path / "kb.db") as store:
+        p = Projections(store, poll_interval=60, hold=60)
+        p.hold.quiet = 3600  # the quiet time cannot run out during the test
+        p.start()
+        try:
+            store.append(KB, [upsert("a")])
+            p.kick()
+            assert asyncio.run(p.wait_for(KB, 1, timeout=10))
+            store.append(KB, [upsert("b")])
+            p.kick()
+            wait_seq(p, 2)
+            store.append(KB, [upsert("c")])
+            p.kick()
+            wait_seq(p, 3)
+        finally:
+            p.stop()
+        assert p.error is None

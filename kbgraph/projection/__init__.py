@@ -3,7 +3,7 @@
 The package, along its jobs (events in -> store/log -> projection -> graphalgo):
 
 - ``follower``: ``Projections``, one thread per process following the store's log, batches,
-  locks and waiters;
+  locks and waiters; ``hold``: when it waits for more commits before a read;
 - ``kb``: ``KBProjection``, one KB's state and the semantics of each record as patches to
   its parts:
   - ``nodes``: ``Nodes``, the per-node columns, existence and classes;

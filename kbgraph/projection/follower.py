@@ -6,19 +6,17 @@ position in a single follower thread (``Projections``). The store is the source 
 projection is derived state, never rebuilt per call.
 
 Consistency: each KB has a writer-preferring readers-writer lock (``kbgraph.projection.rwlock``).
-The
-follower applies WHOLE deliveries, in batches, under the write lock; a request holds the read
+The follower applies WHOLE deliveries, in batches, under the write lock; a request holds the read
 lock for its whole duration (``KBProjection.read()``), so it only ever sees states between
-deliveries. A batch ends after the delivery that reaches ``MAX_BATCH_EVENTS`` (2,000) events
-or ``MAX_BATCH_SECONDS`` (5 ms); a single delivery is never split. Worst-case reader wait:
-the requests already holding the read lock when the follower asked for the write lock
-(writer preference queues new readers behind it) plus one batch: at most 5 ms plus the apply
-time of the delivery that crosses the bound. Measured (loadtest/bench_projection.py, mean
-degree 16, two cached masks) at 13-45 us per event on a shared 2-core machine, so a typical
-delivery of a few events adds well under 1 ms and a 1,000-event delivery 13-45 ms (a
-delivery is atomic by contract, so that is its price). Releasing the write lock hands off to
-every reader queued meanwhile before the follower may write again, so a backlog cannot
-starve readers: they interleave with it batch by batch.
+deliveries. A batch ends after the delivery that reaches ``MAX_BATCH_EVENTS`` (2,000) events or
+``MAX_BATCH_SECONDS`` (5 ms); a single delivery is never split. Worst-case reader wait: the
+requests already holding the read lock when the follower asked for the write lock (writer
+preference queues new readers behind it) plus one batch: at most 5 ms plus the apply time of the
+delivery that crosses the bound. Measured (loadtest/bench_projection.py, mean degree 16, two cached
+masks) at 13-45 us per event on a shared 2-core machine, so a typical delivery of a few events adds
+well under 1 ms and a 1,000-event delivery 13-45 ms (a delivery is atomic by contract, so that is
+its price). Releasing the write lock hands off to every reader queued meanwhile before the follower
+may write again, so a backlog cannot starve readers: they interleave with it batch by batch.
 
 Checkpoints (``kbgraph.projection.checkpoint``): with a checkpoint folder, ``load`` starts
 from the newest usable checkpoint and follows the log from its ``gid``; once the log has grown
@@ -68,6 +66,7 @@ from kbgraph.embeddings import Embedder, carried
 from kbgraph.projection import checkpoint
 from kbgraph.projection.bulk import gc_paused
 from kbgraph.projection.filler import Filler
+from kbgraph.projection.hold import Hold
 from kbgraph.projection.kb import KBProjection
 from kbgraph.projection.warmup import warm_up
 from kbgraph.search import SearchIndex
@@ -124,8 +123,10 @@ class Projections:
         embedder: Embedder | None = None,
         vector_max_chars: int = EmbeddingsConfig().max_chars,
         mentions: Callable[[str], bool] = lambda kb: True,
+        hold: float = 0.0,
     ) -> None:
         self.store = store
+        self.hold = Hold(hold)  # seconds a small batch waits for more commits
         self.mentions = mentions  # which KBs keep mention edges (kbgraph.projection.mentions)
         self.embedder = embedder  # vectors for every KB (kbgraph.projection.vectors)
         # the key of the vectors the store's log rows carry (the local model's), if any
@@ -416,6 +417,7 @@ class Projections:
     def stop(self) -> None:
         self._stopping.set()
         self._kick.set()
+        self.hold.end()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -466,6 +468,7 @@ class Projections:
 
     async def wait_for(self, kb: str, seq: int, timeout: float) -> bool:
         """True once ``kb`` has applied ``seq``; False after ``timeout`` seconds."""
+        self.hold.asked()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool] = loop.create_future()
         waiter = (seq, loop, future)
@@ -542,10 +545,11 @@ class Projections:
             if self._stopping.is_set():
                 break
             try:
-                while self.follow_once() >= READ_LOG_LIMIT and not self._stopping.is_set():
+                while (n := self.follow_once()) >= READ_LOG_LIMIT and not self._stopping.is_set():
                     pass
                 backoff = 0.0
                 self.maybe_checkpoint()
+                self.hold.after(n, self._stopping)  # kbgraph.projection.hold
             except LogCut as exc:
                 log.warning("the log was cut past this process (%s): loading again", exc)
                 self.reload()
